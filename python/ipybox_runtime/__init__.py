@@ -1,0 +1,135 @@
+"""Kernel-side runtime of ipybox: calls MCP tools through the host's tool server.
+
+Embedded in the ipybox binary and put on the kernel's ``sys.path`` by the host; nothing here is
+pip-installed. Generated modules (``mcptools/<server>/``) bind a :class:`ToolRunner` to their server
+and call :meth:`ToolRunner.run`. Standard library only.
+
+The tool server speaks HTTP/1.1 on a Unix socket whose path is in ``IPYBOX_TOOL_SOCKET``.
+``POST /run`` takes ``{"server_name", "server_params", "tool_name", "arguments"}`` and answers
+``{"structured": <object or null>, "text": <str>}`` or ``{"error": {"kind", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+from typing import Any
+
+__all__ = [
+    "ToolRunner",
+    "ToolRunnerError",
+    "ToolError",
+    "ApprovalRejected",
+    "ApprovalTimeout",
+]
+
+
+class ToolRunnerError(Exception):
+    """Base class of every error raised by a tool call through ipybox."""
+
+
+class ToolError(ToolRunnerError):
+    """The MCP server reported an error for the call (or could not be reached)."""
+
+
+class ApprovalRejected(ToolRunnerError):
+    """The application rejected the tool call."""
+
+
+class ApprovalTimeout(ToolRunnerError):
+    """No approval decision arrived in time; the call was not made."""
+
+
+_ERRORS = {
+    "tool_error": ToolError,
+    "rejected": ApprovalRejected,
+    "approval_timeout": ApprovalTimeout,
+}
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float | None = None):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if self.timeout is not None:
+            sock.settimeout(self.timeout)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+_local = threading.local()
+
+
+def _connection(path: str) -> _UnixHTTPConnection:
+    """One keep-alive connection per thread and socket path: safe from many threads at once."""
+    conns = getattr(_local, "conns", None)
+    if conns is None:
+        conns = _local.conns = {}
+    conn = conns.get(path)
+    if conn is None:
+        conn = conns[path] = _UnixHTTPConnection(path)
+    return conn
+
+
+def _request(method: str, url: str, body: dict | None = None) -> dict:
+    path = os.environ.get("IPYBOX_TOOL_SOCKET")
+    if not path:
+        raise ToolRunnerError(
+            "IPYBOX_TOOL_SOCKET is not set: MCP tools can only be called from a kernel started by ipybox"
+        )
+    payload = b"" if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+    for attempt in (0, 1):
+        conn = _connection(path)
+        try:
+            conn.request(method, url, body=payload, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            break
+        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            conn.close()
+            _local.conns.pop(path, None)
+            if attempt == 1:
+                raise ToolRunnerError(f"cannot reach the ipybox tool server at {path}: {e}") from e
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise ToolRunnerError(f"tool server sent an invalid response ({response.status})") from e
+
+
+class ToolRunner:
+    """Calls the tools of one MCP server through the host.
+
+    ``server_params`` are kept as written at registration (``${VAR}`` placeholders unresolved);
+    the host resolves them when it connects.
+    """
+
+    def __init__(self, server_name: str, server_params: dict[str, Any]):
+        self.server_name = server_name
+        self.server_params = server_params
+
+    def run(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
+        """Call ``tool_name`` with ``arguments``; returns structured content if any, else text."""
+        reply = _request(
+            "POST",
+            "/run",
+            {
+                "server_name": self.server_name,
+                "server_params": self.server_params,
+                "tool_name": tool_name,
+                "arguments": arguments,
+            },
+        )
+        error = reply.get("error")
+        if error is not None:
+            raise _ERRORS.get(error.get("kind"), ToolRunnerError)(error.get("message", "tool call failed"))
+        structured = reply.get("structured")
+        if structured is not None:
+            return structured
+        return reply.get("text", "")

@@ -1,0 +1,313 @@
+//! `CodeExecutor`: the SDK facade, the Rust counterpart of Python ipybox's `CodeExecutor`.
+//!
+//! It composes the kernel engine ([`crate::kernel`]), the kernel's Python environment
+//! ([`crate::pyenv`]) and the private runtime directory. Executions on one executor are
+//! serialized: a second caller waits its turn. Not here: how kernels are launched or talk
+//! (see `kernel/`), and the MCP server (see `mcp_server`).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ipybox::executor::ExecutorError> {
+//! use ipybox::CodeExecutor;
+//! let executor = CodeExecutor::builder().workspace("/tmp/ws").build();
+//! executor.start().await?;
+//! let result = executor.execute("x = 6 * 7\nprint(x)", None).await?;
+//! assert_eq!(result.text, "42");
+//! executor.stop().await;
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use include_dir::{Dir, include_dir};
+use tokio::sync::{Mutex, mpsc};
+
+use crate::kernel::runtime_dir::RuntimeDir;
+use crate::kernel::{ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, TimeoutPause};
+use crate::pyenv::{self, PyEnvError};
+
+/// Kernel-side Python shipped inside the binary, extracted into the runtime directory and put on
+/// the kernel's `PYTHONPATH`, so it always matches this binary's version.
+static KERNEL_PYTHON: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/python");
+
+/// The result of a successful execution.
+pub type ExecutionResult = ExecutionOutput;
+
+/// Why an executor operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The code failed, timed out, or the kernel died; see [`KernelError`].
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// The kernel's Python environment could not be found or created.
+    #[error(transparent)]
+    PythonEnv(#[from] PyEnvError),
+    /// The workspace or runtime directory could not be prepared.
+    #[error("cannot prepare {path}: {source}\n  help: choose a writable directory")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl ExecutorError {
+    /// What the code printed before it failed (empty when it did not run).
+    pub fn output(&self) -> &str {
+        match self {
+            ExecutorError::Kernel(e) => e.output(),
+            _ => "",
+        }
+    }
+}
+
+/// One item of [`CodeExecutor::stream`].
+#[derive(Debug)]
+pub enum ExecutionEvent {
+    /// Output text as it arrives.
+    Chunk(String),
+    /// An image file written by the execution.
+    Image(PathBuf),
+    /// The final result; always the last item.
+    Result(Result<ExecutionResult, ExecutorError>),
+}
+
+/// Configures a [`CodeExecutor`].
+#[derive(Debug, Clone, Default)]
+pub struct CodeExecutorBuilder {
+    workspace: Option<PathBuf>,
+    images_dir: Option<PathBuf>,
+    kernel_env: BTreeMap<String, String>,
+    python: Option<PathBuf>,
+    no_spare: bool,
+}
+
+impl CodeExecutorBuilder {
+    /// The kernel's working directory (created if missing; default: the current directory).
+    pub fn workspace(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.workspace = Some(dir.into());
+        self
+    }
+
+    /// Where PNG outputs are written (default: `<workspace>/images`).
+    pub fn images_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.images_dir = Some(dir.into());
+        self
+    }
+
+    /// Adds variables to the kernel's environment (which otherwise holds a minimal base only).
+    pub fn kernel_env<K: Into<String>, V: Into<String>>(mut self, vars: impl IntoIterator<Item = (K, V)>) -> Self {
+        self.kernel_env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// An explicit interpreter with ipykernel and pydantic (default: `IPYBOX_PYTHON`, else the
+    /// managed environment, see [`crate::pyenv`]).
+    pub fn python(mut self, python: impl Into<PathBuf>) -> Self {
+        self.python = Some(python.into());
+        self
+    }
+
+    /// Disables the warm spare kernel (saves ~50 MB; reset then waits for a kernel to start).
+    pub fn without_spare_kernel(mut self) -> Self {
+        self.no_spare = true;
+        self
+    }
+
+    pub fn build(self) -> CodeExecutor {
+        CodeExecutor { inner: Arc::new(Inner { builder: self, state: Mutex::new(None), pause: TimeoutPause::default() }) }
+    }
+}
+
+struct Running {
+    pool: KernelPool,
+    runtime: Arc<RuntimeDir>,
+}
+
+struct Inner {
+    builder: CodeExecutorBuilder,
+    state: Mutex<Option<Running>>,
+    pause: TimeoutPause,
+}
+
+/// Runs Python code in a stateful IPython kernel. Cheap to clone; clones share the kernel.
+#[derive(Clone)]
+pub struct CodeExecutor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for CodeExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CodeExecutor").field("builder", &self.inner.builder).finish()
+    }
+}
+
+impl CodeExecutor {
+    pub fn builder() -> CodeExecutorBuilder {
+        CodeExecutorBuilder::default()
+    }
+
+    /// The workspace as an absolute path (created if missing).
+    pub fn workspace(&self) -> Result<PathBuf, ExecutorError> {
+        resolve_workspace(self.inner.builder.workspace.as_deref())
+    }
+
+    /// Finds (or provisions) the Python environment and starts the kernel. Starting a started
+    /// executor does nothing.
+    pub async fn start(&self) -> Result<(), ExecutorError> {
+        let mut state = self.inner.state.lock().await;
+        if state.is_some() {
+            return Ok(());
+        }
+        let b = &self.inner.builder;
+        let workspace = self.workspace()?;
+        let explicit = b.python.clone();
+        let env = tokio::task::spawn_blocking(move || pyenv::resolve(explicit.as_deref()))
+            .await
+            .map_err(|e| ExecutorError::Io { path: PathBuf::from("python environment"), source: std::io::Error::other(e) })??;
+        let runtime = Arc::new(RuntimeDir::create().map_err(|source| ExecutorError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })?);
+        let python_dir = runtime.path().join("python");
+        extract(&KERNEL_PYTHON, &python_dir).map_err(|source| ExecutorError::Io { path: python_dir.clone(), source })?;
+        let mut config = KernelConfig::new(env.python, workspace.clone());
+        config.images_dir = match &b.images_dir {
+            Some(d) if d.is_absolute() => d.clone(),
+            Some(d) => workspace.join(d),
+            None => workspace.join("images"),
+        };
+        config.env = b.kernel_env.clone();
+        config.python_path = vec![python_dir];
+        let pool = KernelPool::start(Arc::new(config), runtime.clone(), !b.no_spare).await?;
+        *state = Some(Running { pool, runtime });
+        Ok(())
+    }
+
+    /// Stops the kernels and removes the runtime directory. The executor can be started again.
+    pub async fn stop(&self) {
+        let running = self.inner.state.lock().await.take();
+        if let Some(Running { pool, runtime }) = running {
+            pool.shutdown().await;
+            drop(runtime);
+        }
+    }
+
+    /// Runs `code` and returns its output. `timeout` of `None` waits as long as it takes.
+    pub async fn execute(&self, code: &str, timeout: Option<Duration>) -> Result<ExecutionResult, ExecutorError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        Ok(running.pool.execute(code, timeout, None, &self.inner.pause).await?)
+    }
+
+    /// Runs `code`, yielding output chunks and images as they arrive, then the result.
+    /// The execution runs to completion even if the stream is dropped early.
+    pub fn stream(&self, code: &str, timeout: Option<Duration>) -> Execution {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let inner = self.inner.clone();
+        let code = code.to_string();
+        tokio::spawn(async move {
+            let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<ExecEvent>();
+            let forward = {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    while let Some(ev) = ev_rx.recv().await {
+                        let _ = tx.send(match ev {
+                            ExecEvent::Output(s) => ExecutionEvent::Chunk(s),
+                            ExecEvent::Image(p) => ExecutionEvent::Image(p),
+                        });
+                    }
+                })
+            };
+            let result = {
+                let mut state = inner.state.lock().await;
+                match state.as_mut() {
+                    Some(running) => running
+                        .pool
+                        .execute(&code, timeout, Some(&ev_tx), &inner.pause)
+                        .await
+                        .map_err(ExecutorError::from),
+                    None => Err(KernelError::Stopped.into()),
+                }
+            };
+            drop(ev_tx);
+            let _ = forward.await;
+            let _ = tx.send(ExecutionEvent::Result(result));
+        });
+        Execution { rx }
+    }
+
+    /// Replaces the kernel with a fresh one (all state is lost). Waits for a running execution.
+    pub async fn reset(&self) -> Result<(), ExecutorError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        Ok(running.pool.reset().await?)
+    }
+
+    /// The current kernel's process id, if started.
+    pub async fn kernel_pid(&self) -> Option<u32> {
+        self.inner.state.lock().await.as_ref().and_then(|r| r.pool.kernel_pid())
+    }
+
+    /// The private runtime directory (sockets, connection files), if started.
+    pub async fn runtime_dir(&self) -> Option<PathBuf> {
+        self.inner.state.lock().await.as_ref().map(|r| r.runtime.path().to_path_buf())
+    }
+}
+
+/// The items of one [`CodeExecutor::stream`] call. Use [`Execution::next`] or the `Stream` impl.
+#[derive(Debug)]
+pub struct Execution {
+    rx: mpsc::UnboundedReceiver<ExecutionEvent>,
+}
+
+impl Execution {
+    /// The next item; `None` after the result.
+    pub async fn next(&mut self) -> Option<ExecutionEvent> {
+        self.rx.recv().await
+    }
+
+    /// Drains the stream and returns the result.
+    pub async fn result(mut self) -> Result<ExecutionResult, ExecutorError> {
+        while let Some(ev) = self.rx.recv().await {
+            if let ExecutionEvent::Result(r) = ev {
+                return r;
+            }
+        }
+        Err(KernelError::Stopped.into())
+    }
+}
+
+impl futures::Stream for Execution {
+    type Item = ExecutionEvent;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+fn resolve_workspace(dir: Option<&Path>) -> Result<PathBuf, ExecutorError> {
+    let cwd = || std::env::current_dir().map_err(|source| ExecutorError::Io { path: PathBuf::from("."), source });
+    let dir = match dir {
+        Some(d) if d.is_absolute() => d.to_path_buf(),
+        Some(d) => cwd()?.join(d),
+        None => cwd()?,
+    };
+    std::fs::create_dir_all(&dir).map_err(|source| ExecutorError::Io { path: dir.clone(), source })?;
+    dir.canonicalize().map_err(|source| ExecutorError::Io { path: dir, source })
+}
+
+fn extract(dir: &Dir<'_>, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for file in dir.files() {
+        let path = to.join(file.path());
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, file.contents())?;
+    }
+    for sub in dir.dirs() {
+        extract(sub, to)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! One execution on a ready kernel: send `execute_request`, assemble outputs, decide when it is
+//! complete, and handle timeouts and kernel death.
+//!
+//! Complete means: iopub reported `status: idle` for our msg_id AND the shell `execute_reply`
+//! arrived. Output that arrives before idle is therefore never dropped, whatever its size.
+//! On timeout the kernel is interrupted over the control channel; if it does not come back within
+//! the grace period, the caller must replace it (see [`super::pool`]). The timeout can be paused
+//! (while a tool call waits for an approval decision) through [`TimeoutPause`].
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jupyter_protocol::{ExecuteRequest, ExecutionState, JupyterMessage, JupyterMessageContent, ReplyStatus};
+use tokio::sync::{mpsc, watch};
+
+use super::output::{OutputCollector, strip_ansi};
+use super::process::{Kernel, proto};
+use super::{KernelConfig, KernelError};
+
+/// Something an execution produced while it runs, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecEvent {
+    /// Text output: stdout, stderr, or the text/plain of a result or display.
+    Output(String),
+    /// An image written to the images directory.
+    Image(PathBuf),
+}
+
+/// The result of a successful execution.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExecutionOutput {
+    /// Everything printed, in order, stripped of surrounding whitespace; no colour codes.
+    pub text: String,
+    /// Images written by the execution (`<images_dir>/<8 hex>.png`).
+    pub images: Vec<PathBuf>,
+}
+
+/// Pauses execution timeouts while held: time spent waiting for an approval decision does not
+/// count against the timeout. Cheap to clone; every clone controls the same executions.
+#[derive(Debug, Clone)]
+pub struct TimeoutPause {
+    tx: Arc<watch::Sender<usize>>,
+}
+
+impl Default for TimeoutPause {
+    fn default() -> Self {
+        Self { tx: Arc::new(watch::channel(0).0) }
+    }
+}
+
+impl TimeoutPause {
+    /// Stops the clock until the returned guard is dropped.
+    pub fn pause(&self) -> PauseGuard {
+        self.tx.send_modify(|n| *n += 1);
+        PauseGuard { tx: self.tx.clone() }
+    }
+
+    fn subscribe(&self) -> watch::Receiver<usize> {
+        self.tx.subscribe()
+    }
+}
+
+/// See [`TimeoutPause::pause`].
+#[derive(Debug)]
+pub struct PauseGuard {
+    tx: Arc<watch::Sender<usize>>,
+}
+
+impl Drop for PauseGuard {
+    fn drop(&mut self) {
+        self.tx.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+/// A timeout budget that only runs while not paused.
+struct Clock {
+    budget: Option<Duration>,
+    running_since: Option<Instant>,
+    paused: watch::Receiver<usize>,
+}
+
+impl Clock {
+    fn new(timeout: Option<Duration>, mut paused: watch::Receiver<usize>) -> Self {
+        let running = *paused.borrow_and_update() == 0;
+        Self { budget: timeout, running_since: running.then(Instant::now), paused }
+    }
+
+    fn update(&mut self) {
+        let paused = *self.paused.borrow_and_update() > 0;
+        match (paused, self.running_since) {
+            (true, Some(since)) => {
+                self.budget = self.budget.map(|b| b.saturating_sub(since.elapsed()));
+                self.running_since = None;
+            }
+            (false, None) => self.running_since = Some(Instant::now()),
+            _ => {}
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        Some(self.running_since? + self.budget?)
+    }
+}
+
+/// How an execution ended, and whether the kernel must be replaced before the next one.
+pub(crate) struct Outcome {
+    pub result: Result<ExecutionOutput, KernelError>,
+    pub replace_kernel: bool,
+}
+
+/// Runs `code` on `kernel`. `timeout` of `None` waits forever.
+pub(crate) async fn run(
+    kernel: &mut Kernel,
+    config: &KernelConfig,
+    code: &str,
+    timeout: Option<Duration>,
+    events: Option<&mpsc::UnboundedSender<ExecEvent>>,
+    pause: &TimeoutPause,
+) -> Outcome {
+    let mut out = OutputCollector::new(&config.images_dir);
+    if let Some(status) = kernel.exited() {
+        return died(status, out, false);
+    }
+    let request: JupyterMessage = ExecuteRequest {
+        code: code.to_string(),
+        silent: false,
+        store_history: true,
+        user_expressions: None,
+        allow_stdin: false,
+        stop_on_error: true,
+    }
+    .into();
+    let msg_id = request.header.msg_id.clone();
+    if let Err(e) = kernel.shell_tx.send(request).await {
+        return Outcome { result: Err(proto(e)), replace_kernel: true };
+    }
+
+    let emit = |event: ExecEvent| {
+        if let Some(tx) = events {
+            let _ = tx.send(event);
+        }
+    };
+    let mut exit = kernel.exit_watch();
+    let mut clock = Clock::new(timeout, pause.subscribe());
+    let mut idle = false;
+    let mut reply: Option<(ReplyStatus, Option<(String, String, Vec<String>)>)> = None;
+    let mut error: Option<(String, String, Vec<String>)> = None;
+    let mut interrupted_at: Option<Instant> = None;
+    let far = Duration::from_secs(86_400 * 365);
+
+    while !(idle && reply.is_some()) {
+        let deadline = if interrupted_at.is_some() { None } else { clock.deadline() };
+        let grace_end = interrupted_at.map(|t| t + config.interrupt_grace);
+        tokio::select! {
+            Some(msg) = kernel.iopub_rx.recv() => {
+                if !is_child_of(&msg, &msg_id) {
+                    continue;
+                }
+                match msg.content {
+                    JupyterMessageContent::StreamContent(s) => {
+                        let chunk = out.push_stream(&s.text);
+                        if !chunk.is_empty() {
+                            emit(ExecEvent::Output(chunk));
+                        }
+                    }
+                    JupyterMessageContent::ExecuteResult(r) => emit_media(&mut out, &r.data, &emit),
+                    JupyterMessageContent::DisplayData(d) => emit_media(&mut out, &d.data, &emit),
+                    JupyterMessageContent::UpdateDisplayData(d) => emit_media(&mut out, &d.data, &emit),
+                    JupyterMessageContent::ErrorOutput(e) => error = Some((e.ename, e.evalue, e.traceback)),
+                    JupyterMessageContent::Status(s) => idle |= s.execution_state == ExecutionState::Idle,
+                    _ => {}
+                }
+            }
+            Some(msg) = kernel.shell_rx.recv() => {
+                if let (true, JupyterMessageContent::ExecuteReply(r)) = (is_child_of(&msg, &msg_id), msg.content) {
+                    let err = r.error.map(|e| (e.ename, e.evalue, e.traceback));
+                    reply = Some((r.status, err));
+                }
+            }
+            _ = exit.changed() => {
+                // Collect what already arrived, then report the death.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                while let Ok(msg) = kernel.iopub_rx.try_recv() {
+                    if let (true, JupyterMessageContent::StreamContent(s)) = (is_child_of(&msg, &msg_id), &msg.content) {
+                        out.push_stream(&s.text);
+                    }
+                }
+                let status = kernel.exited().unwrap_or_else(|| "exited".into());
+                return died(status, out, true);
+            }
+            changed = clock.paused.changed() => {
+                if changed.is_ok() {
+                    clock.update();
+                }
+            }
+            _ = tokio::time::sleep_until(deadline.map_or_else(|| tokio::time::Instant::now() + far, Into::into)), if deadline.is_some() => {
+                tracing::info!("execution timed out; interrupting the kernel");
+                interrupted_at = Some(Instant::now());
+                if let Err(e) = kernel.interrupt().await {
+                    tracing::warn!("interrupt failed: {e}");
+                }
+            }
+            _ = tokio::time::sleep_until(grace_end.map_or_else(|| tokio::time::Instant::now() + far, Into::into)), if grace_end.is_some() => {
+                tracing::warn!("kernel did not stop after an interrupt; it will be restarted");
+                return Outcome {
+                    result: Err(KernelError::Timeout { seconds: secs(timeout), state_kept: false, output: out.text() }),
+                    replace_kernel: true,
+                };
+            }
+        }
+    }
+
+    let (text, images) = out.finish();
+    if interrupted_at.is_some() {
+        return Outcome {
+            result: Err(KernelError::Timeout { seconds: secs(timeout), state_kept: true, output: text }),
+            replace_kernel: false,
+        };
+    }
+    let (status, reply_error) = reply.expect("loop ends with a reply");
+    let failure = match status {
+        ReplyStatus::Ok => None,
+        ReplyStatus::Error => error.or(reply_error).or(Some(("Error".into(), "execution failed".into(), vec![]))),
+        ReplyStatus::Aborted => Some(("ExecutionAborted".into(), "the kernel aborted the execution".into(), vec![])),
+    };
+    let result = match failure {
+        None => Ok(ExecutionOutput { text, images }),
+        Some((ename, evalue, traceback)) => Err(KernelError::Failed {
+            traceback: format_traceback(&ename, &evalue, &traceback),
+            ename,
+            evalue: strip_ansi(&evalue),
+            output: text,
+        }),
+    };
+    Outcome { result, replace_kernel: false }
+}
+
+fn emit_media(out: &mut OutputCollector, media: &jupyter_protocol::Media, emit: &impl Fn(ExecEvent)) {
+    let (text, image) = out.push_media(media);
+    if let Some(text) = text {
+        emit(ExecEvent::Output(text));
+    }
+    if let Some(path) = image {
+        emit(ExecEvent::Image(path));
+    }
+}
+
+fn is_child_of(msg: &JupyterMessage, msg_id: &str) -> bool {
+    msg.parent_header.as_ref().is_some_and(|h| h.msg_id == msg_id)
+}
+
+fn secs(timeout: Option<Duration>) -> f64 {
+    timeout.map_or(0.0, |t| t.as_secs_f64())
+}
+
+fn died(status: String, out: OutputCollector, ran: bool) -> Outcome {
+    Outcome { result: Err(KernelError::Died { status, output: out.text(), ran }), replace_kernel: true }
+}
+
+/// The traceback as plain text; IPython's lines already end with the `ename: evalue` line.
+fn format_traceback(ename: &str, evalue: &str, traceback: &[String]) -> String {
+    let text = strip_ansi(&traceback.join("\n"));
+    let text = text.trim();
+    if text.is_empty() {
+        format!("{ename}: {}", strip_ansi(evalue))
+    } else {
+        text.to_string()
+    }
+}

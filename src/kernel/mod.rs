@@ -1,0 +1,126 @@
+//! The kernel engine: stateful Python in an `ipykernel` process that ipybox launches and talks to
+//! over the Jupyter messaging protocol (ZMQ over IPC sockets in a private runtime directory).
+//!
+//! - [`process`]: launching a kernel, its environment, readiness, death detection, shutdown;
+//! - [`execute`]: one execution: request, output assembly, completion, timeout and interrupt;
+//! - [`output`]: turning Jupyter outputs into text and image files;
+//! - [`pool`]: the current kernel plus a warm spare, so reset and restarts are near-instant;
+//! - [`runtime_dir`]: the private (0700) directory holding connection files and sockets.
+//!
+//! The kernel knows nothing of MCP: tool calls reach the host through a socket whose path is just
+//! another environment variable here.
+
+pub mod execute;
+pub mod output;
+pub mod pool;
+pub mod process;
+pub mod runtime_dir;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use execute::{ExecEvent, ExecutionOutput, TimeoutPause};
+pub use pool::KernelPool;
+
+/// How kernels are launched. One config serves the current kernel and its spares.
+#[derive(Debug, Clone)]
+pub struct KernelConfig {
+    /// Interpreter with `ipykernel` (see [`crate::pyenv`]).
+    pub python: PathBuf,
+    /// The kernel's working directory; also put on `PYTHONPATH` so `import mcptools.x` works.
+    pub workspace: PathBuf,
+    /// Where `image/png` outputs are written.
+    pub images_dir: PathBuf,
+    /// Variables the caller adds to the kernel's minimal base environment (they win).
+    pub env: BTreeMap<String, String>,
+    /// Extra directories prepended to `PYTHONPATH` (ipybox's embedded kernel-side Python).
+    pub python_path: Vec<PathBuf>,
+    /// Wraps the kernel command (e.g. a sandbox): receives the full argv, returns the argv to run.
+    pub wrapper: Option<CommandWrapper>,
+    /// How long a kernel may take to answer `kernel_info` after launch.
+    pub start_timeout: Duration,
+    /// How long an interrupted execution may take to stop before the kernel is restarted.
+    pub interrupt_grace: Duration,
+}
+
+impl KernelConfig {
+    pub fn new(python: PathBuf, workspace: PathBuf) -> Self {
+        let images_dir = workspace.join("images");
+        Self {
+            python,
+            workspace,
+            images_dir,
+            env: BTreeMap::new(),
+            python_path: Vec::new(),
+            wrapper: None,
+            start_timeout: Duration::from_secs(60),
+            interrupt_grace: Duration::from_secs(3),
+        }
+    }
+}
+
+/// Rewrites the kernel's argv (e.g. to run it inside a sandbox).
+#[derive(Clone)]
+pub struct CommandWrapper(pub std::sync::Arc<dyn Fn(Vec<String>) -> Vec<String> + Send + Sync>);
+
+impl std::fmt::Debug for CommandWrapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommandWrapper")
+    }
+}
+
+/// Why an execution did not produce a result.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The code raised an exception.
+    #[error("{traceback}")]
+    Failed {
+        /// Exception type, e.g. `ValueError`.
+        ename: String,
+        /// Exception message.
+        evalue: String,
+        /// Traceback text without colour codes.
+        traceback: String,
+        /// What the code printed before the exception.
+        output: String,
+    },
+    /// The execution ran out of time and was interrupted (or, if it ignored the interrupt, the
+    /// kernel was restarted).
+    #[error("{}", timeout_message(*.seconds, *.state_kept))]
+    Timeout { seconds: f64, state_kept: bool, output: String },
+    /// The kernel process exited during (or before) the execution; a fresh kernel replaces it.
+    #[error("kernel died ({status}) — restarted, state lost{}", if *.ran { "" } else { "; the code was not run" })]
+    Died { status: String, output: String, ran: bool },
+    /// A kernel could not be started.
+    #[error("kernel failed to start: {reason}\n  help: {help}")]
+    Start { reason: String, help: String },
+    /// Talking to the kernel failed (a ZMQ or protocol error).
+    #[error("kernel communication failed: {0}")]
+    Protocol(String),
+    /// The executor was stopped.
+    #[error("the code executor is stopped\n  help: call start() before executing code")]
+    Stopped,
+}
+
+fn timeout_message(seconds: f64, state_kept: bool) -> String {
+    if state_kept {
+        format!("execution timed out after {seconds} s and was interrupted; kernel state was kept")
+    } else {
+        format!(
+            "execution timed out after {seconds} s and did not stop when interrupted — kernel restarted, state lost"
+        )
+    }
+}
+
+impl KernelError {
+    /// What the code printed before it failed (empty for start/protocol errors).
+    pub fn output(&self) -> &str {
+        match self {
+            KernelError::Failed { output, .. }
+            | KernelError::Timeout { output, .. }
+            | KernelError::Died { output, .. } => output,
+            _ => "",
+        }
+    }
+}

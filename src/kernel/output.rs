@@ -1,0 +1,143 @@
+//! Assembling what an execution printed into the text and image files a caller receives.
+//!
+//! Text is kept in arrival order (stdout, stderr, `execute_result` and `display_data` text/plain);
+//! `image/png` outputs are decoded and written to the images directory. ANSI escape sequences are
+//! removed everywhere. This module knows the shape of Jupyter outputs, not how they travel.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use jupyter_protocol::{Media, MediaType};
+
+/// Collects the outputs of one execution.
+#[derive(Debug)]
+pub(crate) struct OutputCollector {
+    text: String,
+    images: Vec<PathBuf>,
+    images_dir: PathBuf,
+}
+
+impl OutputCollector {
+    pub(crate) fn new(images_dir: &Path) -> Self {
+        Self { text: String::new(), images: Vec::new(), images_dir: images_dir.to_path_buf() }
+    }
+
+    /// Appends stream text; returns the chunk as the caller should see it.
+    pub(crate) fn push_stream(&mut self, text: &str) -> String {
+        let clean = strip_ansi(text);
+        self.text.push_str(&clean);
+        clean
+    }
+
+    /// Appends a rich output (`execute_result` / `display_data`): its text/plain and any PNG.
+    /// Returns the text chunk (if any) for streaming, and the path of a saved image (if any).
+    pub(crate) fn push_media(&mut self, media: &Media) -> (Option<String>, Option<PathBuf>) {
+        let mut chunk = None;
+        let mut image = None;
+        for item in &media.content {
+            match item {
+                MediaType::Png(data) => match self.save_png(data) {
+                    Ok(path) => image = Some(path),
+                    Err(e) => {
+                        let msg = format!("[ipybox: could not save an image: {e}]\n");
+                        self.text.push_str(&msg);
+                        chunk = Some(msg);
+                    }
+                },
+                MediaType::Plain(text) if chunk.is_none() => {
+                    let mut clean = strip_ansi(text);
+                    if !clean.ends_with('\n') {
+                        clean.push('\n');
+                    }
+                    self.text.push_str(&clean);
+                    chunk = Some(clean);
+                }
+                _ => {}
+            }
+        }
+        if let Some(path) = &image {
+            self.images.push(path.clone());
+        }
+        (chunk, image)
+    }
+
+    fn save_png(&self, data: &str) -> std::io::Result<PathBuf> {
+        // Jupyter wraps base64 in lines sometimes; drop whitespace before decoding.
+        let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(compact.as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
+        std::fs::create_dir_all(&self.images_dir)?;
+        loop {
+            let name = format!("{:08x}.png", rand::random::<u32>());
+            let path = self.images_dir.join(name);
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    std::io::Write::write_all(&mut f, &bytes)?;
+                    return Ok(path);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The output so far, stripped of surrounding whitespace.
+    pub(crate) fn text(&self) -> String {
+        self.text.trim().to_string()
+    }
+
+    pub(crate) fn finish(self) -> (String, Vec<PathBuf>) {
+        (self.text.trim().to_string(), self.images)
+    }
+}
+
+/// Removes ANSI escape sequences (CSI `ESC [ … final`, OSC `ESC ] … BEL/ST`, and two-byte escapes).
+pub fn strip_ansi(s: &str) -> String {
+    if !s.contains('\u{1b}') {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('[') => {
+                // parameters and intermediates, then one final byte in @..~
+                for c in chars.by_ref() {
+                    if ('@'..='~').contains(&c) {
+                        break;
+                    }
+                }
+            }
+            Some(']') => {
+                while let Some(c) = chars.next() {
+                    if c == '\u{7}' {
+                        break;
+                    }
+                    if c == '\u{1b}' && chars.peek() == Some(&'\\') {
+                        chars.next();
+                        break;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_ansi;
+
+    #[test]
+    fn strips_csi_and_osc() {
+        assert_eq!(strip_ansi("\u{1b}[0;31mValueError\u{1b}[0m: x"), "ValueError: x");
+        assert_eq!(strip_ansi("a\u{1b}]8;;http://x\u{7}link\u{1b}]8;;\u{1b}\\b"), "alinkb");
+        assert_eq!(strip_ansi("plain"), "plain");
+    }
+}

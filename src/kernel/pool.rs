@@ -1,0 +1,166 @@
+//! The current kernel plus a warm spare.
+//!
+//! The spare is launched in the background once the current kernel is ready, so `reset()` and the
+//! restarts after a timeout or a kernel death swap in a ready kernel instead of waiting ~0.5 s for
+//! Python to start. This module decides *when* kernels are replaced; launching is
+//! [`super::process`], running code is [`super::execute`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::execute::{self, ExecEvent, ExecutionOutput, TimeoutPause};
+use super::process::Kernel;
+use super::runtime_dir::RuntimeDir;
+use super::{KernelConfig, KernelError};
+
+/// Owns the kernels of one executor. Not shared: callers serialize access (one execution at a
+/// time), which is what makes executions on an executor queue rather than collide.
+pub struct KernelPool {
+    config: Arc<KernelConfig>,
+    runtime: Arc<RuntimeDir>,
+    current: Option<Kernel>,
+    spare: Option<JoinHandle<Result<Kernel, KernelError>>>,
+    launched: u32,
+    use_spare: bool,
+}
+
+impl std::fmt::Debug for KernelPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelPool").field("current", &self.current).field("launched", &self.launched).finish()
+    }
+}
+
+impl KernelPool {
+    /// Launches the first kernel (and, once it is ready, a spare in the background).
+    pub async fn start(config: Arc<KernelConfig>, runtime: Arc<RuntimeDir>, use_spare: bool) -> Result<Self, KernelError> {
+        let mut pool = Self { config, runtime, current: None, spare: None, launched: 0, use_spare };
+        let kernel = pool.launch().await?;
+        pool.current = Some(kernel);
+        pool.refill_spare();
+        Ok(pool)
+    }
+
+    /// The current kernel's pid (for diagnostics and tests).
+    pub fn kernel_pid(&self) -> Option<u32> {
+        self.current.as_ref().map(Kernel::pid)
+    }
+
+    /// The spare's pid if it is ready.
+    pub fn spare_ready(&self) -> bool {
+        self.spare.as_ref().is_some_and(|h| h.is_finished())
+    }
+
+    fn next_dir(&mut self) -> Result<std::path::PathBuf, KernelError> {
+        self.launched += 1;
+        self.runtime.subdir(&format!("k{}", self.launched)).map_err(|e| KernelError::Start {
+            reason: format!("cannot create a kernel directory in {}: {e}", self.runtime.path().display()),
+            help: "check that the runtime directory (XDG_RUNTIME_DIR or TMPDIR) is writable".into(),
+        })
+    }
+
+    async fn launch(&mut self) -> Result<Kernel, KernelError> {
+        let dir = self.next_dir()?;
+        Kernel::launch(&self.config, dir).await
+    }
+
+    fn refill_spare(&mut self) {
+        if !self.use_spare || self.spare.is_some() {
+            return;
+        }
+        match self.next_dir() {
+            Ok(dir) => {
+                let config = self.config.clone();
+                self.spare = Some(tokio::spawn(async move { Kernel::launch(&config, dir).await }));
+            }
+            Err(e) => tracing::warn!("cannot prepare a spare kernel: {e}"),
+        }
+    }
+
+    /// A ready kernel: the spare if it came up (waiting for it if it is still starting), else a
+    /// freshly launched one.
+    async fn take_fresh(&mut self) -> Result<Kernel, KernelError> {
+        let fresh = match self.spare.take() {
+            Some(handle) => match handle.await {
+                Ok(Ok(kernel)) if kernel.exited().is_none() => Ok(kernel),
+                Ok(Ok(_)) => self.launch().await,
+                Ok(Err(e)) => {
+                    tracing::warn!("spare kernel failed to start ({e}); launching a new one");
+                    self.launch().await
+                }
+                Err(e) => {
+                    tracing::warn!("spare kernel task failed ({e}); launching a new one");
+                    self.launch().await
+                }
+            },
+            None => self.launch().await,
+        };
+        self.refill_spare();
+        fresh
+    }
+
+    /// Replaces the current kernel with a fresh one (state is lost).
+    pub async fn reset(&mut self) -> Result<(), KernelError> {
+        if let Some(old) = self.current.take() {
+            tokio::spawn(old.shutdown());
+        }
+        self.current = Some(self.take_fresh().await?);
+        Ok(())
+    }
+
+    /// Runs `code` on the current kernel. After a timeout the kernel ignored, or a kernel death,
+    /// the kernel is replaced before this returns, so the next execution runs.
+    pub async fn execute(
+        &mut self,
+        code: &str,
+        timeout: Option<Duration>,
+        events: Option<&mpsc::UnboundedSender<ExecEvent>>,
+        pause: &TimeoutPause,
+    ) -> Result<ExecutionOutput, KernelError> {
+        if self.current.is_none() {
+            // A previous replacement failed; try again now.
+            self.current = Some(self.take_fresh().await?);
+        }
+        let kernel = self.current.as_mut().expect("current kernel present");
+        let outcome = execute::run(kernel, &self.config, code, timeout, events, pause).await;
+        if outcome.replace_kernel {
+            if let Err(e) = self.reset().await {
+                tracing::error!("could not restart the kernel: {e}");
+            }
+        }
+        outcome.result
+    }
+
+    /// Interrupts the current execution, if any (over the control channel).
+    pub async fn interrupt(&mut self) -> Result<(), KernelError> {
+        match self.current.as_mut() {
+            Some(k) => k.interrupt().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops every kernel and waits until they are gone.
+    pub async fn shutdown(mut self) {
+        if let Some(k) = self.current.take() {
+            k.shutdown().await;
+        }
+        if let Some(handle) = self.spare.take() {
+            handle.abort();
+            if let Ok(Ok(k)) = handle.await {
+                k.shutdown().await;
+            }
+        }
+    }
+}
+
+impl Drop for KernelPool {
+    fn drop(&mut self) {
+        if let Some(handle) = self.spare.take() {
+            // Aborting drops a kernel that is still launching (its guard kills the process); a
+            // kernel that already launched sits in the finished task and is dropped with it.
+            handle.abort();
+        }
+    }
+}

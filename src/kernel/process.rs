@@ -1,0 +1,411 @@
+//! Launching one `ipykernel` process and holding its connections.
+//!
+//! The kernel runs `python -c <launcher> -f <connection file>` with a minimal environment, the
+//! workspace as cwd, stdout discarded and stderr kept as a bounded tail for diagnostics. It is
+//! ready when it answers `kernel_info` on shell AND the matching `status` arrived on iopub (so the
+//! PUB/SUB subscription is live before the first execute). A watcher task notices the process's
+//! exit at once. The kernel never outlives ipybox: it reads its stdin (a pipe from us) in a thread
+//! and exits on EOF, and on Linux it also gets `PR_SET_PDEATHSIG`.
+//!
+//! What an execution does with these connections is in [`super::execute`].
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use jupyter_protocol::connection_info::Transport;
+use jupyter_protocol::{ConnectionInfo, JupyterMessage, JupyterMessageContent, KernelInfoRequest};
+use jupyter_zmq_client::{ClientControlConnection, DealerSendConnection};
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::{KernelConfig, KernelError};
+
+/// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), then the kernel app.
+const LAUNCHER: &str = r#"import os, sys, threading
+def _ipybox_watch_parent():
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    os._exit(0)
+threading.Thread(target=_ipybox_watch_parent, name="ipybox-parent-watch", daemon=True).start()
+from ipykernel import kernelapp
+kernelapp.launch_new_instance()
+"#;
+
+const STDERR_TAIL: usize = 8 * 1024;
+
+/// How a kernel process ended.
+#[derive(Debug, Clone)]
+pub struct ExitInfo(pub String);
+
+/// The kernel process and what watches it. Dropping it kills the process group, stops the
+/// watcher tasks and removes the kernel's directory (connection file and IPC socket files).
+struct Process {
+    pid: u32,
+    exit: watch::Receiver<Option<ExitInfo>>,
+    stderr_tail: Arc<Mutex<VecDeque<u8>>>,
+    tasks: Vec<JoinHandle<()>>,
+    /// Held open: the kernel exits when this pipe closes (ipybox gone).
+    _stdin: Option<tokio::process::ChildStdin>,
+    dir: PathBuf,
+}
+
+impl Process {
+    fn exited(&self) -> Option<String> {
+        self.exit.borrow().as_ref().map(|e| e.0.clone())
+    }
+
+    fn stderr_tail(&self) -> String {
+        let t = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
+        let (a, b) = t.as_slices();
+        let mut bytes = a.to_vec();
+        bytes.extend_from_slice(b);
+        crate::pyenv::tail(&bytes)
+    }
+
+    fn stderr_suffix(&self) -> String {
+        let tail = self.stderr_tail();
+        if tail.is_empty() { String::new() } else { format!("; kernel stderr:\n{tail}") }
+    }
+
+    fn exited_err(&self) -> KernelError {
+        let status = self.exited().unwrap_or_else(|| "exited".into());
+        start_err(format!("the kernel process exited ({status}){}", self.stderr_suffix()))
+    }
+
+    fn kill(&self) {
+        if self.pid > 0 && self.exited().is_none() {
+            // SAFETY: plain syscalls on the kernel's own process group and pid.
+            unsafe {
+                libc::kill(-(self.pid as i32), libc::SIGKILL);
+                libc::kill(self.pid as i32, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running, ready kernel and its connections.
+pub struct Kernel {
+    pub(crate) shell_tx: DealerSendConnection,
+    pub(crate) control: ClientControlConnection,
+    pub(crate) shell_rx: mpsc::UnboundedReceiver<JupyterMessage>,
+    pub(crate) iopub_rx: mpsc::UnboundedReceiver<JupyterMessage>,
+    // Declared last: dropped after the sockets, so they close before the process is reaped.
+    process: Process,
+}
+
+impl std::fmt::Debug for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("pid", &self.process.pid).field("dir", &self.process.dir).finish()
+    }
+}
+
+impl Kernel {
+    /// Launches a kernel in `dir` (created if missing) and waits until it is ready.
+    pub async fn launch(config: &KernelConfig, dir: PathBuf) -> Result<Kernel, KernelError> {
+        let started = Instant::now();
+        std::fs::create_dir_all(&dir).map_err(|e| start_err(format!("cannot create {}: {e}", dir.display())))?;
+        let info = ConnectionInfo {
+            transport: Transport::IPC,
+            ip: dir.join("k").display().to_string(),
+            stdin_port: 1,
+            control_port: 2,
+            hb_port: 3,
+            shell_port: 4,
+            iopub_port: 5,
+            signature_scheme: "hmac-sha256".to_string(),
+            key: uuid::Uuid::new_v4().to_string(),
+            kernel_name: Some("python3".to_string()),
+        };
+        let conn_file = dir.join("connection.json");
+        write_private(&conn_file, &serde_json::to_vec(&info).map_err(proto)?)
+            .map_err(|e| start_err(format!("cannot write {}: {e}", conn_file.display())))?;
+
+        let mut child = spawn(config, &conn_file)?;
+        let mut process = Process {
+            pid: child.id().unwrap_or(0),
+            exit: watch::channel(None).1,
+            stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
+            tasks: Vec::new(),
+            _stdin: child.stdin.take(),
+            dir,
+        };
+        if let Some(mut stderr) = child.stderr.take() {
+            let tail = process.stderr_tail.clone();
+            process.tasks.push(tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = stderr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                    t.extend(&buf[..n]);
+                    let excess = t.len().saturating_sub(STDERR_TAIL);
+                    t.drain(..excess);
+                }
+            }));
+        }
+        let (exit_tx, exit_rx) = watch::channel(None);
+        process.exit = exit_rx;
+        process.tasks.push(tokio::spawn(async move {
+            let desc = match child.wait().await {
+                Ok(s) => describe_exit(s),
+                Err(e) => format!("unknown exit: {e}"),
+            };
+            let _ = exit_tx.send(Some(ExitInfo(desc)));
+        }));
+
+        let deadline = tokio::time::Instant::from(started + config.start_timeout);
+        match tokio::time::timeout_at(deadline, connect(&info, process)).await {
+            Ok(result) => {
+                let kernel = result?;
+                tracing::debug!(pid = kernel.process.pid, elapsed_ms = started.elapsed().as_millis() as u64, "kernel ready");
+                Ok(kernel)
+            }
+            // The process guard was moved into the cancelled future and dropped: kernel killed.
+            Err(_) => Err(start_err(format!(
+                "no kernel_info reply within {} s",
+                config.start_timeout.as_secs()
+            ))),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid
+    }
+
+    /// The process's exit status if it has exited.
+    pub fn exited(&self) -> Option<String> {
+        self.process.exited()
+    }
+
+    /// A receiver that changes when the process exits.
+    pub(crate) fn exit_watch(&self) -> watch::Receiver<Option<ExitInfo>> {
+        self.process.exit.clone()
+    }
+
+    /// The kernel's recent stderr, for diagnostics.
+    pub fn stderr_tail(&self) -> String {
+        self.process.stderr_tail()
+    }
+
+    /// Sends `interrupt_request` over the control channel (works inside a sandbox, where a host
+    /// signal would reach the sandbox wrapper instead of the kernel).
+    pub async fn interrupt(&mut self) -> Result<(), KernelError> {
+        let msg: JupyterMessage = jupyter_protocol::InterruptRequest {}.into();
+        self.control.send(msg).await.map_err(proto)
+    }
+
+    /// Stops the kernel: kills its process group (there is no state worth a graceful shutdown, and
+    /// ipykernel's own shutdown sometimes takes ~10 s), waits until it is gone, removes its files.
+    pub async fn shutdown(self) {
+        self.process.kill();
+        let mut exit = self.process.exit.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(2), exit.wait_for(|e| e.is_some())).await;
+    }
+}
+
+/// Waits for the socket files, connects shell/iopub/control and does the `kernel_info`
+/// handshake, repeated until iopub has carried a status for one of our requests (proof that the
+/// PUB/SUB subscription is live, so no output of the first execution can be lost).
+async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, KernelError> {
+    let mut exit = process.exit.clone();
+    let ports = [info.shell_port, info.iopub_port, info.control_port];
+    while !ports.iter().all(|p| Path::new(&format!("{}-{p}", info.ip)).exists()) {
+        if process.exited().is_some() {
+            return Err(process.exited_err());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let session_id = uuid::Uuid::new_v4().to_string();
+    let identity = jupyter_zmq_client::peer_identity_for_session(&session_id).map_err(proto)?;
+    let shell = jupyter_zmq_client::create_client_shell_connection_with_identity(info, &session_id, identity)
+        .await
+        .map_err(proto)?;
+    let mut iopub = jupyter_zmq_client::create_client_iopub_connection(info, "", &session_id)
+        .await
+        .map_err(proto)?;
+    let control = jupyter_zmq_client::create_client_control_connection(info, &session_id)
+        .await
+        .map_err(proto)?;
+    let (shell_tx, mut shell_read) = shell.split();
+    let mut process = process;
+
+    let (to_shell_rx, shell_rx) = mpsc::unbounded_channel();
+    process.tasks.push(tokio::spawn(async move {
+        while let Ok(msg) = shell_read.read().await {
+            if to_shell_rx.send(msg).is_err() {
+                break;
+            }
+        }
+    }));
+    let (to_iopub_rx, iopub_rx) = mpsc::unbounded_channel();
+    process.tasks.push(tokio::spawn(async move {
+        loop {
+            match iopub.read().await {
+                Ok(msg) => {
+                    if to_iopub_rx.send(msg).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => tracing::warn!("dropping an unreadable iopub message: {e}"),
+            }
+        }
+    }));
+    let mut kernel = Kernel { shell_tx, control, shell_rx, iopub_rx, process };
+
+    let mut sent: Vec<String> = Vec::new();
+    let (mut got_reply, mut got_status) = (false, false);
+    while !(got_reply && got_status) {
+        let req: JupyterMessage = KernelInfoRequest {}.into();
+        sent.push(req.header.msg_id.clone());
+        kernel.shell_tx.send(req).await.map_err(proto)?;
+        let round = tokio::time::sleep(Duration::from_millis(200));
+        tokio::pin!(round);
+        while !(got_reply && got_status) {
+            tokio::select! {
+                Some(msg) = kernel.shell_rx.recv() => {
+                    got_reply |= matches!(msg.content, JupyterMessageContent::KernelInfoReply(_));
+                }
+                Some(msg) = kernel.iopub_rx.recv() => {
+                    let ours = msg.parent_header.as_ref().is_some_and(|h| sent.contains(&h.msg_id));
+                    got_status |= ours && matches!(msg.content, JupyterMessageContent::Status(_));
+                }
+                _ = exit.changed() => return Err(kernel.process.exited_err()),
+                _ = &mut round => break,
+            }
+        }
+    }
+    Ok(kernel)
+}
+
+fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Child, KernelError> {
+    let mut argv = vec![
+        config.python.display().to_string(),
+        "-c".to_string(),
+        LAUNCHER.to_string(),
+        "-f".to_string(),
+        conn_file.display().to_string(),
+        "--IPKernelApp.quiet=True".to_string(),
+        "--HistoryManager.enabled=False".to_string(),
+        "--InteractiveShell.colors=nocolor".to_string(),
+        "--InteractiveShell.xmode=Context".to_string(),
+    ];
+    if let Some(wrap) = &config.wrapper {
+        argv = (wrap.0)(argv);
+    }
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .env_clear()
+        .envs(base_env(config))
+        .current_dir(&config.workspace)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .process_group(0);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; runs in the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(|e| {
+        start_err_help(
+            format!("cannot run {}: {e}", argv[0]),
+            "check the interpreter path (--python / IPYBOX_PYTHON) or run `ipybox setup`",
+        )
+    })
+}
+
+/// The kernel's environment: a minimal base, then the caller's variables (which win).
+pub(crate) fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = Default::default();
+    let host = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let venv_bin = config.python.parent().map(|p| p.display().to_string());
+    let path = match (venv_bin, host("PATH")) {
+        (Some(bin), Some(p)) => format!("{bin}:{p}"),
+        (Some(bin), None) => format!("{bin}:/usr/local/bin:/usr/bin:/bin"),
+        (None, Some(p)) => p,
+        (None, None) => "/usr/local/bin:/usr/bin:/bin".to_string(),
+    };
+    env.insert("PATH".into(), path);
+    for k in ["HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ"] {
+        if let Some(v) = host(k) {
+            env.insert(k.into(), v);
+        }
+    }
+    env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
+    env.insert("TMPDIR".into(), host("TMPDIR").unwrap_or_else(|| std::env::temp_dir().display().to_string()));
+    let mut py_path: Vec<String> = config.python_path.iter().map(|p| p.display().to_string()).collect();
+    py_path.push(config.workspace.display().to_string());
+    env.insert("PYTHONPATH".into(), py_path.join(":"));
+    env.insert("PYTHONUNBUFFERED".into(), "1".into());
+    env.insert("PYTHONIOENCODING".into(), "utf-8".into());
+    env.insert("JUPYTER_PLATFORM_DIRS".into(), "1".into());
+    env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());
+    env.insert("MPLBACKEND".into(), "module://matplotlib_inline.backend_inline".into());
+    env.insert("NO_COLOR".into(), "1".into());
+    env.insert("TERM".into(), "dumb".into());
+    for (k, v) in &config.env {
+        env.insert(k.clone(), v.clone());
+    }
+    env.into_iter().collect()
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}{}", signal_name(sig)),
+        _ => "unknown exit status".to_string(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => " (SIGKILL)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGABRT => " (SIGABRT)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGBUS => " (SIGBUS)",
+        _ => "",
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(bytes)
+}
+
+pub(crate) fn proto(e: impl std::fmt::Display) -> KernelError {
+    KernelError::Protocol(e.to_string())
+}
+
+fn start_err(reason: String) -> KernelError {
+    start_err_help(reason, "run `ipybox setup` to check the kernel environment, or pass --python PATH")
+}
+
+fn start_err_help(reason: String, help: &str) -> KernelError {
+    KernelError::Start { reason, help: help.to_string() }
+}

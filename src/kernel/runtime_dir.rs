@@ -1,0 +1,79 @@
+//! The private runtime directory: connection files, IPC sockets and the tool socket live here.
+//!
+//! Created with mode 0700 under `$XDG_RUNTIME_DIR` (or the temp dir) as `ipybox-<pid>-<random>`,
+//! removed when dropped. Directories left by an ipybox that was killed (its pid is gone) are swept
+//! when the next one starts. Paths are kept short: Unix socket paths are limited to ~107 bytes.
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+const PREFIX: &str = "ipybox-";
+
+/// A private directory removed (with everything in it) on drop.
+#[derive(Debug)]
+pub struct RuntimeDir {
+    path: PathBuf,
+}
+
+impl RuntimeDir {
+    /// Creates a fresh private directory, sweeping stale ones first.
+    pub fn create() -> std::io::Result<Self> {
+        let base = base_dir();
+        sweep_stale(&base);
+        loop {
+            let path = base.join(format!("{PREFIX}{}-{:06x}", std::process::id(), rand::random::<u32>() & 0xff_ffff));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => {
+                    // The umask may have narrowed the mode; make sure it is exactly 0700.
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
+                    return Ok(Self { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Creates a private subdirectory (e.g. one per kernel).
+    pub fn subdir(&self, name: &str) -> std::io::Result<PathBuf> {
+        let path = self.path.join(name);
+        std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&path)?;
+        Ok(path)
+    }
+}
+
+impl Drop for RuntimeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn base_dir() -> PathBuf {
+    std::env::var_os("XDG_RUNTIME_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_dir())
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Removes `ipybox-<pid>-*` directories whose process no longer exists.
+fn sweep_stale(base: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        if pid > 0 && !process_alive(pid) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+pub(crate) fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence/permission.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}

@@ -1,0 +1,14 @@
+//! ipybox: a code-execution sandbox for agents that act by writing Python.
+//!
+//! Agent code runs in a stateful IPython kernel ([`kernel`]); the tools of any MCP server become a
+//! typed Python API ([`apigen`]) whose calls cross to the host ([`tools`]) where the application
+//! approves or rejects them. [`executor::CodeExecutor`] composes these pieces; it is the SDK.
+//! See `docs/architecture.md` for the map.
+
+pub mod apigen;
+pub mod executor;
+pub mod kernel;
+pub mod pyenv;
+pub mod tools;
+
+pub use executor::CodeExecutor;

@@ -1,0 +1,245 @@
+//! Finding or provisioning the Python environment the kernel runs in.
+//!
+//! The kernel needs a Python with `ipykernel` and `pydantic`, nothing else. Order of resolution:
+//!
+//! 1. an explicit interpreter (`--python PATH` / `IPYBOX_PYTHON`): used as is; if it lacks a
+//!    package the error names it and the command that installs it;
+//! 2. the managed environment at [`managed_env_dir`] (`$IPYBOX_HOME/kernel-env`, by default
+//!    `$XDG_DATA_HOME/ipybox/kernel-env` or `~/.local/share/ipybox/kernel-env`), created on first
+//!    use with `uv` when it is on `PATH`, else with `python3 -m venv` + pip, with progress on
+//!    stderr. An exclusive file lock makes concurrent ipybox processes wait for one another
+//!    instead of corrupting the environment; a marker file written last says it is complete.
+//!
+//! This module does not start kernels; it only hands out an interpreter path.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Packages the kernel environment must hold (what is installed into a managed environment).
+pub const KERNEL_PACKAGES: &[&str] = &["ipykernel>=6.29", "pydantic>=2.7"];
+/// Modules checked for in an explicit interpreter.
+const REQUIRED_MODULES: &[&str] = &["ipykernel", "pydantic"];
+const MARKER: &str = ".ipybox-ready";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PyEnvError {
+    #[error(
+        "python interpreter `{python}` cannot be run: {reason}\n  help: pass an existing interpreter with --python PATH (or IPYBOX_PYTHON), or unset it to use the managed environment"
+    )]
+    NotRunnable { python: PathBuf, reason: String },
+    #[error(
+        "python interpreter `{python}` lacks {missing}\n  help: run `{python} -m pip install {missing}` (or `uv pip install --python {python} {missing}`), or unset --python/IPYBOX_PYTHON to let ipybox manage an environment"
+    )]
+    MissingPackages { python: PathBuf, missing: String },
+    #[error(
+        "cannot create the kernel environment: neither `uv` nor `python3` was found on PATH\n  help: install Python 3 (3.9 or newer), or `pip install uv`, then run `ipybox setup`"
+    )]
+    NoBasePython,
+    #[error(
+        "creating the kernel environment at {dir} failed: `{command}` {status}\n{stderr_tail}\n  help: fix the problem above and run `ipybox setup` again"
+    )]
+    ProvisionFailed { dir: PathBuf, command: String, status: String, stderr_tail: String },
+    #[error("cannot determine a home directory for the managed kernel environment\n  help: set IPYBOX_HOME to a writable directory")]
+    NoHome,
+    #[error("i/o error on {path}: {source}\n  help: check that the directory is writable, or set IPYBOX_HOME elsewhere")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PyEnvError + '_ {
+    move |source| PyEnvError::Io { path: path.to_path_buf(), source }
+}
+
+/// A Python interpreter known to hold the kernel's packages.
+#[derive(Debug, Clone)]
+pub struct PythonEnv {
+    /// The interpreter to launch the kernel with.
+    pub python: PathBuf,
+    /// The environment's root (`sys.prefix`) when ipybox manages it, else `None`.
+    pub managed_dir: Option<PathBuf>,
+}
+
+/// Directory holding ipybox's per-user data (`$IPYBOX_HOME`, else `$XDG_DATA_HOME/ipybox`,
+/// else `~/.local/share/ipybox`).
+pub fn data_dir() -> Result<PathBuf, PyEnvError> {
+    if let Some(dir) = std::env::var_os("IPYBOX_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir).join("ipybox"));
+    }
+    let home = std::env::var_os("HOME").filter(|v| !v.is_empty()).ok_or(PyEnvError::NoHome)?;
+    Ok(PathBuf::from(home).join(".local/share/ipybox"))
+}
+
+/// Where the managed kernel environment lives.
+pub fn managed_env_dir() -> Result<PathBuf, PyEnvError> {
+    Ok(data_dir()?.join("kernel-env"))
+}
+
+/// Resolves the kernel's interpreter: `explicit` (or `IPYBOX_PYTHON`) if given, else the managed
+/// environment, provisioning it on first use (progress goes to stderr).
+pub fn resolve(explicit: Option<&Path>) -> Result<PythonEnv, PyEnvError> {
+    let from_env = std::env::var_os("IPYBOX_PYTHON").filter(|v| !v.is_empty()).map(PathBuf::from);
+    match explicit.map(Path::to_path_buf).or(from_env) {
+        Some(python) => check_interpreter(&python).map(|()| PythonEnv { python, managed_dir: None }),
+        None => ensure_managed(&managed_env_dir()?),
+    }
+}
+
+/// Checks that `python` runs and can import the kernel's packages.
+pub fn check_interpreter(python: &Path) -> Result<(), PyEnvError> {
+    let probe = format!(
+        "import importlib.util as u; print(' '.join(m for m in {REQUIRED_MODULES:?} if u.find_spec(m) is None))"
+    );
+    let out = Command::new(python)
+        .args(["-c", &probe])
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| PyEnvError::NotRunnable { python: python.to_path_buf(), reason: e.to_string() })?;
+    if !out.status.success() {
+        return Err(PyEnvError::NotRunnable {
+            python: python.to_path_buf(),
+            reason: format!("{} ({})", out.status, tail(&out.stderr)),
+        });
+    }
+    let missing = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(PyEnvError::MissingPackages { python: python.to_path_buf(), missing })
+    }
+}
+
+fn env_python(dir: &Path) -> PathBuf {
+    dir.join("bin/python")
+}
+
+fn marker_contents() -> String {
+    KERNEL_PACKAGES.join(" ")
+}
+
+fn is_ready(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(MARKER)).is_ok_and(|m| m.trim() == marker_contents())
+        && env_python(dir).exists()
+}
+
+/// Returns the managed environment at `dir`, creating it first if it is missing or incomplete.
+pub fn ensure_managed(dir: &Path) -> Result<PythonEnv, PyEnvError> {
+    let env = PythonEnv { python: env_python(dir), managed_dir: Some(dir.to_path_buf()) };
+    if is_ready(dir) {
+        return Ok(env);
+    }
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+    let lock_path = dir.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io_err(&lock_path))?;
+    if fs4::fs_std::FileExt::try_lock_exclusive(&lock).map_or(true, |locked| !locked) {
+        progress(&format!("waiting for another ipybox to finish creating {}", dir.display()));
+        fs4::fs_std::FileExt::lock_exclusive(&lock).map_err(io_err(&lock_path))?;
+    }
+    if is_ready(dir) {
+        return Ok(env);
+    }
+    provision(dir)?;
+    Ok(env)
+}
+
+fn progress(msg: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "ipybox: {msg}");
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+fn provision(dir: &Path) -> Result<(), PyEnvError> {
+    let started = Instant::now();
+    if dir.exists() {
+        progress(&format!("removing incomplete kernel environment at {}", dir.display()));
+        std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
+    }
+    let python = env_python(dir);
+    let packages = KERNEL_PACKAGES.iter().map(|s| s.to_string());
+    let steps: Vec<(PathBuf, Vec<String>)> = if let Some(uv) = find_on_path("uv") {
+        progress(&format!("creating the kernel environment at {} with uv", dir.display()));
+        let base = find_on_path("python3").map(|p| p.display().to_string());
+        let mut venv = vec!["venv".to_string(), "--quiet".into(), "--seed".into()];
+        if let Some(base) = base {
+            venv.extend(["--python".to_string(), base]);
+        }
+        venv.push(dir.display().to_string());
+        let mut install = vec!["pip".to_string(), "install".into(), "--python".into(), python.display().to_string()];
+        install.extend(packages);
+        vec![(uv.clone(), venv), (uv, install)]
+    } else if let Some(python3) = find_on_path("python3") {
+        progress(&format!(
+            "creating the kernel environment at {} with python3 -m venv + pip (install uv to make this ~10x faster)",
+            dir.display()
+        ));
+        let mut install = vec!["-m".to_string(), "pip".into(), "install".into(), "--disable-pip-version-check".into()];
+        install.extend(packages);
+        vec![
+            (python3, vec!["-m".to_string(), "venv".into(), dir.display().to_string()]),
+            (python.clone(), install),
+        ]
+    } else {
+        return Err(PyEnvError::NoBasePython);
+    };
+    for (program, args) in steps {
+        let command = format!("{} {}", program.display(), args.join(" "));
+        progress(&format!("running {command}"));
+        // The installer's own progress goes to our stderr; its stdout too (ours may be a protocol).
+        let stderr_fd = std::io::stderr();
+        let out = Command::new(&program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(stdio_to_stderr(&stderr_fd))
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(io_err(&program))?;
+        let _ = std::io::stderr().write_all(&out.stderr);
+        if !out.status.success() {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(PyEnvError::ProvisionFailed {
+                dir: dir.to_path_buf(),
+                command,
+                status: out.status.to_string(),
+                stderr_tail: tail(&out.stderr),
+            });
+        }
+    }
+    check_interpreter(&python)?;
+    let marker = dir.join(MARKER);
+    std::fs::write(&marker, marker_contents()).map_err(io_err(&marker))?;
+    progress(&format!(
+        "kernel environment ready at {} ({:.1} s)",
+        dir.display(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
+
+fn stdio_to_stderr(stderr: &std::io::Stderr) -> Stdio {
+    use std::os::fd::AsFd;
+    stderr
+        .as_fd()
+        .try_clone_to_owned()
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null())
+}
+
+/// The last few lines of a process's output, for error messages.
+pub(crate) fn tail(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let lines: Vec<&str> = text.trim_end().lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
