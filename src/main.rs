@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ipybox::CodeExecutor;
-use ipybox::executor::{ExecutionEvent, ExecutorError};
+use ipybox::executor::ExecutionEvent;
 
 #[derive(Parser, Debug)]
 #[command(name = "ipybox", version, about = "Code-execution sandbox for agents that act by writing Python")]
@@ -99,36 +99,31 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let mut execution = executor.stream(&code, timeout);
             let mut stdout = std::io::stdout();
             let mut result = None;
+            let mut needs_newline = false;
             while let Some(event) = execution.next().await {
                 match event {
                     ExecutionEvent::Chunk(text) => {
                         stdout.write_all(text.as_bytes())?;
                         stdout.flush()?;
+                        needs_newline = !text.ends_with('\n');
                     }
                     ExecutionEvent::Image(path) => writeln!(stdout, "[image: {}]", path.display())?,
                     ExecutionEvent::Result(r) => result = Some(r),
                 }
             }
             executor.stop().await;
+            if needs_newline {
+                writeln!(stdout)?;
+            }
             match result.context("the execution ended without a result")? {
-                Ok(out) => {
-                    if !out.text.is_empty() && !out.text.ends_with('\n') {
-                        writeln!(stdout)?;
-                    }
-                    Ok(ExitCode::SUCCESS)
-                }
+                Ok(_) => Ok(ExitCode::SUCCESS),
                 Err(e) => {
-                    writeln!(stdout)?;
-                    report_failure(&e);
+                    eprintln!("{e}");
                     Ok(ExitCode::FAILURE)
                 }
             }
         }
     }
-}
-
-fn report_failure(e: &ExecutorError) {
-    eprintln!("{e}");
 }
 
 fn read_code(code: Option<String>, file: Option<PathBuf>) -> anyhow::Result<String> {

@@ -1,0 +1,358 @@
+//! The kernel engine against a real ipykernel: state, output assembly, errors, timeouts,
+//! kernel death, environment isolation, reset, serialization, cleanup.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ipybox::CodeExecutor;
+use ipybox::executor::{ExecutionEvent, ExecutorError};
+use ipybox::kernel::KernelError;
+
+async fn started(ws: &Path) -> CodeExecutor {
+    let ex = CodeExecutor::builder().workspace(ws).without_spare_kernel().build();
+    ex.start().await.expect("executor starts");
+    ex
+}
+
+async fn run(ex: &CodeExecutor, code: &str) -> String {
+    ex.execute(code, Some(Duration::from_secs(60))).await.expect("code runs").text
+}
+
+fn pid_alive(pid: u32) -> bool {
+    // A zombie counts as gone: read the state from /proc.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+async fn wait_gone(pid: u32, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if !pid_alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    !pid_alive(pid)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn state_expressions_stdout_and_stderr() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    assert_eq!(run(&ex, "x = 6 * 7").await, "");
+    assert_eq!(run(&ex, "x").await, "42");
+    assert_eq!(run(&ex, "print(x + 1)\nx * 2").await, "43\n84");
+    assert_eq!(run(&ex, "import sys\nprint('out')\nprint('err', file=sys.stderr)").await, "out\nerr");
+    assert_eq!(run(&ex, "'  padded  '").await, "'  padded  '");
+    assert_eq!(run(&ex, "print('  leading and trailing whitespace is stripped  \\n\\n')").await, "leading and trailing whitespace is stripped");
+    // cwd is the workspace and the workspace is importable
+    std::fs::write(ws.path().join("helper_mod.py"), "VALUE = 'imported'\n").unwrap();
+    assert_eq!(run(&ex, "import os, helper_mod\nprint(os.getcwd())\nprint(helper_mod.VALUE)").await,
+        format!("{}\nimported", ws.path().canonicalize().unwrap().display()));
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn errors_carry_traceback_and_prior_output_without_colour() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    let err = ex.execute("print('before')\ndef f():\n    raise ValueError('boom')\nf()", None).await.unwrap_err();
+    match &err {
+        ExecutorError::Kernel(KernelError::Failed { ename, evalue, traceback, output }) => {
+            assert_eq!(ename, "ValueError");
+            assert_eq!(evalue, "boom");
+            assert_eq!(output, "before");
+            assert!(traceback.ends_with("ValueError: boom"), "{traceback}");
+            assert!(traceback.contains("----> 4 f()"), "{traceback}");
+            assert!(!traceback.contains('\u{1b}'), "colour codes in {traceback:?}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(err.output(), "before");
+    assert!(!err.to_string().contains('\u{1b}'));
+    // A syntax error is an error too, and the kernel keeps going.
+    let err = ex.execute("def (", None).await.unwrap_err();
+    assert!(matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "SyntaxError"), "{err:?}");
+    // input() does not hang: stdin is not available to agent code.
+    let err = ex.execute("input('name? ')", Some(Duration::from_secs(10))).await.unwrap_err();
+    assert!(matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "StdinNotImplementedError"), "{err:?}");
+    assert_eq!(run(&ex, "1 + 1").await, "2");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn thousand_executions_with_random_sizes_arrive_intact() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    run(&ex, "def emit(i, n):\n    line = ''.join(chr(97 + (i * 7 + j) % 26) for j in range(64))\n    s = (line * (n // 64 + 1))[:n]\n    print(s, end='')").await;
+    // deterministic pseudo-random sizes in 0..=100_000
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    for i in 0..1000u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let n = (seed % 100_001) as usize;
+        let line: String = (0..64).map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char).collect();
+        let expected: String = line.repeat(n / 64 + 1).chars().take(n).collect();
+        let got = run(&ex, &format!("emit({i}, {n})")).await;
+        assert_eq!(got.len(), n, "execution {i}: size");
+        assert!(got == expected, "execution {i}: content differs");
+    }
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ten_megabytes_arrive_intact() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    let out = run(&ex, "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')").await;
+    assert_eq!(out.len(), 100_000 * 100 - 1);
+    for (i, line) in out.lines().enumerate() {
+        assert_eq!(line, format!("{i:09}{}", "x".repeat(90)), "line {i}");
+    }
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn png_display_data_becomes_an_image_file() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    let code = r#"
+import struct, zlib
+from IPython.display import Image, display
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))
+raw = b''.join(b'\x00' + b'\xff\x00\x00' * 4 for _ in range(4))
+png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 4, 4, 8, 2, 0, 0, 0)) + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b'')
+open('expected.png', 'wb').write(png)
+print('shown:')
+display(Image(data=png))
+"#;
+    let result = ex.execute(code, None).await.unwrap();
+    assert_eq!(result.text, "shown:\n<IPython.core.display.Image object>");
+    assert_eq!(result.images.len(), 1);
+    let image = &result.images[0];
+    assert_eq!(image.parent().unwrap(), ws.path().canonicalize().unwrap().join("images"));
+    let name = image.file_name().unwrap().to_str().unwrap();
+    assert!(name.len() == 12 && name.ends_with(".png") && name[..8].chars().all(|c| c.is_ascii_hexdigit()), "{name}");
+    assert_eq!(std::fs::read(image).unwrap(), std::fs::read(ws.path().join("expected.png")).unwrap());
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_interrupts_and_keeps_state() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    run(&ex, "kept = 'still here'").await;
+    let pid = ex.kernel_pid().await;
+    let start = Instant::now();
+    let err = ex.execute("import time\nprint('started')\ntime.sleep(30)", Some(Duration::from_secs(1))).await.unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    match &err {
+        ExecutorError::Kernel(KernelError::Timeout { seconds, state_kept, output }) => {
+            assert_eq!(*seconds, 1.0);
+            assert!(*state_kept);
+            assert_eq!(output, "started");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(err.to_string(), "execution timed out after 1 s and was interrupted; kernel state was kept");
+    assert_eq!(run(&ex, "kept").await, "'still here'");
+    assert_eq!(ex.kernel_pid().await, pid);
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn interrupt_proof_code_restarts_the_kernel() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder().workspace(ws.path()).build(); // with a warm spare
+    ex.start().await.unwrap();
+    run(&ex, "lost = 1").await;
+    let old = ex.kernel_pid().await.unwrap();
+    let code = "import time\nwhile True:\n    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass";
+    let err = ex.execute(code, Some(Duration::from_secs(1))).await.unwrap_err();
+    assert!(matches!(err, ExecutorError::Kernel(KernelError::Timeout { state_kept: false, .. })), "{err:?}");
+    assert!(err.to_string().contains("kernel restarted, state lost"), "{err}");
+    assert!(wait_gone(old, Duration::from_secs(3)).await, "old kernel {old} still running");
+    let err = ex.execute("lost", None).await.unwrap_err();
+    assert!(matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "NameError"));
+    assert_eq!(run(&ex, "'fresh'").await, "'fresh'");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn os_exit_and_sigkill_are_noticed_and_recovered() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder().workspace(ws.path()).build();
+    ex.start().await.unwrap();
+    let start = Instant::now();
+    let err = ex.execute("import os\nprint('bye', flush=True)\nos._exit(3)", Some(Duration::from_secs(30))).await.unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(1), "noticed after {:?}", start.elapsed());
+    assert_eq!(err.to_string(), "kernel died (exit code 3) — restarted, state lost");
+    assert_eq!(run(&ex, "'next runs'").await, "'next runs'");
+
+    // SIGKILL from outside while code runs
+    let pid = ex.kernel_pid().await.unwrap();
+    let killer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        Instant::now()
+    });
+    let err = ex.execute("import time\ntime.sleep(20)", Some(Duration::from_secs(30))).await.unwrap_err();
+    let killed_at = killer.await.unwrap();
+    assert!(killed_at.elapsed() < Duration::from_secs(1), "noticed {:?} after the kill", killed_at.elapsed());
+    assert_eq!(err.to_string(), "kernel died (killed by signal 9 (SIGKILL)) — restarted, state lost");
+    assert_eq!(run(&ex, "'recovered'").await, "'recovered'");
+
+    // SIGKILL while idle: the next execution reports it (the code did not run), then all is well.
+    let pid = ex.kernel_pid().await.unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    assert!(wait_gone(pid, Duration::from_secs(2)).await);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let err = ex.execute("'not run'", None).await.unwrap_err();
+    assert_eq!(err.to_string(), "kernel died (killed by signal 9 (SIGKILL)) — restarted, state lost; the code was not run");
+    assert_eq!(run(&ex, "'again'").await, "'again'");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kernel_env_is_minimal_plus_what_the_caller_adds() {
+    let ws = tempfile::tempdir().unwrap();
+    // CARGO_MANIFEST_DIR is in this test process's environment; it must not reach the kernel.
+    assert!(std::env::var("CARGO_MANIFEST_DIR").is_ok());
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .kernel_env([("IPYBOX_TEST_VAR", "from kernel_env"), ("LANG", "C.UTF-8")])
+        .build();
+    ex.start().await.unwrap();
+    let out = run(&ex, "import os\nprint(os.environ.get('CARGO_MANIFEST_DIR'))\nprint(os.environ['IPYBOX_TEST_VAR'])\nprint(os.environ['LANG'])\nprint(bool(os.environ.get('HOME')), bool(os.environ.get('PATH')), bool(os.environ.get('TMPDIR')))").await;
+    assert_eq!(out, "None\nfrom kernel_env\nC.UTF-8\nTrue True True");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_gives_a_fresh_kernel_quickly() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder().workspace(ws.path()).build();
+    ex.start().await.unwrap();
+    run(&ex, "gone = True").await;
+    let old = ex.kernel_pid().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await; // let the spare come up
+    let start = Instant::now();
+    ex.reset().await.unwrap();
+    let out = ex.execute("'gone' in globals()", None).await.unwrap().text;
+    let took = start.elapsed();
+    assert_eq!(out, "False");
+    assert_ne!(ex.kernel_pid().await.unwrap(), old);
+    assert!(took < Duration::from_millis(500), "reset -> next result took {took:?} (warm spare not used?)");
+    assert!(wait_gone(old, Duration::from_secs(3)).await);
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_callers_are_serialized() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    run(&ex, "log = []").await;
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let ex = ex.clone();
+            tokio::spawn(async move {
+                ex.execute(&format!("import time\nlog.append(('start', {i}))\ntime.sleep(0.2)\nlog.append(('end', {i}))\n{i}"), None).await
+            })
+        })
+        .collect();
+    let mut outs = Vec::new();
+    for t in tasks {
+        outs.push(t.await.unwrap().unwrap().text);
+    }
+    outs.sort();
+    assert_eq!(outs, ["0", "1", "2", "3"]);
+    // Never two at once: every start is followed by its own end.
+    let out = run(&ex, "all(log[k][0] == 'start' and log[k + 1] == ('end', log[k][1]) for k in range(0, 8, 2))").await;
+    assert_eq!(out, "True");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stream_yields_chunks_as_they_come() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    let mut execution = ex.stream("import time\nprint('one', flush=True)\ntime.sleep(0.5)\nprint('two')", None);
+    let start = Instant::now();
+    let mut chunks = Vec::new();
+    let mut result = None;
+    while let Some(ev) = execution.next().await {
+        match ev {
+            ExecutionEvent::Chunk(c) => chunks.push((c, start.elapsed())),
+            ExecutionEvent::Image(_) => panic!("no images expected"),
+            ExecutionEvent::Result(r) => result = Some(r.unwrap()),
+        }
+    }
+    assert_eq!(chunks.iter().map(|c| c.0.as_str()).collect::<String>(), "one\ntwo\n");
+    assert_eq!(chunks[0].0, "one\n");
+    assert!(chunks[0].1 < Duration::from_millis(400), "first chunk came late: {:?}", chunks[0].1);
+    assert_eq!(result.unwrap().text, "one\ntwo");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_leaves_no_processes_or_sockets() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder().workspace(ws.path()).build();
+    ex.start().await.unwrap();
+    let child = run(&ex, "import subprocess\np = subprocess.Popen(['sleep', '60'])\np.pid").await;
+    let child: u32 = child.parse().unwrap();
+    let pid = ex.kernel_pid().await.unwrap();
+    let dir = ex.runtime_dir().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await; // let the spare start too
+    let sockets: Vec<_> = walk(&dir).into_iter().filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("k-")).collect();
+    assert!(sockets.len() >= 5, "expected IPC sockets in {}: {sockets:?}", dir.display());
+    let spare_pids = kernel_children();
+    ex.stop().await;
+    assert!(wait_gone(pid, Duration::from_secs(2)).await, "kernel {pid} survived stop");
+    assert!(wait_gone(child, Duration::from_secs(2)).await, "kernel's child {child} survived stop");
+    for p in spare_pids {
+        assert!(wait_gone(p, Duration::from_secs(2)).await, "kernel {p} survived stop");
+    }
+    assert!(!dir.exists(), "runtime dir {} left behind", dir.display());
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        } else {
+            out.push(e.path());
+        }
+    }
+    out
+}
+
+/// Pids of this process's ipykernel children.
+fn kernel_children() -> Vec<u32> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some(rest) = stat.rsplit_once(") ").map(|r| r.1) else { continue };
+        let ppid: u32 = rest.split(' ').nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == me && cmd.contains("ipykernel") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stopped_executor_says_to_start() {
+    let ex = CodeExecutor::builder().workspace(tempfile::tempdir().unwrap().path()).build();
+    let err = ex.execute("1", None).await.unwrap_err();
+    assert_eq!(err.to_string(), "the code executor is stopped\n  help: call start() before executing code");
+}
