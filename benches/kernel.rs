@@ -1,1 +1,102 @@
-fn main(){}
+//! Kernel engine benchmark: prints a table of medians (run with `cargo bench --bench kernel`).
+//!
+//! - cold start -> first result: `CodeExecutor::start` + `execute("1")` (environment provisioned)
+//! - trivial execution round trip
+//! - reset -> next result (warm spare)
+//! - 1 MB output round trip
+//! - peak RSS of one kernel
+
+use std::time::{Duration, Instant};
+
+use ipybox::CodeExecutor;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // Make sure the environment exists before timing anything.
+        tokio::task::spawn_blocking(|| ipybox::pyenv::resolve(None).expect("kernel environment"))
+            .await
+            .unwrap();
+        let ws = tempfile::tempdir().unwrap();
+
+        let mut cold = Vec::new();
+        for _ in 0..5 {
+            let ex = CodeExecutor::builder().workspace(ws.path()).build();
+            let t = Instant::now();
+            ex.start().await.unwrap();
+            ex.execute("1", None).await.unwrap();
+            cold.push(t.elapsed());
+            ex.stop().await;
+        }
+
+        let ex = CodeExecutor::builder().workspace(ws.path()).build();
+        ex.start().await.unwrap();
+        for _ in 0..20 {
+            ex.execute("1", None).await.unwrap();
+        }
+        let mut trivial = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            ex.execute("1", None).await.unwrap();
+            trivial.push(t.elapsed());
+        }
+
+        let mut reset = Vec::new();
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(1500)).await; // spare ready, as in real use
+            let t = Instant::now();
+            ex.reset().await.unwrap();
+            ex.execute("1", None).await.unwrap();
+            reset.push(t.elapsed());
+        }
+
+        ex.execute("payload = 'x' * 1_000_000", None).await.unwrap();
+        let mut mb = Vec::new();
+        for _ in 0..20 {
+            let t = Instant::now();
+            let out = ex.execute("print(payload)", None).await.unwrap();
+            assert_eq!(out.text.len(), 1_000_000);
+            mb.push(t.elapsed());
+        }
+        let pid = ex.kernel_pid().await.unwrap();
+        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_string())
+            .unwrap_or_else(|| "?".into());
+        ex.stop().await;
+
+        println!("| measurement | median | target | Python ipybox |");
+        println!("|---|---|---|---|");
+        println!(
+            "| cold start -> first result (n=5) | {} | <= 900 ms | 4300 ms |",
+            ms(median(cold))
+        );
+        println!(
+            "| trivial execution round trip (n=200) | {} | <= 3 ms | 52 ms |",
+            ms(median(trivial))
+        );
+        println!(
+            "| reset -> next result (n=5) | {} | <= 200 ms | 3300 ms |",
+            ms(median(reset))
+        );
+        println!(
+            "| 1 MB output round trip (n=20) | {} | - | - |",
+            ms(median(mb))
+        );
+        println!("| kernel peak RSS | {rss} kB | - | - |");
+    });
+}
