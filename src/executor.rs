@@ -27,7 +27,9 @@ use include_dir::{Dir, include_dir};
 use tokio::sync::{Mutex, mpsc};
 
 use crate::kernel::runtime_dir::RuntimeDir;
-use crate::kernel::{ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, TimeoutPause};
+use crate::kernel::{
+    ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, TimeoutPause,
+};
 use crate::pyenv::{self, PyEnvError};
 
 /// Kernel-side Python shipped inside the binary, extracted into the runtime directory and put on
@@ -48,7 +50,10 @@ pub enum ExecutorError {
     PythonEnv(#[from] PyEnvError),
     /// The workspace or runtime directory could not be prepared.
     #[error("cannot prepare {path}: {source}\n  help: choose a writable directory")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 impl ExecutorError {
@@ -96,8 +101,12 @@ impl CodeExecutorBuilder {
     }
 
     /// Adds variables to the kernel's environment (which otherwise holds a minimal base only).
-    pub fn kernel_env<K: Into<String>, V: Into<String>>(mut self, vars: impl IntoIterator<Item = (K, V)>) -> Self {
-        self.kernel_env.extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+    pub fn kernel_env<K: Into<String>, V: Into<String>>(
+        mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.kernel_env
+            .extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
         self
     }
 
@@ -115,7 +124,13 @@ impl CodeExecutorBuilder {
     }
 
     pub fn build(self) -> CodeExecutor {
-        CodeExecutor { inner: Arc::new(Inner { builder: self, state: Mutex::new(None), pause: TimeoutPause::default() }) }
+        CodeExecutor {
+            inner: Arc::new(Inner {
+                builder: self,
+                state: Mutex::new(None),
+                pause: TimeoutPause::default(),
+            }),
+        }
     }
 }
 
@@ -138,7 +153,9 @@ pub struct CodeExecutor {
 
 impl std::fmt::Debug for CodeExecutor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CodeExecutor").field("builder", &self.inner.builder).finish()
+        f.debug_struct("CodeExecutor")
+            .field("builder", &self.inner.builder)
+            .finish()
     }
 }
 
@@ -164,13 +181,19 @@ impl CodeExecutor {
         let explicit = b.python.clone();
         let env = tokio::task::spawn_blocking(move || pyenv::resolve(explicit.as_deref()))
             .await
-            .map_err(|e| ExecutorError::Io { path: PathBuf::from("python environment"), source: std::io::Error::other(e) })??;
+            .map_err(|e| ExecutorError::Io {
+                path: PathBuf::from("python environment"),
+                source: std::io::Error::other(e),
+            })??;
         let runtime = Arc::new(RuntimeDir::create().map_err(|source| ExecutorError::Io {
             path: std::env::temp_dir(),
             source,
         })?);
         let python_dir = runtime.path().join("python");
-        extract(&KERNEL_PYTHON, &python_dir).map_err(|source| ExecutorError::Io { path: python_dir.clone(), source })?;
+        extract(&KERNEL_PYTHON, &python_dir).map_err(|source| ExecutorError::Io {
+            path: python_dir.clone(),
+            source,
+        })?;
         let mut config = KernelConfig::new(env.python, workspace.clone());
         config.images_dir = match &b.images_dir {
             Some(d) if d.is_absolute() => d.clone(),
@@ -194,10 +217,17 @@ impl CodeExecutor {
     }
 
     /// Runs `code` and returns its output. `timeout` of `None` waits as long as it takes.
-    pub async fn execute(&self, code: &str, timeout: Option<Duration>) -> Result<ExecutionResult, ExecutorError> {
+    pub async fn execute(
+        &self,
+        code: &str,
+        timeout: Option<Duration>,
+    ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        Ok(running.pool.execute(code, timeout, None, &self.inner.pause).await?)
+        Ok(running
+            .pool
+            .execute(code, timeout, None, &self.inner.pause)
+            .await?)
     }
 
     /// Runs `code`, yielding output chunks and images as they arrive, then the result.
@@ -246,12 +276,22 @@ impl CodeExecutor {
 
     /// The current kernel's process id, if started.
     pub async fn kernel_pid(&self) -> Option<u32> {
-        self.inner.state.lock().await.as_ref().and_then(|r| r.pool.kernel_pid())
+        self.inner
+            .state
+            .lock()
+            .await
+            .as_ref()
+            .and_then(|r| r.pool.kernel_pid())
     }
 
     /// The private runtime directory (sockets, connection files), if started.
     pub async fn runtime_dir(&self) -> Option<PathBuf> {
-        self.inner.state.lock().await.as_ref().map(|r| r.runtime.path().to_path_buf())
+        self.inner
+            .state
+            .lock()
+            .await
+            .as_ref()
+            .map(|r| r.runtime.path().to_path_buf())
     }
 }
 
@@ -287,14 +327,23 @@ impl futures::Stream for Execution {
 }
 
 fn resolve_workspace(dir: Option<&Path>) -> Result<PathBuf, ExecutorError> {
-    let cwd = || std::env::current_dir().map_err(|source| ExecutorError::Io { path: PathBuf::from("."), source });
+    let cwd = || {
+        std::env::current_dir().map_err(|source| ExecutorError::Io {
+            path: PathBuf::from("."),
+            source,
+        })
+    };
     let dir = match dir {
         Some(d) if d.is_absolute() => d.to_path_buf(),
         Some(d) => cwd()?.join(d),
         None => cwd()?,
     };
-    std::fs::create_dir_all(&dir).map_err(|source| ExecutorError::Io { path: dir.clone(), source })?;
-    dir.canonicalize().map_err(|source| ExecutorError::Io { path: dir, source })
+    std::fs::create_dir_all(&dir).map_err(|source| ExecutorError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    dir.canonicalize()
+        .map_err(|source| ExecutorError::Io { path: dir, source })
 }
 
 fn extract(dir: &Dir<'_>, to: &Path) -> std::io::Result<()> {

@@ -13,7 +13,11 @@ use ipybox::CodeExecutor;
 use ipybox::executor::ExecutionEvent;
 
 #[derive(Parser, Debug)]
-#[command(name = "ipybox", version, about = "Code-execution sandbox for agents that act by writing Python")]
+#[command(
+    name = "ipybox",
+    version,
+    about = "Code-execution sandbox for agents that act by writing Python"
+)]
 #[command(arg_required_else_help = true)]
 struct Cli {
     /// Log level for stderr logs (error, warn, info, debug, trace); IPYBOX_LOG overrides.
@@ -55,13 +59,20 @@ enum Command {
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IPYBOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("ipybox={level},warn")));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -80,16 +91,33 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Setup { python } => {
-            let env = tokio::task::spawn_blocking(move || ipybox::pyenv::resolve(python.as_deref())).await??;
+            let env =
+                tokio::task::spawn_blocking(move || ipybox::pyenv::resolve(python.as_deref()))
+                    .await??;
             match &env.managed_dir {
-                Some(dir) => println!("kernel environment: {}\npython: {}", dir.display(), env.python.display()),
-                None => println!("python: {} (has ipykernel and pydantic)", env.python.display()),
+                Some(dir) => println!(
+                    "kernel environment: {}\npython: {}",
+                    dir.display(),
+                    env.python.display()
+                ),
+                None => println!(
+                    "python: {} (has ipykernel and pydantic)",
+                    env.python.display()
+                ),
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Exec { workspace, python, timeout, code, file } => {
+        Command::Exec {
+            workspace,
+            python,
+            timeout,
+            code,
+            file,
+        } => {
             let code = read_code(code, file)?;
-            let mut builder = CodeExecutor::builder().workspace(workspace).without_spare_kernel();
+            let mut builder = CodeExecutor::builder()
+                .workspace(workspace)
+                .without_spare_kernel();
             if let Some(p) = python {
                 builder = builder.python(p);
             }
@@ -131,10 +159,16 @@ fn read_code(code: Option<String>, file: Option<PathBuf>) -> anyhow::Result<Stri
         (Some(code), _) => Ok(code),
         (None, Some(f)) if f.as_os_str() == "-" => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading code from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading code from stdin")?;
             Ok(s)
         }
-        (None, Some(f)) => std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display())),
-        (None, None) => anyhow::bail!("no code given\n  help: pass -c CODE, a FILE, or - to read stdin"),
+        (None, Some(f)) => {
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))
+        }
+        (None, None) => {
+            anyhow::bail!("no code given\n  help: pass -c CODE, a FILE, or - to read stdin")
+        }
     }
 }

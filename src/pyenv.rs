@@ -40,15 +40,30 @@ pub enum PyEnvError {
     #[error(
         "creating the kernel environment at {dir} failed: `{command}` {status}\n{stderr_tail}\n  help: fix the problem above and run `ipybox setup` again"
     )]
-    ProvisionFailed { dir: PathBuf, command: String, status: String, stderr_tail: String },
-    #[error("cannot determine a home directory for the managed kernel environment\n  help: set IPYBOX_HOME to a writable directory")]
+    ProvisionFailed {
+        dir: PathBuf,
+        command: String,
+        status: String,
+        stderr_tail: String,
+    },
+    #[error(
+        "cannot determine a home directory for the managed kernel environment\n  help: set IPYBOX_HOME to a writable directory"
+    )]
     NoHome,
-    #[error("i/o error on {path}: {source}\n  help: check that the directory is writable, or set IPYBOX_HOME elsewhere")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "i/o error on {path}: {source}\n  help: check that the directory is writable, or set IPYBOX_HOME elsewhere"
+    )]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PyEnvError + '_ {
-    move |source| PyEnvError::Io { path: path.to_path_buf(), source }
+    move |source| PyEnvError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// A Python interpreter known to hold the kernel's packages.
@@ -69,7 +84,9 @@ pub fn data_dir() -> Result<PathBuf, PyEnvError> {
     if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(dir).join("ipybox"));
     }
-    let home = std::env::var_os("HOME").filter(|v| !v.is_empty()).ok_or(PyEnvError::NoHome)?;
+    let home = std::env::var_os("HOME")
+        .filter(|v| !v.is_empty())
+        .ok_or(PyEnvError::NoHome)?;
     Ok(PathBuf::from(home).join(".local/share/ipybox"))
 }
 
@@ -81,9 +98,14 @@ pub fn managed_env_dir() -> Result<PathBuf, PyEnvError> {
 /// Resolves the kernel's interpreter: `explicit` (or `IPYBOX_PYTHON`) if given, else the managed
 /// environment, provisioning it on first use (progress goes to stderr).
 pub fn resolve(explicit: Option<&Path>) -> Result<PythonEnv, PyEnvError> {
-    let from_env = std::env::var_os("IPYBOX_PYTHON").filter(|v| !v.is_empty()).map(PathBuf::from);
+    let from_env = std::env::var_os("IPYBOX_PYTHON")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
     match explicit.map(Path::to_path_buf).or(from_env) {
-        Some(python) => check_interpreter(&python).map(|()| PythonEnv { python, managed_dir: None }),
+        Some(python) => check_interpreter(&python).map(|()| PythonEnv {
+            python,
+            managed_dir: None,
+        }),
         None => ensure_managed(&managed_env_dir()?),
     }
 }
@@ -97,7 +119,10 @@ pub fn check_interpreter(python: &Path) -> Result<(), PyEnvError> {
         .args(["-c", &probe])
         .stdin(Stdio::null())
         .output()
-        .map_err(|e| PyEnvError::NotRunnable { python: python.to_path_buf(), reason: e.to_string() })?;
+        .map_err(|e| PyEnvError::NotRunnable {
+            python: python.to_path_buf(),
+            reason: e.to_string(),
+        })?;
     if !out.status.success() {
         return Err(PyEnvError::NotRunnable {
             python: python.to_path_buf(),
@@ -108,7 +133,10 @@ pub fn check_interpreter(python: &Path) -> Result<(), PyEnvError> {
     if missing.is_empty() {
         Ok(())
     } else {
-        Err(PyEnvError::MissingPackages { python: python.to_path_buf(), missing })
+        Err(PyEnvError::MissingPackages {
+            python: python.to_path_buf(),
+            missing,
+        })
     }
 }
 
@@ -127,7 +155,10 @@ fn is_ready(dir: &Path) -> bool {
 
 /// Returns the managed environment at `dir`, creating it first if it is missing or incomplete.
 pub fn ensure_managed(dir: &Path) -> Result<PythonEnv, PyEnvError> {
-    let env = PythonEnv { python: env_python(dir), managed_dir: Some(dir.to_path_buf()) };
+    let env = PythonEnv {
+        python: env_python(dir),
+        managed_dir: Some(dir.to_path_buf()),
+    };
     if is_ready(dir) {
         return Ok(env);
     }
@@ -141,7 +172,10 @@ pub fn ensure_managed(dir: &Path) -> Result<PythonEnv, PyEnvError> {
         .open(&lock_path)
         .map_err(io_err(&lock_path))?;
     if fs4::fs_std::FileExt::try_lock_exclusive(&lock).map_or(true, |locked| !locked) {
-        progress(&format!("waiting for another ipybox to finish creating {}", dir.display()));
+        progress(&format!(
+            "waiting for another ipybox to finish creating {}",
+            dir.display()
+        ));
         fs4::fs_std::FileExt::lock_exclusive(&lock).map_err(io_err(&lock_path))?;
     }
     if is_ready(dir) {
@@ -158,26 +192,39 @@ fn progress(msg: &str) {
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }
 
 fn provision(dir: &Path) -> Result<(), PyEnvError> {
     let started = Instant::now();
     if dir.exists() {
-        progress(&format!("removing incomplete kernel environment at {}", dir.display()));
+        progress(&format!(
+            "removing incomplete kernel environment at {}",
+            dir.display()
+        ));
         std::fs::remove_dir_all(dir).map_err(io_err(dir))?;
     }
     let python = env_python(dir);
     let packages = KERNEL_PACKAGES.iter().map(|s| s.to_string());
     let steps: Vec<(PathBuf, Vec<String>)> = if let Some(uv) = find_on_path("uv") {
-        progress(&format!("creating the kernel environment at {} with uv", dir.display()));
+        progress(&format!(
+            "creating the kernel environment at {} with uv",
+            dir.display()
+        ));
         let base = find_on_path("python3").map(|p| p.display().to_string());
         let mut venv = vec!["venv".to_string(), "--quiet".into(), "--seed".into()];
         if let Some(base) = base {
             venv.extend(["--python".to_string(), base]);
         }
         venv.push(dir.display().to_string());
-        let mut install = vec!["pip".to_string(), "install".into(), "--python".into(), python.display().to_string()];
+        let mut install = vec![
+            "pip".to_string(),
+            "install".into(),
+            "--python".into(),
+            python.display().to_string(),
+        ];
         install.extend(packages);
         vec![(uv.clone(), venv), (uv, install)]
     } else if let Some(python3) = find_on_path("python3") {
@@ -185,10 +232,18 @@ fn provision(dir: &Path) -> Result<(), PyEnvError> {
             "creating the kernel environment at {} with python3 -m venv + pip (install uv to make this ~10x faster)",
             dir.display()
         ));
-        let mut install = vec!["-m".to_string(), "pip".into(), "install".into(), "--disable-pip-version-check".into()];
+        let mut install = vec![
+            "-m".to_string(),
+            "pip".into(),
+            "install".into(),
+            "--disable-pip-version-check".into(),
+        ];
         install.extend(packages);
         vec![
-            (python3, vec!["-m".to_string(), "venv".into(), dir.display().to_string()]),
+            (
+                python3,
+                vec!["-m".to_string(), "venv".into(), dir.display().to_string()],
+            ),
             (python.clone(), install),
         ]
     } else {

@@ -14,9 +14,18 @@ fn ipybox() -> Command {
 #[test]
 fn exec_prints_output_and_exits_zero() {
     let ws = tempfile::tempdir().unwrap();
-    let out = ipybox().args(["exec", "--workspace"]).arg(ws.path()).args(["-c", "x = 21\nprint(x * 2)\nx"]).output().unwrap();
+    let out = ipybox()
+        .args(["exec", "--workspace"])
+        .arg(ws.path())
+        .args(["-c", "x = 21\nprint(x * 2)\nx"])
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "42\n21\n");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -31,7 +40,12 @@ fn exec_failure_exits_one_with_traceback_on_stderr() {
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "partial\n");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.trim_end().ends_with("ZeroDivisionError: division by zero"), "{stderr}");
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("ZeroDivisionError: division by zero"),
+        "{stderr}"
+    );
     assert!(!stderr.contains('\u{1b}'));
 }
 
@@ -46,34 +60,64 @@ fn exec_reads_code_from_stdin_and_files() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"print('from stdin')").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"print('from stdin')")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "from stdin\n");
     let file = ws.path().join("script.py");
     std::fs::write(&file, "print('from file')").unwrap();
-    let out = ipybox().args(["exec", "--workspace"]).arg(ws.path()).arg(&file).output().unwrap();
+    let out = ipybox()
+        .args(["exec", "--workspace"])
+        .arg(ws.path())
+        .arg(&file)
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "from file\n");
     let out = ipybox().args(["exec"]).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(String::from_utf8_lossy(&out.stderr), "error: no code given\n  help: pass -c CODE, a FILE, or - to read stdin\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "error: no code given\n  help: pass -c CODE, a FILE, or - to read stdin\n"
+    );
 }
 
 #[test]
 fn explicit_python_without_ipykernel_is_a_clear_error() {
     let venv = tempfile::tempdir().unwrap();
-    let ok = Command::new("python3").args(["-m", "venv", "--without-pip"]).arg(venv.path()).status().unwrap();
+    let ok = Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(venv.path())
+        .status()
+        .unwrap();
     assert!(ok.success());
     let python = venv.path().join("bin/python");
-    let out = ipybox().args(["exec", "--python"]).arg(&python).args(["-c", "1"]).output().unwrap();
+    let out = ipybox()
+        .args(["exec", "--python"])
+        .arg(&python)
+        .args(["-c", "1"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     let p = python.display();
     assert_eq!(
         stderr,
-        format!("error: python interpreter `{p}` lacks ipykernel pydantic\n  help: run `{p} -m pip install ipykernel pydantic` (or `uv pip install --python {p} ipykernel pydantic`), or unset --python/IPYBOX_PYTHON to let ipybox manage an environment\n")
+        format!(
+            "error: python interpreter `{p}` lacks ipykernel pydantic\n  help: run `{p} -m pip install ipykernel pydantic` (or `uv pip install --python {p} ipykernel pydantic`), or unset --python/IPYBOX_PYTHON to let ipybox manage an environment\n"
+        )
     );
-    let out = ipybox().args(["exec", "--python", "/nonexistent/python", "-c", "1"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: python interpreter `/nonexistent/python` cannot be run"));
+    let out = ipybox()
+        .args(["exec", "--python", "/nonexistent/python", "-c", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .starts_with("error: python interpreter `/nonexistent/python` cannot be run")
+    );
 }
 
 #[test]
@@ -81,24 +125,49 @@ fn setup_provisions_once_under_a_lock() {
     // Two `ipybox setup` processes racing on a fresh IPYBOX_HOME: both succeed, one environment.
     let home = tempfile::tempdir().unwrap();
     let spawn = || {
-        ipybox().arg("setup").env("IPYBOX_HOME", home.path()).env_remove("IPYBOX_PYTHON").stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+        ipybox()
+            .arg("setup")
+            .env("IPYBOX_HOME", home.path())
+            .env_remove("IPYBOX_PYTHON")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
     let (a, b) = (spawn(), spawn());
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     let env_dir = home.path().join("kernel-env");
     for out in [&a, &b] {
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
-            format!("kernel environment: {}\npython: {}/bin/python\n", env_dir.display(), env_dir.display())
+            format!(
+                "kernel environment: {}\npython: {}/bin/python\n",
+                env_dir.display(),
+                env_dir.display()
+            )
         );
     }
-    let created = [&a, &b].iter().filter(|o| String::from_utf8_lossy(&o.stderr).contains("kernel environment ready")).count();
+    let created = [&a, &b]
+        .iter()
+        .filter(|o| String::from_utf8_lossy(&o.stderr).contains("kernel environment ready"))
+        .count();
     assert_eq!(created, 1, "exactly one process creates the environment");
-    let waited = [&a, &b].iter().any(|o| String::from_utf8_lossy(&o.stderr).contains("waiting for another ipybox"));
+    let waited = [&a, &b]
+        .iter()
+        .any(|o| String::from_utf8_lossy(&o.stderr).contains("waiting for another ipybox"));
     assert!(waited, "the other waits for the lock");
     // The environment works.
-    let out = ipybox().env("IPYBOX_HOME", home.path()).env_remove("IPYBOX_PYTHON").args(["exec", "-c", "import ipykernel, pydantic; print('ok')"]).output().unwrap();
+    let out = ipybox()
+        .env("IPYBOX_HOME", home.path())
+        .env_remove("IPYBOX_PYTHON")
+        .args(["exec", "-c", "import ipykernel, pydantic; print('ok')"])
+        .output()
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
 }
 
@@ -108,20 +177,30 @@ fn kernel_exits_when_ipybox_is_sigkilled() {
     let mut child = ipybox()
         .args(["exec", "--workspace"])
         .arg(ws.path())
-        .args(["-c", "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)"])
+        .args([
+            "-c",
+            "import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let kernel: i32 = line.trim().parse().unwrap();
     assert!(std::path::Path::new(&format!("/proc/{kernel}")).exists());
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     let start = Instant::now();
-    while std::path::Path::new(&format!("/proc/{kernel}")).exists() && start.elapsed() < Duration::from_secs(3) {
+    while std::path::Path::new(&format!("/proc/{kernel}")).exists()
+        && start.elapsed() < Duration::from_secs(3)
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
     let stat = std::fs::read_to_string(format!("/proc/{kernel}/stat")).unwrap_or_default();
-    assert!(stat.is_empty() || stat.contains(") Z"), "kernel {kernel} outlived ipybox: {stat}");
+    assert!(
+        stat.is_empty() || stat.contains(") Z"),
+        "kernel {kernel} outlived ipybox: {stat}"
+    );
 }

@@ -9,19 +9,28 @@ use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::kernel::KernelError;
 
 async fn started(ws: &Path) -> CodeExecutor {
-    let ex = CodeExecutor::builder().workspace(ws).without_spare_kernel().build();
+    let ex = CodeExecutor::builder()
+        .workspace(ws)
+        .without_spare_kernel()
+        .build();
     ex.start().await.expect("executor starts");
     ex
 }
 
 async fn run(ex: &CodeExecutor, code: &str) -> String {
-    ex.execute(code, Some(Duration::from_secs(60))).await.expect("code runs").text
+    ex.execute(code, Some(Duration::from_secs(60)))
+        .await
+        .expect("code runs")
+        .text
 }
 
 fn pid_alive(pid: u32) -> bool {
     // A zombie counts as gone: read the state from /proc.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.split(") ").nth(1).is_some_and(|rest| rest.starts_with('Z')),
+        Ok(stat) => !stat
+            .split(") ")
+            .nth(1)
+            .is_some_and(|rest| rest.starts_with('Z')),
         Err(_) => false,
     }
 }
@@ -44,13 +53,33 @@ async fn state_expressions_stdout_and_stderr() {
     assert_eq!(run(&ex, "x = 6 * 7").await, "");
     assert_eq!(run(&ex, "x").await, "42");
     assert_eq!(run(&ex, "print(x + 1)\nx * 2").await, "43\n84");
-    assert_eq!(run(&ex, "import sys\nprint('out')\nprint('err', file=sys.stderr)").await, "out\nerr");
+    assert_eq!(
+        run(
+            &ex,
+            "import sys\nprint('out')\nprint('err', file=sys.stderr)"
+        )
+        .await,
+        "out\nerr"
+    );
     assert_eq!(run(&ex, "'  padded  '").await, "'  padded  '");
-    assert_eq!(run(&ex, "print('  leading and trailing whitespace is stripped  \\n\\n')").await, "leading and trailing whitespace is stripped");
+    assert_eq!(
+        run(
+            &ex,
+            "print('  leading and trailing whitespace is stripped  \\n\\n')"
+        )
+        .await,
+        "leading and trailing whitespace is stripped"
+    );
     // cwd is the workspace and the workspace is importable
     std::fs::write(ws.path().join("helper_mod.py"), "VALUE = 'imported'\n").unwrap();
-    assert_eq!(run(&ex, "import os, helper_mod\nprint(os.getcwd())\nprint(helper_mod.VALUE)").await,
-        format!("{}\nimported", ws.path().canonicalize().unwrap().display()));
+    assert_eq!(
+        run(
+            &ex,
+            "import os, helper_mod\nprint(os.getcwd())\nprint(helper_mod.VALUE)"
+        )
+        .await,
+        format!("{}\nimported", ws.path().canonicalize().unwrap().display())
+    );
     ex.stop().await;
 }
 
@@ -58,15 +87,29 @@ async fn state_expressions_stdout_and_stderr() {
 async fn errors_carry_traceback_and_prior_output_without_colour() {
     let ws = tempfile::tempdir().unwrap();
     let ex = started(ws.path()).await;
-    let err = ex.execute("print('before')\ndef f():\n    raise ValueError('boom')\nf()", None).await.unwrap_err();
+    let err = ex
+        .execute(
+            "print('before')\ndef f():\n    raise ValueError('boom')\nf()",
+            None,
+        )
+        .await
+        .unwrap_err();
     match &err {
-        ExecutorError::Kernel(KernelError::Failed { ename, evalue, traceback, output }) => {
+        ExecutorError::Kernel(KernelError::Failed {
+            ename,
+            evalue,
+            traceback,
+            output,
+        }) => {
             assert_eq!(ename, "ValueError");
             assert_eq!(evalue, "boom");
             assert_eq!(output, "before");
             assert!(traceback.ends_with("ValueError: boom"), "{traceback}");
             assert!(traceback.contains("----> 4 f()"), "{traceback}");
-            assert!(!traceback.contains('\u{1b}'), "colour codes in {traceback:?}");
+            assert!(
+                !traceback.contains('\u{1b}'),
+                "colour codes in {traceback:?}"
+            );
         }
         other => panic!("unexpected {other:?}"),
     }
@@ -74,10 +117,19 @@ async fn errors_carry_traceback_and_prior_output_without_colour() {
     assert!(!err.to_string().contains('\u{1b}'));
     // A syntax error is an error too, and the kernel keeps going.
     let err = ex.execute("def (", None).await.unwrap_err();
-    assert!(matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "SyntaxError"), "{err:?}");
+    assert!(
+        matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "SyntaxError"),
+        "{err:?}"
+    );
     // input() does not hang: stdin is not available to agent code.
-    let err = ex.execute("input('name? ')", Some(Duration::from_secs(10))).await.unwrap_err();
-    assert!(matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "StdinNotImplementedError"), "{err:?}");
+    let err = ex
+        .execute("input('name? ')", Some(Duration::from_secs(10)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "StdinNotImplementedError"),
+        "{err:?}"
+    );
     assert_eq!(run(&ex, "1 + 1").await, "2");
     ex.stop().await;
 }
@@ -94,7 +146,9 @@ async fn thousand_executions_with_random_sizes_arrive_intact() {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         let n = (seed % 100_001) as usize;
-        let line: String = (0..64).map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char).collect();
+        let line: String = (0..64)
+            .map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char)
+            .collect();
         let expected: String = line.repeat(n / 64 + 1).chars().take(n).collect();
         let got = run(&ex, &format!("emit({i}, {n})")).await;
         assert_eq!(got.len(), n, "execution {i}: size");
@@ -107,7 +161,11 @@ async fn thousand_executions_with_random_sizes_arrive_intact() {
 async fn ten_megabytes_arrive_intact() {
     let ws = tempfile::tempdir().unwrap();
     let ex = started(ws.path()).await;
-    let out = run(&ex, "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')").await;
+    let out = run(
+        &ex,
+        "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')",
+    )
+    .await;
     assert_eq!(out.len(), 100_000 * 100 - 1);
     for (i, line) in out.lines().enumerate() {
         assert_eq!(line, format!("{i:09}{}", "x".repeat(90)), "line {i}");
@@ -134,10 +192,21 @@ display(Image(data=png))
     assert_eq!(result.text, "shown:\n<IPython.core.display.Image object>");
     assert_eq!(result.images.len(), 1);
     let image = &result.images[0];
-    assert_eq!(image.parent().unwrap(), ws.path().canonicalize().unwrap().join("images"));
+    assert_eq!(
+        image.parent().unwrap(),
+        ws.path().canonicalize().unwrap().join("images")
+    );
     let name = image.file_name().unwrap().to_str().unwrap();
-    assert!(name.len() == 12 && name.ends_with(".png") && name[..8].chars().all(|c| c.is_ascii_hexdigit()), "{name}");
-    assert_eq!(std::fs::read(image).unwrap(), std::fs::read(ws.path().join("expected.png")).unwrap());
+    assert!(
+        name.len() == 12
+            && name.ends_with(".png")
+            && name[..8].chars().all(|c| c.is_ascii_hexdigit()),
+        "{name}"
+    );
+    assert_eq!(
+        std::fs::read(image).unwrap(),
+        std::fs::read(ws.path().join("expected.png")).unwrap()
+    );
     ex.stop().await;
 }
 
@@ -148,17 +217,34 @@ async fn timeout_interrupts_and_keeps_state() {
     run(&ex, "kept = 'still here'").await;
     let pid = ex.kernel_pid().await;
     let start = Instant::now();
-    let err = ex.execute("import time\nprint('started')\ntime.sleep(30)", Some(Duration::from_secs(1))).await.unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    let err = ex
+        .execute(
+            "import time\nprint('started')\ntime.sleep(30)",
+            Some(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
     match &err {
-        ExecutorError::Kernel(KernelError::Timeout { seconds, state_kept, output }) => {
+        ExecutorError::Kernel(KernelError::Timeout {
+            seconds,
+            state_kept,
+            output,
+        }) => {
             assert_eq!(*seconds, 1.0);
             assert!(*state_kept);
             assert_eq!(output, "started");
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert_eq!(err.to_string(), "execution timed out after 1 s and was interrupted; kernel state was kept");
+    assert_eq!(
+        err.to_string(),
+        "execution timed out after 1 s and was interrupted; kernel state was kept"
+    );
     assert_eq!(run(&ex, "kept").await, "'still here'");
     assert_eq!(ex.kernel_pid().await, pid);
     ex.stop().await;
@@ -172,12 +258,32 @@ async fn interrupt_proof_code_restarts_the_kernel() {
     run(&ex, "lost = 1").await;
     let old = ex.kernel_pid().await.unwrap();
     let code = "import time\nwhile True:\n    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass";
-    let err = ex.execute(code, Some(Duration::from_secs(1))).await.unwrap_err();
-    assert!(matches!(err, ExecutorError::Kernel(KernelError::Timeout { state_kept: false, .. })), "{err:?}");
-    assert!(err.to_string().contains("kernel restarted, state lost"), "{err}");
-    assert!(wait_gone(old, Duration::from_secs(3)).await, "old kernel {old} still running");
+    let err = ex
+        .execute(code, Some(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ExecutorError::Kernel(KernelError::Timeout {
+                state_kept: false,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("kernel restarted, state lost"),
+        "{err}"
+    );
+    assert!(
+        wait_gone(old, Duration::from_secs(3)).await,
+        "old kernel {old} still running"
+    );
     let err = ex.execute("lost", None).await.unwrap_err();
-    assert!(matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "NameError"));
+    assert!(
+        matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "NameError")
+    );
     assert_eq!(run(&ex, "'fresh'").await, "'fresh'");
     ex.stop().await;
 }
@@ -188,9 +294,22 @@ async fn os_exit_and_sigkill_are_noticed_and_recovered() {
     let ex = CodeExecutor::builder().workspace(ws.path()).build();
     ex.start().await.unwrap();
     let start = Instant::now();
-    let err = ex.execute("import os\nprint('bye', flush=True)\nos._exit(3)", Some(Duration::from_secs(30))).await.unwrap_err();
-    assert!(start.elapsed() < Duration::from_secs(1), "noticed after {:?}", start.elapsed());
-    assert_eq!(err.to_string(), "kernel died (exit code 3) — restarted, state lost");
+    let err = ex
+        .execute(
+            "import os\nprint('bye', flush=True)\nos._exit(3)",
+            Some(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "noticed after {:?}",
+        start.elapsed()
+    );
+    assert_eq!(
+        err.to_string(),
+        "kernel died (exit code 3) — restarted, state lost"
+    );
     assert_eq!(run(&ex, "'next runs'").await, "'next runs'");
 
     // SIGKILL from outside while code runs
@@ -200,10 +319,20 @@ async fn os_exit_and_sigkill_are_noticed_and_recovered() {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         Instant::now()
     });
-    let err = ex.execute("import time\ntime.sleep(20)", Some(Duration::from_secs(30))).await.unwrap_err();
+    let err = ex
+        .execute("import time\ntime.sleep(20)", Some(Duration::from_secs(30)))
+        .await
+        .unwrap_err();
     let killed_at = killer.await.unwrap();
-    assert!(killed_at.elapsed() < Duration::from_secs(1), "noticed {:?} after the kill", killed_at.elapsed());
-    assert_eq!(err.to_string(), "kernel died (killed by signal 9 (SIGKILL)) — restarted, state lost");
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(1),
+        "noticed {:?} after the kill",
+        killed_at.elapsed()
+    );
+    assert_eq!(
+        err.to_string(),
+        "kernel died (killed by signal 9 (SIGKILL)) — restarted, state lost"
+    );
     assert_eq!(run(&ex, "'recovered'").await, "'recovered'");
 
     // SIGKILL while idle: the next execution reports it (the code did not run), then all is well.
@@ -212,7 +341,10 @@ async fn os_exit_and_sigkill_are_noticed_and_recovered() {
     assert!(wait_gone(pid, Duration::from_secs(2)).await);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let err = ex.execute("'not run'", None).await.unwrap_err();
-    assert_eq!(err.to_string(), "kernel died (killed by signal 9 (SIGKILL)) — restarted, state lost; the code was not run");
+    assert_eq!(
+        err.to_string(),
+        "kernel died (killed by signal 9 (SIGKILL)) — restarted, state lost; the code was not run"
+    );
     assert_eq!(run(&ex, "'again'").await, "'again'");
     ex.stop().await;
 }
@@ -247,7 +379,10 @@ async fn reset_gives_a_fresh_kernel_quickly() {
     let took = start.elapsed();
     assert_eq!(out, "False");
     assert_ne!(ex.kernel_pid().await.unwrap(), old);
-    assert!(took < Duration::from_millis(500), "reset -> next result took {took:?} (warm spare not used?)");
+    assert!(
+        took < Duration::from_millis(500),
+        "reset -> next result took {took:?} (warm spare not used?)"
+    );
     assert!(wait_gone(old, Duration::from_secs(3)).await);
     ex.stop().await;
 }
@@ -272,7 +407,11 @@ async fn concurrent_callers_are_serialized() {
     outs.sort();
     assert_eq!(outs, ["0", "1", "2", "3"]);
     // Never two at once: every start is followed by its own end.
-    let out = run(&ex, "all(log[k][0] == 'start' and log[k + 1] == ('end', log[k][1]) for k in range(0, 8, 2))").await;
+    let out = run(
+        &ex,
+        "all(log[k][0] == 'start' and log[k + 1] == ('end', log[k][1]) for k in range(0, 8, 2))",
+    )
+    .await;
     assert_eq!(out, "True");
     ex.stop().await;
 }
@@ -281,7 +420,10 @@ async fn concurrent_callers_are_serialized() {
 async fn stream_yields_chunks_as_they_come() {
     let ws = tempfile::tempdir().unwrap();
     let ex = started(ws.path()).await;
-    let mut execution = ex.stream("import time\nprint('one', flush=True)\ntime.sleep(0.5)\nprint('two')", None);
+    let mut execution = ex.stream(
+        "import time\nprint('one', flush=True)\ntime.sleep(0.5)\nprint('two')",
+        None,
+    );
     let start = Instant::now();
     let mut chunks = Vec::new();
     let mut result = None;
@@ -292,9 +434,16 @@ async fn stream_yields_chunks_as_they_come() {
             ExecutionEvent::Result(r) => result = Some(r.unwrap()),
         }
     }
-    assert_eq!(chunks.iter().map(|c| c.0.as_str()).collect::<String>(), "one\ntwo\n");
+    assert_eq!(
+        chunks.iter().map(|c| c.0.as_str()).collect::<String>(),
+        "one\ntwo\n"
+    );
     assert_eq!(chunks[0].0, "one\n");
-    assert!(chunks[0].1 < Duration::from_millis(400), "first chunk came late: {:?}", chunks[0].1);
+    assert!(
+        chunks[0].1 < Duration::from_millis(400),
+        "first chunk came late: {:?}",
+        chunks[0].1
+    );
     assert_eq!(result.unwrap().text, "one\ntwo");
     ex.stop().await;
 }
@@ -304,19 +453,39 @@ async fn stop_leaves_no_processes_or_sockets() {
     let ws = tempfile::tempdir().unwrap();
     let ex = CodeExecutor::builder().workspace(ws.path()).build();
     ex.start().await.unwrap();
-    let child = run(&ex, "import subprocess\np = subprocess.Popen(['sleep', '60'])\np.pid").await;
+    let child = run(
+        &ex,
+        "import subprocess\np = subprocess.Popen(['sleep', '60'])\np.pid",
+    )
+    .await;
     let child: u32 = child.parse().unwrap();
     let pid = ex.kernel_pid().await.unwrap();
     let dir = ex.runtime_dir().await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await; // let the spare start too
-    let sockets: Vec<_> = walk(&dir).into_iter().filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("k-")).collect();
-    assert!(sockets.len() >= 5, "expected IPC sockets in {}: {sockets:?}", dir.display());
+    let sockets: Vec<_> = walk(&dir)
+        .into_iter()
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with("k-"))
+        .collect();
+    assert!(
+        sockets.len() >= 5,
+        "expected IPC sockets in {}: {sockets:?}",
+        dir.display()
+    );
     let spare_pids = kernel_children();
     ex.stop().await;
-    assert!(wait_gone(pid, Duration::from_secs(2)).await, "kernel {pid} survived stop");
-    assert!(wait_gone(child, Duration::from_secs(2)).await, "kernel's child {child} survived stop");
+    assert!(
+        wait_gone(pid, Duration::from_secs(2)).await,
+        "kernel {pid} survived stop"
+    );
+    assert!(
+        wait_gone(child, Duration::from_secs(2)).await,
+        "kernel's child {child} survived stop"
+    );
     for p in spare_pids {
-        assert!(wait_gone(p, Duration::from_secs(2)).await, "kernel {p} survived stop");
+        assert!(
+            wait_gone(p, Duration::from_secs(2)).await,
+            "kernel {p} survived stop"
+        );
     }
     assert!(!dir.exists(), "runtime dir {} left behind", dir.display());
 }
@@ -338,10 +507,20 @@ fn kernel_children() -> Vec<u32> {
     let me = std::process::id();
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        let Some(rest) = stat.rsplit_once(") ").map(|r| r.1) else { continue };
-        let ppid: u32 = rest.split(' ').nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rsplit_once(") ").map(|r| r.1) else {
+            continue;
+        };
+        let ppid: u32 = rest
+            .split(' ')
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
         let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if ppid == me && cmd.contains("ipykernel") {
             out.push(pid);
@@ -352,7 +531,12 @@ fn kernel_children() -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn stopped_executor_says_to_start() {
-    let ex = CodeExecutor::builder().workspace(tempfile::tempdir().unwrap().path()).build();
+    let ex = CodeExecutor::builder()
+        .workspace(tempfile::tempdir().unwrap().path())
+        .build();
     let err = ex.execute("1", None).await.unwrap_err();
-    assert_eq!(err.to_string(), "the code executor is stopped\n  help: call start() before executing code");
+    assert_eq!(
+        err.to_string(),
+        "the code executor is stopped\n  help: call start() before executing code"
+    );
 }

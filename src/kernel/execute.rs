@@ -11,7 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jupyter_protocol::{ExecuteRequest, ExecutionState, JupyterMessage, JupyterMessageContent, ReplyStatus};
+use jupyter_protocol::{
+    ExecuteRequest, ExecutionState, JupyterMessage, JupyterMessageContent, ReplyStatus,
+};
 use tokio::sync::{mpsc, watch};
 
 use super::output::{OutputCollector, strip_ansi};
@@ -45,7 +47,9 @@ pub struct TimeoutPause {
 
 impl Default for TimeoutPause {
     fn default() -> Self {
-        Self { tx: Arc::new(watch::channel(0).0) }
+        Self {
+            tx: Arc::new(watch::channel(0).0),
+        }
     }
 }
 
@@ -53,7 +57,9 @@ impl TimeoutPause {
     /// Stops the clock until the returned guard is dropped.
     pub fn pause(&self) -> PauseGuard {
         self.tx.send_modify(|n| *n += 1);
-        PauseGuard { tx: self.tx.clone() }
+        PauseGuard {
+            tx: self.tx.clone(),
+        }
     }
 
     fn subscribe(&self) -> watch::Receiver<usize> {
@@ -83,7 +89,11 @@ struct Clock {
 impl Clock {
     fn new(timeout: Option<Duration>, mut paused: watch::Receiver<usize>) -> Self {
         let running = *paused.borrow_and_update() == 0;
-        Self { budget: timeout, running_since: running.then(Instant::now), paused }
+        Self {
+            budget: timeout,
+            running_since: running.then(Instant::now),
+            paused,
+        }
     }
 
     fn update(&mut self) {
@@ -133,7 +143,10 @@ pub(crate) async fn run(
     .into();
     let msg_id = request.header.msg_id.clone();
     if let Err(e) = kernel.shell_tx.send(request).await {
-        return Outcome { result: Err(proto(e)), replace_kernel: true };
+        return Outcome {
+            result: Err(proto(e)),
+            replace_kernel: true,
+        };
     }
 
     let emit = |event: ExecEvent| {
@@ -150,7 +163,11 @@ pub(crate) async fn run(
     let far = Duration::from_secs(86_400 * 365);
 
     while !(idle && reply.is_some()) {
-        let deadline = if interrupted_at.is_some() { None } else { clock.deadline() };
+        let deadline = if interrupted_at.is_some() {
+            None
+        } else {
+            clock.deadline()
+        };
         let grace_end = interrupted_at.map(|t| t + config.interrupt_grace);
         tokio::select! {
             Some(msg) = kernel.iopub_rx.recv() => {
@@ -214,15 +231,27 @@ pub(crate) async fn run(
     let (text, images) = out.finish();
     if interrupted_at.is_some() {
         return Outcome {
-            result: Err(KernelError::Timeout { seconds: secs(timeout), state_kept: true, output: text }),
+            result: Err(KernelError::Timeout {
+                seconds: secs(timeout),
+                state_kept: true,
+                output: text,
+            }),
             replace_kernel: false,
         };
     }
     let (status, reply_error) = reply.expect("loop ends with a reply");
     let failure = match status {
         ReplyStatus::Ok => None,
-        ReplyStatus::Error => error.or(reply_error).or(Some(("Error".into(), "execution failed".into(), vec![]))),
-        ReplyStatus::Aborted => Some(("ExecutionAborted".into(), "the kernel aborted the execution".into(), vec![])),
+        ReplyStatus::Error => {
+            error
+                .or(reply_error)
+                .or(Some(("Error".into(), "execution failed".into(), vec![])))
+        }
+        ReplyStatus::Aborted => Some((
+            "ExecutionAborted".into(),
+            "the kernel aborted the execution".into(),
+            vec![],
+        )),
     };
     let result = match failure {
         None => Ok(ExecutionOutput { text, images }),
@@ -233,10 +262,17 @@ pub(crate) async fn run(
             output: text,
         }),
     };
-    Outcome { result, replace_kernel: false }
+    Outcome {
+        result,
+        replace_kernel: false,
+    }
 }
 
-fn emit_media(out: &mut OutputCollector, media: &jupyter_protocol::Media, emit: &impl Fn(ExecEvent)) {
+fn emit_media(
+    out: &mut OutputCollector,
+    media: &jupyter_protocol::Media,
+    emit: &impl Fn(ExecEvent),
+) {
     let (text, image) = out.push_media(media);
     if let Some(text) = text {
         emit(ExecEvent::Output(text));
@@ -247,7 +283,9 @@ fn emit_media(out: &mut OutputCollector, media: &jupyter_protocol::Media, emit: 
 }
 
 fn is_child_of(msg: &JupyterMessage, msg_id: &str) -> bool {
-    msg.parent_header.as_ref().is_some_and(|h| h.msg_id == msg_id)
+    msg.parent_header
+        .as_ref()
+        .is_some_and(|h| h.msg_id == msg_id)
 }
 
 fn secs(timeout: Option<Duration>) -> f64 {
@@ -255,7 +293,14 @@ fn secs(timeout: Option<Duration>) -> f64 {
 }
 
 fn died(status: String, out: OutputCollector, ran: bool) -> Outcome {
-    Outcome { result: Err(KernelError::Died { status, output: out.text(), ran }), replace_kernel: true }
+    Outcome {
+        result: Err(KernelError::Died {
+            status,
+            output: out.text(),
+            ran,
+        }),
+        replace_kernel: true,
+    }
 }
 
 /// The traceback as plain text; IPython's lines already end with the `ename: evalue` line.

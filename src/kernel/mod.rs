@@ -88,10 +88,18 @@ pub enum KernelError {
     /// The execution ran out of time and was interrupted (or, if it ignored the interrupt, the
     /// kernel was restarted).
     #[error("{}", timeout_message(*.seconds, *.state_kept))]
-    Timeout { seconds: f64, state_kept: bool, output: String },
+    Timeout {
+        seconds: f64,
+        state_kept: bool,
+        output: String,
+    },
     /// The kernel process exited during (or before) the execution; a fresh kernel replaces it.
     #[error("kernel died ({status}) — restarted, state lost{}", if *.ran { "" } else { "; the code was not run" })]
-    Died { status: String, output: String, ran: bool },
+    Died {
+        status: String,
+        output: String,
+        ran: bool,
+    },
     /// A kernel could not be started.
     #[error("kernel failed to start: {reason}\n  help: {help}")]
     Start { reason: String, help: String },

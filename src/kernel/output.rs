@@ -19,7 +19,11 @@ pub(crate) struct OutputCollector {
 
 impl OutputCollector {
     pub(crate) fn new(images_dir: &Path) -> Self {
-        Self { text: String::new(), images: Vec::new(), images_dir: images_dir.to_path_buf() }
+        Self {
+            text: String::new(),
+            images: Vec::new(),
+            images_dir: images_dir.to_path_buf(),
+        }
     }
 
     /// Appends stream text; returns the chunk as the caller should see it.
@@ -71,7 +75,11 @@ impl OutputCollector {
         loop {
             let name = format!("{:08x}.png", rand::random::<u32>());
             let path = self.images_dir.join(name);
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
                 Ok(mut f) => {
                     std::io::Write::write_all(&mut f, &bytes)?;
                     return Ok(path);
@@ -136,8 +144,14 @@ mod tests {
 
     #[test]
     fn strips_csi_and_osc() {
-        assert_eq!(strip_ansi("\u{1b}[0;31mValueError\u{1b}[0m: x"), "ValueError: x");
-        assert_eq!(strip_ansi("a\u{1b}]8;;http://x\u{7}link\u{1b}]8;;\u{1b}\\b"), "alinkb");
+        assert_eq!(
+            strip_ansi("\u{1b}[0;31mValueError\u{1b}[0m: x"),
+            "ValueError: x"
+        );
+        assert_eq!(
+            strip_ansi("a\u{1b}]8;;http://x\u{7}link\u{1b}]8;;\u{1b}\\b"),
+            "alinkb"
+        );
         assert_eq!(strip_ansi("plain"), "plain");
     }
 }

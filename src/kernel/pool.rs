@@ -29,14 +29,28 @@ pub struct KernelPool {
 
 impl std::fmt::Debug for KernelPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KernelPool").field("current", &self.current).field("launched", &self.launched).finish()
+        f.debug_struct("KernelPool")
+            .field("current", &self.current)
+            .field("launched", &self.launched)
+            .finish()
     }
 }
 
 impl KernelPool {
     /// Launches the first kernel (and, once it is ready, a spare in the background).
-    pub async fn start(config: Arc<KernelConfig>, runtime: Arc<RuntimeDir>, use_spare: bool) -> Result<Self, KernelError> {
-        let mut pool = Self { config, runtime, current: None, spare: None, launched: 0, use_spare };
+    pub async fn start(
+        config: Arc<KernelConfig>,
+        runtime: Arc<RuntimeDir>,
+        use_spare: bool,
+    ) -> Result<Self, KernelError> {
+        let mut pool = Self {
+            config,
+            runtime,
+            current: None,
+            spare: None,
+            launched: 0,
+            use_spare,
+        };
         let kernel = pool.launch().await?;
         pool.current = Some(kernel);
         pool.refill_spare();
@@ -55,10 +69,16 @@ impl KernelPool {
 
     fn next_dir(&mut self) -> Result<std::path::PathBuf, KernelError> {
         self.launched += 1;
-        self.runtime.subdir(&format!("k{}", self.launched)).map_err(|e| KernelError::Start {
-            reason: format!("cannot create a kernel directory in {}: {e}", self.runtime.path().display()),
-            help: "check that the runtime directory (XDG_RUNTIME_DIR or TMPDIR) is writable".into(),
-        })
+        self.runtime
+            .subdir(&format!("k{}", self.launched))
+            .map_err(|e| KernelError::Start {
+                reason: format!(
+                    "cannot create a kernel directory in {}: {e}",
+                    self.runtime.path().display()
+                ),
+                help: "check that the runtime directory (XDG_RUNTIME_DIR or TMPDIR) is writable"
+                    .into(),
+            })
     }
 
     async fn launch(&mut self) -> Result<Kernel, KernelError> {
@@ -73,7 +93,9 @@ impl KernelPool {
         match self.next_dir() {
             Ok(dir) => {
                 let config = self.config.clone();
-                self.spare = Some(tokio::spawn(async move { Kernel::launch(&config, dir).await }));
+                self.spare = Some(tokio::spawn(
+                    async move { Kernel::launch(&config, dir).await },
+                ));
             }
             Err(e) => tracing::warn!("cannot prepare a spare kernel: {e}"),
         }

@@ -71,12 +71,19 @@ impl Process {
 
     fn stderr_suffix(&self) -> String {
         let tail = self.stderr_tail();
-        if tail.is_empty() { String::new() } else { format!("; kernel stderr:\n{tail}") }
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!("; kernel stderr:\n{tail}")
+        }
     }
 
     fn exited_err(&self) -> KernelError {
         let status = self.exited().unwrap_or_else(|| "exited".into());
-        start_err(format!("the kernel process exited ({status}){}", self.stderr_suffix()))
+        start_err(format!(
+            "the kernel process exited ({status}){}",
+            self.stderr_suffix()
+        ))
     }
 
     fn kill(&self) {
@@ -112,7 +119,10 @@ pub struct Kernel {
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernel").field("pid", &self.process.pid).field("dir", &self.process.dir).finish()
+        f.debug_struct("Kernel")
+            .field("pid", &self.process.pid)
+            .field("dir", &self.process.dir)
+            .finish()
     }
 }
 
@@ -120,7 +130,8 @@ impl Kernel {
     /// Launches a kernel in `dir` (created if missing) and waits until it is ready.
     pub async fn launch(config: &KernelConfig, dir: PathBuf) -> Result<Kernel, KernelError> {
         let started = Instant::now();
-        std::fs::create_dir_all(&dir).map_err(|e| start_err(format!("cannot create {}: {e}", dir.display())))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| start_err(format!("cannot create {}: {e}", dir.display())))?;
         let info = ConnectionInfo {
             transport: Transport::IPC,
             ip: dir.join("k").display().to_string(),
@@ -175,7 +186,11 @@ impl Kernel {
         match tokio::time::timeout_at(deadline, connect(&info, process)).await {
             Ok(result) => {
                 let kernel = result?;
-                tracing::debug!(pid = kernel.process.pid, elapsed_ms = started.elapsed().as_millis() as u64, "kernel ready");
+                tracing::debug!(
+                    pid = kernel.process.pid,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "kernel ready"
+                );
                 Ok(kernel)
             }
             // The process guard was moved into the cancelled future and dropped: kernel killed.
@@ -227,7 +242,10 @@ impl Kernel {
 async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, KernelError> {
     let mut exit = process.exit.clone();
     let ports = [info.shell_port, info.iopub_port, info.control_port];
-    while !ports.iter().all(|p| Path::new(&format!("{}-{p}", info.ip)).exists()) {
+    while !ports
+        .iter()
+        .all(|p| Path::new(&format!("{}-{p}", info.ip)).exists())
+    {
         if process.exited().is_some() {
             return Err(process.exited_err());
         }
@@ -235,9 +253,13 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
     }
     let session_id = uuid::Uuid::new_v4().to_string();
     let identity = jupyter_zmq_client::peer_identity_for_session(&session_id).map_err(proto)?;
-    let shell = jupyter_zmq_client::create_client_shell_connection_with_identity(info, &session_id, identity)
-        .await
-        .map_err(proto)?;
+    let shell = jupyter_zmq_client::create_client_shell_connection_with_identity(
+        info,
+        &session_id,
+        identity,
+    )
+    .await
+    .map_err(proto)?;
     let mut iopub = jupyter_zmq_client::create_client_iopub_connection(info, "", &session_id)
         .await
         .map_err(proto)?;
@@ -268,7 +290,13 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
             }
         }
     }));
-    let mut kernel = Kernel { shell_tx, control, shell_rx, iopub_rx, process };
+    let mut kernel = Kernel {
+        shell_tx,
+        control,
+        shell_rx,
+        iopub_rx,
+        process,
+    };
 
     let mut sent: Vec<String> = Vec::new();
     let (mut got_reply, mut got_status) = (false, false);
@@ -354,15 +382,25 @@ pub(crate) fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
         }
     }
     env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
-    env.insert("TMPDIR".into(), host("TMPDIR").unwrap_or_else(|| std::env::temp_dir().display().to_string()));
-    let mut py_path: Vec<String> = config.python_path.iter().map(|p| p.display().to_string()).collect();
+    env.insert(
+        "TMPDIR".into(),
+        host("TMPDIR").unwrap_or_else(|| std::env::temp_dir().display().to_string()),
+    );
+    let mut py_path: Vec<String> = config
+        .python_path
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
     py_path.push(config.workspace.display().to_string());
     env.insert("PYTHONPATH".into(), py_path.join(":"));
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
     env.insert("PYTHONIOENCODING".into(), "utf-8".into());
     env.insert("JUPYTER_PLATFORM_DIRS".into(), "1".into());
     env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());
-    env.insert("MPLBACKEND".into(), "module://matplotlib_inline.backend_inline".into());
+    env.insert(
+        "MPLBACKEND".into(),
+        "module://matplotlib_inline.backend_inline".into(),
+    );
     env.insert("NO_COLOR".into(), "1".into());
     env.insert("TERM".into(), "dumb".into());
     for (k, v) in &config.env {
@@ -394,7 +432,12 @@ fn signal_name(sig: i32) -> &'static str {
 fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
     f.write_all(bytes)
 }
 
@@ -403,9 +446,15 @@ pub(crate) fn proto(e: impl std::fmt::Display) -> KernelError {
 }
 
 fn start_err(reason: String) -> KernelError {
-    start_err_help(reason, "run `ipybox setup` to check the kernel environment, or pass --python PATH")
+    start_err_help(
+        reason,
+        "run `ipybox setup` to check the kernel environment, or pass --python PATH",
+    )
 }
 
 fn start_err_help(reason: String, help: &str) -> KernelError {
-    KernelError::Start { reason, help: help.to_string() }
+    KernelError::Start {
+        reason,
+        help: help.to_string(),
+    }
 }

@@ -21,7 +21,11 @@ impl RuntimeDir {
         let base = base_dir();
         sweep_stale(&base);
         loop {
-            let path = base.join(format!("{PREFIX}{}-{:06x}", std::process::id(), rand::random::<u32>() & 0xff_ffff));
+            let path = base.join(format!(
+                "{PREFIX}{}-{:06x}",
+                std::process::id(),
+                rand::random::<u32>() & 0xff_ffff
+            ));
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
                 Ok(()) => {
                     // The umask may have narrowed the mode; make sure it is exactly 0700.
@@ -41,7 +45,10 @@ impl RuntimeDir {
     /// Creates a private subdirectory (e.g. one per kernel).
     pub fn subdir(&self, name: &str) -> std::io::Result<PathBuf> {
         let path = self.path.join(name);
-        std::fs::DirBuilder::new().mode(0o700).recursive(true).create(&path)?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&path)?;
         Ok(path)
     }
 }
@@ -61,11 +68,17 @@ fn base_dir() -> PathBuf {
 
 /// Removes `ipybox-<pid>-*` directories whose process no longer exists.
 fn sweep_stale(base: &Path) {
-    let Ok(entries) = std::fs::read_dir(base) else { return };
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else { continue };
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
         if pid > 0 && !process_alive(pid) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
