@@ -16,7 +16,7 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,6 +31,12 @@ use crate::kernel::{
     ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, TimeoutPause,
 };
 use crate::pyenv::{self, PyEnvError};
+use crate::sandbox::{SandboxError, SandboxOptions};
+use crate::tools::server::{ToolServer, ToolServerState};
+use crate::tools::{
+    ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    SessionCache,
+};
 
 /// Kernel-side Python shipped inside the binary, extracted into the runtime directory and put on
 /// the kernel's `PYTHONPATH`, so it always matches this binary's version.
@@ -48,6 +54,9 @@ pub enum ExecutorError {
     /// The kernel's Python environment could not be found or created.
     #[error(transparent)]
     PythonEnv(#[from] PyEnvError),
+    /// The sandbox could not be set up (srt missing, invalid config, ...).
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
     /// The workspace or runtime directory could not be prepared.
     #[error("cannot prepare {path}: {source}\n  help: choose a writable directory")]
     Io {
@@ -73,6 +82,8 @@ pub enum ExecutionEvent {
     Chunk(String),
     /// An image file written by the execution.
     Image(PathBuf),
+    /// A tool call waiting for [`ApprovalRequest::accept`] or [`ApprovalRequest::reject`].
+    Approval(ApprovalRequest),
     /// The final result; always the last item.
     Result(Result<ExecutionResult, ExecutorError>),
 }
@@ -85,6 +96,10 @@ pub struct CodeExecutorBuilder {
     kernel_env: BTreeMap<String, String>,
     python: Option<PathBuf>,
     no_spare: bool,
+    tool_env: Option<HashMap<String, String>>,
+    approval_timeout: Option<Duration>,
+    connect_timeout: Option<Duration>,
+    sandbox: Option<SandboxOptions>,
 }
 
 impl CodeExecutorBuilder {
@@ -123,19 +138,56 @@ impl CodeExecutorBuilder {
         self
     }
 
+    /// Variables for `${VAR}` placeholders in MCP server params and for the base environment
+    /// of stdio MCP servers (default: this process's environment).
+    pub fn tool_env<K: Into<String>, V: Into<String>>(
+        mut self,
+        vars: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.tool_env = Some(
+            vars.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        );
+        self
+    }
+
+    /// How long a tool call waits for an approval decision in [`CodeExecutor::stream`]
+    /// (default 60 s); waiting does not count against the execution timeout.
+    pub fn approval_timeout(mut self, timeout: Duration) -> Self {
+        self.approval_timeout = Some(timeout);
+        self
+    }
+
+    /// Runs the kernel inside Anthropic's sandbox-runtime (`srt`); see [`crate::sandbox`].
+    /// `start()` fails (it never silently runs unsandboxed) if srt or bubblewrap is missing.
+    pub fn sandbox(mut self, options: SandboxOptions) -> Self {
+        self.sandbox = Some(options);
+        self
+    }
+
+    /// How long connecting to an MCP server may take (default 30 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = Some(timeout);
+        self
+    }
+
     pub fn build(self) -> CodeExecutor {
         CodeExecutor {
             inner: Arc::new(Inner {
                 builder: self,
                 state: Mutex::new(None),
                 pause: TimeoutPause::default(),
+                stopping: tokio::sync::watch::channel(false).0,
             }),
         }
     }
 }
 
 struct Running {
+    python: PathBuf,
     pool: KernelPool,
+    tools: ToolServer,
     runtime: Arc<RuntimeDir>,
 }
 
@@ -143,6 +195,22 @@ struct Inner {
     builder: CodeExecutorBuilder,
     state: Mutex<Option<Running>>,
     pause: TimeoutPause,
+    /// Set by `stop()`: a running execution is abandoned so stopping never waits for it.
+    stopping: tokio::sync::watch::Sender<bool>,
+}
+
+impl Inner {
+    /// Runs `execution` unless `stop()` is called meanwhile.
+    async fn unless_stopping(
+        &self,
+        execution: impl std::future::Future<Output = Result<ExecutionOutput, KernelError>>,
+    ) -> Result<ExecutionOutput, KernelError> {
+        let mut stopping = self.stopping.subscribe();
+        tokio::select! {
+            result = execution => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped),
+        }
+    }
 }
 
 /// Runs Python code in a stateful IPython kernel. Cheap to clone; clones share the kernel.
@@ -194,29 +262,75 @@ impl CodeExecutor {
             path: python_dir.clone(),
             source,
         })?;
+        let python = env.python.clone();
         let mut config = KernelConfig::new(env.python, workspace.clone());
         config.images_dir = match &b.images_dir {
             Some(d) if d.is_absolute() => d.clone(),
             Some(d) => workspace.join(d),
             None => workspace.join("images"),
         };
+        let tool_env = b
+            .tool_env
+            .clone()
+            .unwrap_or_else(|| std::env::vars().collect());
+        let sessions = SessionCache::new(
+            tool_env,
+            b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        );
+        let tool_state = ToolServerState::new(
+            sessions,
+            b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
+            self.inner.pause.clone(),
+        );
+        let socket = runtime.path().join("tools.sock");
+        let tools = ToolServer::start(&socket, Arc::new(tool_state)).map_err(|source| {
+            ExecutorError::Io {
+                path: socket.clone(),
+                source,
+            }
+        })?;
         config.env = b.kernel_env.clone();
+        config
+            .env
+            .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
         config.python_path = vec![python_dir];
+        if let Some(options) = &b.sandbox {
+            config.wrapper = Some(crate::sandbox::prepare(
+                options,
+                &workspace,
+                runtime.path(),
+            )?);
+        }
         let pool = KernelPool::start(Arc::new(config), runtime.clone(), !b.no_spare).await?;
-        *state = Some(Running { pool, runtime });
+        *state = Some(Running {
+            python,
+            pool,
+            tools,
+            runtime,
+        });
         Ok(())
     }
 
     /// Stops the kernels and removes the runtime directory. The executor can be started again.
+    /// A running execution is abandoned (its caller gets [`KernelError::Stopped`]).
     pub async fn stop(&self) {
+        self.inner.stopping.send_replace(true);
         let running = self.inner.state.lock().await.take();
-        if let Some(Running { pool, runtime }) = running {
-            pool.shutdown().await;
+        self.inner.stopping.send_replace(false);
+        if let Some(Running {
+            python: _,
+            pool,
+            tools,
+            runtime,
+        }) = running
+        {
+            tokio::join!(pool.shutdown(), tools.stop());
             drop(runtime);
         }
     }
 
-    /// Runs `code` and returns its output. `timeout` of `None` waits as long as it takes.
+    /// Runs `code` and returns its output; its tool calls are all accepted. `timeout` of `None`
+    /// waits as long as it takes.
     pub async fn execute(
         &self,
         code: &str,
@@ -224,14 +338,15 @@ impl CodeExecutor {
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        Ok(running
-            .pool
-            .execute(code, timeout, None, &self.inner.pause)
-            .await?)
+        running.tools.state().set_policy(ApprovalPolicy::AcceptAll);
+        let run = running.pool.execute(code, timeout, None, &self.inner.pause);
+        Ok(self.inner.unless_stopping(run).await?)
     }
 
-    /// Runs `code`, yielding output chunks and images as they arrive, then the result.
-    /// The execution runs to completion even if the stream is dropped early.
+    /// Runs `code`, yielding output chunks, images and approval requests as they arrive, then the
+    /// result. Each tool call waits until its [`ApprovalRequest`] is accepted or rejected (or the
+    /// approval timeout passes). The execution runs to completion even if the stream is dropped
+    /// early; its pending and later tool calls are then rejected.
     pub fn stream(&self, code: &str, timeout: Option<Duration>) -> Execution {
         let (tx, rx) = mpsc::unbounded_channel();
         let inner = self.inner.clone();
@@ -249,29 +364,62 @@ impl CodeExecutor {
                     }
                 })
             };
+            let (ap_tx, mut ap_rx) = mpsc::unbounded_channel::<ApprovalRequest>();
+            let approvals = {
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    while let Some(request) = ap_rx.recv().await {
+                        // If the stream was dropped the request is dropped too: rejected.
+                        let _ = tx.send(ExecutionEvent::Approval(request));
+                    }
+                })
+            };
             let result = {
                 let mut state = inner.state.lock().await;
                 match state.as_mut() {
-                    Some(running) => running
-                        .pool
-                        .execute(&code, timeout, Some(&ev_tx), &inner.pause)
-                        .await
-                        .map_err(ExecutorError::from),
+                    Some(running) => {
+                        running.tools.state().set_policy(ApprovalPolicy::Ask(ap_tx));
+                        let run = running
+                            .pool
+                            .execute(&code, timeout, Some(&ev_tx), &inner.pause);
+                        let result = inner.unless_stopping(run).await;
+                        // Calls made after this execution (leftover threads) have no one to ask.
+                        running
+                            .tools
+                            .state()
+                            .set_policy(ApprovalPolicy::Ask(mpsc::unbounded_channel().0));
+                        result.map_err(ExecutorError::from)
+                    }
                     None => Err(KernelError::Stopped.into()),
                 }
             };
             drop(ev_tx);
-            let _ = forward.await;
+            let _ = tokio::join!(forward, approvals);
             let _ = tx.send(ExecutionEvent::Result(result));
         });
         Execution { rx }
     }
 
-    /// Replaces the kernel with a fresh one (all state is lost). Waits for a running execution.
+    /// Replaces the kernel with a fresh one (all state is lost) and closes the MCP sessions.
+    /// Waits for a running execution to finish first.
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        Ok(running.pool.reset().await?)
+        let (kernel, ()) = tokio::join!(
+            running.pool.reset(),
+            running.tools.state().sessions().close_all()
+        );
+        Ok(kernel?)
+    }
+
+    /// How many MCP sessions are open (they open on a tool's first call and close on reset).
+    pub async fn mcp_sessions(&self) -> usize {
+        self.inner
+            .state
+            .lock()
+            .await
+            .as_ref()
+            .map_or(0, |r| r.tools.state().sessions().len())
     }
 
     /// The current kernel's process id, if started.
@@ -282,6 +430,16 @@ impl CodeExecutor {
             .await
             .as_ref()
             .and_then(|r| r.pool.kernel_pid())
+    }
+
+    /// The kernel's Python interpreter, if started.
+    pub async fn python(&self) -> Option<PathBuf> {
+        self.inner
+            .state
+            .lock()
+            .await
+            .as_ref()
+            .map(|r| r.python.clone())
     }
 
     /// The private runtime directory (sockets, connection files), if started.
@@ -326,7 +484,8 @@ impl futures::Stream for Execution {
     }
 }
 
-fn resolve_workspace(dir: Option<&Path>) -> Result<PathBuf, ExecutorError> {
+/// `dir` (default: the current directory) as an absolute, canonical path, created if missing.
+pub fn resolve_workspace(dir: Option<&Path>) -> Result<PathBuf, ExecutorError> {
     let cwd = || {
         std::env::current_dir().map_err(|source| ExecutorError::Io {
             path: PathBuf::from("."),

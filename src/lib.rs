@@ -8,7 +8,11 @@
 pub mod apigen;
 pub mod executor;
 pub mod kernel;
+pub mod mcp_server;
 pub mod pyenv;
+pub mod register;
+pub mod sandbox;
 pub mod tools;
 
 pub use executor::CodeExecutor;
+pub use register::{generate_mcp_sources, generate_mcp_sources_with};

@@ -1,11 +1,13 @@
-//! The `ipybox` binary: human-facing subcommands (and, with the MCP server issue, the MCP server).
+//! The `ipybox` binary: the MCP server (default, on stdio) and human-facing subcommands.
 //!
-//! stdout carries program output only (and, for the MCP server, the protocol); logs go to stderr.
+//! stdout carries program output only (for the MCP server: the protocol); logs go to stderr.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+mod terminal_approval;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -18,13 +20,33 @@ use ipybox::executor::ExecutionEvent;
     version,
     about = "Code-execution sandbox for agents that act by writing Python"
 )]
-#[command(arg_required_else_help = true)]
 struct Cli {
     /// Log level for stderr logs (error, warn, info, debug, trace); IPYBOX_LOG overrides.
-    #[arg(long, global = true, default_value = "warn")]
+    #[arg(long, global = true, default_value = "info")]
     log_level: String,
+    #[command(flatten)]
+    serve: ServeArgs,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+}
+
+/// Without a subcommand ipybox serves MCP on stdio (what Claude Code and other clients start).
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Workspace: the kernel's working directory, where `mcptools/` is generated and `.env` is
+    /// read (created if missing).
+    #[arg(long, default_value = ".")]
+    workspace: PathBuf,
+    /// Run the kernel in a sandbox (Anthropic's sandbox-runtime `srt`).
+    #[arg(long)]
+    sandbox: bool,
+    /// srt settings file for --sandbox (relative paths are taken from the workspace; a missing
+    /// file means the default policy).
+    #[arg(long, requires = "sandbox")]
+    sandbox_config: Option<PathBuf>,
+    /// Python interpreter with ipykernel and pydantic (default: the managed environment).
+    #[arg(long, env = "IPYBOX_PYTHON")]
+    python: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -42,11 +64,26 @@ enum Command {
         /// Give up (interrupt) after this many seconds.
         #[arg(long)]
         timeout: Option<f64>,
+        /// Approve every MCP tool call without asking (otherwise each call is asked on the
+        /// terminal; without a terminal calls are rejected).
+        #[arg(long, short = 'y')]
+        yes: bool,
         /// Code to run.
         #[arg(short = 'c', long = "code", conflicts_with = "file")]
         code: Option<String>,
         /// File with code to run, or `-` for stdin.
         file: Option<PathBuf>,
+    },
+    /// Generate the typed Python package for an MCP server's tools (`<root>/<name>/`).
+    Apigen {
+        /// Server name: a Python identifier, becomes the package `mcptools.<name>`.
+        name: String,
+        /// Server params as JSON: `{"command", "args", "env", "cwd"}` or `{"url", "headers"}`.
+        #[arg(long)]
+        params: String,
+        /// Directory of the generated packages.
+        #[arg(long, default_value = "mcptools")]
+        root: PathBuf,
     },
     /// Create (or check) the kernel's Python environment and print where it is.
     Setup {
@@ -79,13 +116,47 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command)) {
+    let result = match cli.command {
+        Some(command) => runtime.block_on(run(command)),
+        None => runtime.block_on(serve(cli.serve)),
+    };
+    // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    use ipybox::mcp_server::{self, IpyboxServer};
+    let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
+    let process_env: std::collections::HashMap<String, String> = std::env::vars().collect();
+    let env = mcp_server::WorkspaceEnv::load(&workspace, process_env)?;
+    let mut builder = CodeExecutor::builder()
+        .workspace(&workspace)
+        .kernel_env(env.kernel_env.clone())
+        .tool_env(env.tool_env.clone());
+    if let Some(python) = args.python {
+        builder = builder.python(python);
+    }
+    if args.sandbox {
+        #[allow(clippy::needless_update)] // SandboxOptions may grow fields
+        builder = builder.sandbox(ipybox::sandbox::SandboxOptions {
+            config_file: args.sandbox_config,
+            ..Default::default()
+        });
+    }
+    let executor = builder.build();
+    let config = mcp_server::ServerConfig {
+        workspace,
+        tool_env: env.tool_env,
+    };
+    mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?;
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
@@ -107,10 +178,25 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Apigen { name, params, root } => {
+            let params: serde_json::Value = serde_json::from_str(&params)
+                .context("--params is not valid JSON\n  help: pass e.g. --params '{\"command\": \"npx\", \"args\": [\"-y\", \"@modelcontextprotocol/server-memory\"]}'")?;
+            let modules = ipybox::generate_mcp_sources(&name, &params, &root).await?;
+            eprintln!(
+                "generated {} modules in {}",
+                modules.len(),
+                root.join(&name).display()
+            );
+            for m in modules {
+                println!("{m}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Exec {
             workspace,
             python,
             timeout,
+            yes,
             code,
             file,
         } => {
@@ -125,6 +211,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             executor.start().await?;
             let timeout = timeout.map(Duration::from_secs_f64);
             let mut execution = executor.stream(&code, timeout);
+            let mut approver = terminal_approval::TerminalApprover::new(yes);
             let mut stdout = std::io::stdout();
             let mut result = None;
             let mut needs_newline = false;
@@ -136,6 +223,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                         needs_newline = !text.ends_with('\n');
                     }
                     ExecutionEvent::Image(path) => writeln!(stdout, "[image: {}]", path.display())?,
+                    ExecutionEvent::Approval(request) => approver.decide(request).await,
                     ExecutionEvent::Result(r) => result = Some(r),
                 }
             }

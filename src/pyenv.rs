@@ -51,6 +51,18 @@ pub enum PyEnvError {
     )]
     NoHome,
     #[error(
+        "`{spec}` is not a package requirement\n  help: pass a name with an optional version specifier (`numpy`, `numpy>=2`) or a `git+https://…` URL"
+    )]
+    InvalidRequirement { spec: String },
+    #[error(
+        "installing `{spec}` failed: `{command}`\n{output}\n  help: check the package name and version; the installer's output is above"
+    )]
+    InstallFailed {
+        spec: String,
+        command: String,
+        output: String,
+    },
+    #[error(
         "i/o error on {path}: {source}\n  help: check that the directory is writable, or set IPYBOX_HOME elsewhere"
     )]
     Io {
@@ -290,6 +302,56 @@ fn stdio_to_stderr(stderr: &std::io::Stderr) -> Stdio {
         .try_clone_to_owned()
         .map(Stdio::from)
         .unwrap_or_else(|_| Stdio::null())
+}
+
+/// Installs `spec` (a requirement such as `numpy`, `numpy>=2`, or a `git+https://…` URL) into the
+/// environment of `python`, with uv when it is on PATH, else pip. Returns the installer's summary
+/// (the last lines of its output). Runs on the host, also when the kernel is sandboxed.
+pub fn install_package(python: &Path, spec: &str) -> Result<String, PyEnvError> {
+    let spec = spec.trim();
+    if spec.is_empty() || spec.starts_with('-') {
+        return Err(PyEnvError::InvalidRequirement {
+            spec: spec.to_string(),
+        });
+    }
+    let (program, args): (PathBuf, Vec<String>) = match find_on_path("uv") {
+        Some(uv) => (
+            uv,
+            vec![
+                "pip".into(),
+                "install".into(),
+                "--python".into(),
+                python.display().to_string(),
+                spec.into(),
+            ],
+        ),
+        None => (
+            python.to_path_buf(),
+            vec![
+                "-m".into(),
+                "pip".into(),
+                "install".into(),
+                "--disable-pip-version-check".into(),
+                spec.into(),
+            ],
+        ),
+    };
+    let command = format!("{} {}", program.display(), args.join(" "));
+    let out = Command::new(&program)
+        .args(&args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_err(&program))?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        return Err(PyEnvError::InstallFailed {
+            spec: spec.to_string(),
+            command,
+            output: tail(text.as_bytes()),
+        });
+    }
+    Ok(tail(text.as_bytes()))
 }
 
 /// The last few lines of a process's output, for error messages.

@@ -430,7 +430,7 @@ async fn stream_yields_chunks_as_they_come() {
     while let Some(ev) = execution.next().await {
         match ev {
             ExecutionEvent::Chunk(c) => chunks.push((c, start.elapsed())),
-            ExecutionEvent::Image(_) => panic!("no images expected"),
+            ExecutionEvent::Image(_) | ExecutionEvent::Approval(_) => panic!("only text expected"),
             ExecutionEvent::Result(r) => result = Some(r.unwrap()),
         }
     }

@@ -78,6 +78,7 @@ def _connection(path: str) -> _UnixHTTPConnection:
 
 
 def _request(method: str, url: str, body: dict | None = None) -> dict:
+    __tracebackhide__ = True
     path = os.environ.get("IPYBOX_TOOL_SOCKET")
     if not path:
         raise ToolRunnerError(
@@ -116,6 +117,7 @@ class ToolRunner:
 
     def run(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
         """Call ``tool_name`` with ``arguments``; returns structured content if any, else text."""
+        __tracebackhide__ = True  # IPython: show the caller's frame, not ours
         reply = _request(
             "POST",
             "/run",

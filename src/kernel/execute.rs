@@ -113,6 +113,9 @@ impl Clock {
     }
 }
 
+/// An exception's type, message and traceback lines.
+type ErrorParts = (String, String, Vec<String>);
+
 /// How an execution ended, and whether the kernel must be replaced before the next one.
 pub(crate) struct Outcome {
     pub result: Result<ExecutionOutput, KernelError>,
@@ -157,8 +160,8 @@ pub(crate) async fn run(
     let mut exit = kernel.exit_watch();
     let mut clock = Clock::new(timeout, pause.subscribe());
     let mut idle = false;
-    let mut reply: Option<(ReplyStatus, Option<(String, String, Vec<String>)>)> = None;
-    let mut error: Option<(String, String, Vec<String>)> = None;
+    let mut reply: Option<(ReplyStatus, Option<ErrorParts>)> = None;
+    let mut error: Option<ErrorParts> = None;
     let mut interrupted_at: Option<Instant> = None;
     let far = Duration::from_secs(86_400 * 365);
 

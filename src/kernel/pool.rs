@@ -147,10 +147,10 @@ impl KernelPool {
         }
         let kernel = self.current.as_mut().expect("current kernel present");
         let outcome = execute::run(kernel, &self.config, code, timeout, events, pause).await;
-        if outcome.replace_kernel {
-            if let Err(e) = self.reset().await {
-                tracing::error!("could not restart the kernel: {e}");
-            }
+        if outcome.replace_kernel
+            && let Err(e) = self.reset().await
+        {
+            tracing::error!("could not restart the kernel: {e}");
         }
         outcome.result
     }

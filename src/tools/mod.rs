@@ -2,19 +2,23 @@
 //!
 //! This module owns the MCP *client* side: parsing server params ([`params`]), `${VAR}`
 //! substitution ([`env_subst`]), connecting to upstream servers over stdio, streamable HTTP and
-//! legacy SSE ([`client`], [`sse_transport`]) and the per-server session cache ([`sessions`]).
+//! legacy SSE ([`client`], [`sse_transport`]) and the per-server session cache ([`sessions`]);
+//! the tool server the kernel calls through ([`server`]) and approvals ([`approval`]).
 //!
 //! It is not the MCP server ipybox itself exposes (that is `mcp_server`), and it does not
 //! generate Python code from tool schemas (that is `apigen`).
 
+pub mod approval;
 pub mod client;
 pub mod env_subst;
 pub mod params;
+pub mod server;
 pub mod sessions;
 pub mod sse_transport;
 
 use std::time::Duration;
 
+pub use approval::{ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT};
 pub use client::{McpSession, ToolOutput, tool_output};
 pub use env_subst::substitute;
 pub use params::{ServerParams, TransportKind, TransportParams};

@@ -1,0 +1,405 @@
+//! The ipybox MCP server: four tools (`register_mcp_server`, `execute_ipython_cell`,
+//! `install_package`, `reset`) on top of [`CodeExecutor`], served over stdio with rmcp.
+//!
+//! The kernel starts in the background when the server is created, so the `initialize` reply
+//! never waits for it; the first execution does. Tool calls made by executed code are accepted
+//! automatically (as in Python ipybox). Results are text only (plus image content), never
+//! `structuredContent`: Claude Code would show the model only that.
+//!
+//! Not here: the workspace/.env handling of the command line (`main.rs` builds the
+//! [`ServerConfig`]), and everything the executor does.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities};
+use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::CodeExecutor;
+use crate::executor::ExecutorError;
+use crate::kernel::KernelError;
+use crate::tools::DEFAULT_CONNECT_TIMEOUT;
+
+/// What the server is told by its command line.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Absolute workspace path: the kernel's cwd; `mcptools/` is generated here.
+    pub workspace: PathBuf,
+    /// Environment for `${VAR}` placeholders in server params (process env + `.env`).
+    pub tool_env: HashMap<String, String>,
+}
+
+const INSTRUCTIONS: &str = "\
+ipybox runs Python in a stateful IPython kernel and turns the tools of other MCP servers into a \
+typed Python API. Workflow: (1) `register_mcp_server(server_name, server_params)` generates \
+`mcptools/<server_name>/<tool>.py` in the workspace, one module per tool, and returns the module \
+names; (2) read a module's source to see its `Params` model (and `Result`, if the tool has \
+structured output); (3) in `execute_ipython_cell`, `from mcptools.<server_name>.<tool> import \
+Params, run` and call `run(Params(...))` — loop over calls, combine tools and print only what \
+you need in one cell. Variables persist across cells; `reset` starts a fresh kernel (needed \
+after regenerating or editing modules that are already imported). `install_package` adds \
+packages to the kernel's environment.";
+
+/// Arguments of `register_mcp_server`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RegisterParams {
+    /// Name for the server; must be a Python identifier. Its tools become `mcptools.<server_name>.<tool>`.
+    pub server_name: String,
+    /// How to reach the server. stdio: {"command": "...", "args": [...], "env": {...}, "cwd": "..."}.
+    /// HTTP: {"url": "...", "headers": {...}} (a URL path ending in /sse is SSE, else streamable HTTP;
+    /// "type": "stdio" | "streamable_http" | "sse" overrides). `${VAR}` placeholders are resolved from
+    /// ipybox's environment and the workspace .env when connecting; they are written to the generated
+    /// code unresolved.
+    pub server_params: Map<String, Value>,
+}
+
+/// Arguments of `execute_ipython_cell`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ExecuteParams {
+    /// Python code to execute.
+    pub code: String,
+    /// Maximum execution time in seconds; the kernel is interrupted after it (state is kept).
+    #[serde(default = "default_timeout")]
+    #[schemars(default = "default_timeout")]
+    pub timeout: f64,
+    /// Maximum number of characters of output returned; longer output is truncated.
+    #[serde(default = "default_max_output_chars")]
+    #[schemars(default = "default_max_output_chars")]
+    pub max_output_chars: usize,
+}
+
+fn default_timeout() -> f64 {
+    120.0
+}
+
+fn default_max_output_chars() -> usize {
+    5000
+}
+
+/// Arguments of `install_package`.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct InstallParams {
+    /// Package name with optional version specifier (e.g. "numpy", "numpy>=1.20") or a
+    /// "git+https://..." URL.
+    pub package_name: String,
+}
+
+/// The MCP server handler.
+#[derive(Clone)]
+pub struct IpyboxServer {
+    executor: CodeExecutor,
+    config: Arc<ServerConfig>,
+    tool_router: ToolRouter<Self>,
+}
+
+impl std::fmt::Debug for IpyboxServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IpyboxServer")
+            .field("workspace", &self.config.workspace)
+            .finish()
+    }
+}
+
+fn text_error(text: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// Keeps the first `max` characters, appending the truncation notice.
+pub fn truncate_output(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((cut, _)) => {
+            format!(
+                "{}\n\n[Output truncated: exceeded {max} character limit]",
+                &text[..cut]
+            )
+        }
+    }
+}
+
+#[tool_router]
+impl IpyboxServer {
+    /// Creates the server and starts the kernel in the background.
+    pub fn new(executor: CodeExecutor, config: ServerConfig) -> Self {
+        let background = executor.clone();
+        tokio::spawn(async move {
+            if let Err(e) = background.start().await {
+                tracing::error!("kernel failed to start (the first execution will retry): {e}");
+            }
+        });
+        Self {
+            executor,
+            config: Arc::new(config),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The executor behind the server (to stop it on shutdown).
+    pub fn executor(&self) -> &CodeExecutor {
+        &self.executor
+    }
+
+    #[tool(
+        description = "Register an MCP server and generate importable Python tool functions.\n\nConnects to the MCP server, lists its tools and generates the package `mcptools/<server_name>/` in the workspace: one module per tool with a Pydantic `Params` model, a `Result` model when the tool has structured output, and `run(params)`. Use them in `execute_ipython_cell` as `from mcptools.<server_name>.<module> import Params, run`. Returns the module names, one per line. Call `reset` afterwards if modules of this server were already imported."
+    )]
+    async fn register_mcp_server(
+        &self,
+        Parameters(p): Parameters<RegisterParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let root = self.config.workspace.join("mcptools");
+        let params = Value::Object(p.server_params);
+        match crate::register::generate_mcp_sources_with(
+            &p.server_name,
+            &params,
+            &root,
+            &self.config.tool_env,
+            DEFAULT_CONNECT_TIMEOUT,
+        )
+        .await
+        {
+            Ok(modules) => Ok(CallToolResult::success(vec![ContentBlock::text(
+                modules.join("\n"),
+            )])),
+            Err(e) => Ok(text_error(e.to_string())),
+        }
+    }
+
+    #[tool(
+        description = "Execute Python code in a stateful IPython kernel.\n\nVariables, imports and definitions persist across calls; call `reset` for a fresh kernel. The working directory is the workspace, so generated tools import as `from mcptools.<server>.<tool> import Params, run`. Returns what the code printed and the value of its last expression. Images (e.g. matplotlib figures) are saved as PNG files and listed under \"Generated images:\". Errors return the traceback together with the output printed before it; on timeout the kernel is interrupted and its state is kept."
+    )]
+    async fn execute_ipython_cell(
+        &self,
+        Parameters(p): Parameters<ExecuteParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if !(p.timeout.is_finite() && p.timeout > 0.0) {
+            return Ok(text_error(format!(
+                "invalid timeout {}: pass a positive number of seconds",
+                p.timeout
+            )));
+        }
+        if let Err(e) = self.executor.start().await {
+            return Ok(text_error(format!("the kernel could not be started: {e}")));
+        }
+        let timeout = Duration::from_secs_f64(p.timeout.min(86_400.0 * 365.0));
+        match self.executor.execute(&p.code, Some(timeout)).await {
+            Ok(result) => {
+                let mut text = truncate_output(&result.text, p.max_output_chars);
+                let mut content = Vec::new();
+                if !result.images.is_empty() {
+                    if !text.is_empty() {
+                        text.push_str("\n\n");
+                    }
+                    text.push_str("Generated images:");
+                    for path in &result.images {
+                        text.push_str(&format!("\n- {}", path.display()));
+                        match std::fs::read(path) {
+                            Ok(bytes) => content.push(ContentBlock::image(
+                                base64::engine::general_purpose::STANDARD.encode(bytes),
+                                "image/png",
+                            )),
+                            Err(e) => tracing::warn!("cannot read image {}: {e}", path.display()),
+                        }
+                    }
+                }
+                content.insert(0, ContentBlock::text(text));
+                Ok(CallToolResult::success(content))
+            }
+            Err(e) => Ok(text_error(truncate_output(
+                &failure_text(&e),
+                p.max_output_chars,
+            ))),
+        }
+    }
+
+    #[tool(
+        description = "Install a Python package into the kernel's environment (with uv or pip).\n\nAccepts a name with an optional version specifier (\"numpy\", \"numpy>=1.20\") or a \"git+https://...\" URL. The package is importable right away, without a reset (a package that was already imported in an older version needs `reset`). Returns the installer's summary."
+    )]
+    async fn install_package(
+        &self,
+        Parameters(p): Parameters<InstallParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if let Err(e) = self.executor.start().await {
+            return Ok(text_error(format!(
+                "the kernel environment is not available: {e}"
+            )));
+        }
+        let Some(python) = self.executor.python().await else {
+            return Ok(text_error(
+                "the kernel is not running; call `reset` and try again".into(),
+            ));
+        };
+        let spec = p.package_name.clone();
+        let installed =
+            tokio::task::spawn_blocking(move || crate::pyenv::install_package(&python, &spec))
+                .await;
+        match installed {
+            Ok(Ok(summary)) => {
+                // New distributions become importable once the import system's caches are fresh.
+                let refresh = "import importlib as _i; _i.invalidate_caches(); del _i";
+                if let Err(e) = self
+                    .executor
+                    .execute(refresh, Some(Duration::from_secs(30)))
+                    .await
+                {
+                    tracing::warn!("could not refresh the kernel's import caches: {e}");
+                }
+                Ok(CallToolResult::success(vec![ContentBlock::text(summary)]))
+            }
+            Ok(Err(e)) => Ok(text_error(e.to_string())),
+            Err(e) => Ok(text_error(format!("the installer task failed: {e}"))),
+        }
+    }
+
+    #[tool(
+        description = "Reset the IPython kernel: a fresh kernel replaces the current one, clearing all variables, imports and definitions, and the MCP server sessions used by generated tools are closed. Files in the workspace (generated modules included) and installed packages are kept."
+    )]
+    async fn reset(&self) -> Result<CallToolResult, ErrorData> {
+        if let Err(e) = self.executor.start().await {
+            return Ok(text_error(format!("the kernel could not be started: {e}")));
+        }
+        match self.executor.reset().await {
+            Ok(()) => Ok(CallToolResult::success(vec![ContentBlock::text(
+                "Kernel reset: a fresh kernel is running and MCP sessions were closed.",
+            )])),
+            Err(e) => Ok(text_error(format!("reset failed: {e}"))),
+        }
+    }
+}
+
+/// The text of a failed execution: what was printed before, then the error.
+fn failure_text(e: &ExecutorError) -> String {
+    let output = e.output();
+    let error = match e {
+        ExecutorError::Kernel(KernelError::Failed { traceback, .. }) => traceback.clone(),
+        other => other.to_string(),
+    };
+    if output.is_empty() {
+        error
+    } else {
+        format!("{output}\n\n{error}")
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for IpyboxServer {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("ipybox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truncate_output;
+
+    #[test]
+    fn truncates_by_characters() {
+        assert_eq!(truncate_output("héllo", 10), "héllo");
+        assert_eq!(truncate_output("héllo", 5), "héllo");
+        assert_eq!(
+            truncate_output("héllo", 2),
+            "hé\n\n[Output truncated: exceeded 2 character limit]"
+        );
+    }
+}
+
+/// The environments derived from the process and `<workspace>/.env`.
+#[derive(Debug, Clone, Default)]
+pub struct WorkspaceEnv {
+    /// Everything (process env, plus `.env` entries not already set): used for `${VAR}` in MCP
+    /// server params and as the base of stdio MCP servers' minimal environment.
+    pub tool_env: HashMap<String, String>,
+    /// `KERNEL_ENV_X=v` entries as `X=v`: the only variables the kernel gets beyond its base.
+    pub kernel_env: HashMap<String, String>,
+}
+
+/// Why the workspace's `.env` could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "cannot read {path}: {reason}\n  help: fix the line (format: NAME=value, # comments) or remove the file"
+)]
+pub struct DotenvError {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+impl WorkspaceEnv {
+    /// Loads `<workspace>/.env` if present; variables already in `process_env` win.
+    pub fn load(
+        workspace: &std::path::Path,
+        process_env: HashMap<String, String>,
+    ) -> Result<Self, DotenvError> {
+        let path = workspace.join(".env");
+        let mut tool_env = process_env;
+        if path.exists() {
+            let entries = dotenvy::from_path_iter(&path).map_err(|e| DotenvError {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            for entry in entries {
+                let (k, v) = entry.map_err(|e| DotenvError {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                tool_env.entry(k).or_insert(v);
+            }
+        }
+        let kernel_env = tool_env
+            .iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("KERNEL_ENV_")
+                    .filter(|n| !n.is_empty())
+                    .map(|n| (n.to_string(), v.clone()))
+            })
+            .collect();
+        Ok(Self {
+            tool_env,
+            kernel_env,
+        })
+    }
+}
+
+/// Serves `server` on stdio until stdin closes or SIGTERM/SIGINT arrives, then stops the kernels,
+/// MCP child servers and sockets (bounded to 2 s, also while an execution runs).
+pub async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Error> {
+    use rmcp::ServiceExt;
+    use tokio::signal::unix::{SignalKind, signal};
+    let executor = server.executor().clone();
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let outcome = tokio::select! {
+        running = server.serve(rmcp::transport::stdio()) => match running {
+            Ok(service) => {
+                let cancel = service.cancellation_token();
+                tokio::select! {
+                    reason = service.waiting() => {
+                        tracing::info!("MCP session ended ({reason:?})");
+                        Ok(())
+                    }
+                    _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); cancel.cancel(); Ok(()) }
+                    _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); cancel.cancel(); Ok(()) }
+                }
+            }
+            Err(e) => Err(std::io::Error::other(format!("MCP initialization failed: {e}"))),
+        },
+        _ = sigterm.recv() => Ok(()),
+        _ = sigint.recv() => Ok(()),
+    };
+    if tokio::time::timeout(Duration::from_millis(1900), executor.stop())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "shutdown took longer than 2 s; exiting anyway (kernels exit when ipybox does)"
+        );
+    }
+    outcome
+}

@@ -1,0 +1,76 @@
+//! Registering an MCP server: list its tools over a short-lived session and generate the typed
+//! Python package for them (`<root_dir>/<server_name>/`).
+//!
+//! This is where the MCP client ([`crate::tools`]) meets code generation ([`crate::apigen`]);
+//! neither knows the other.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::apigen::{self, ApigenError, ToolSpec};
+use crate::tools::{DEFAULT_CONNECT_TIMEOUT, McpSession, ServerParams, ToolsError};
+
+/// Why registration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error(transparent)]
+    Tools(#[from] ToolsError),
+    #[error(transparent)]
+    Apigen(#[from] ApigenError),
+}
+
+/// Generates `<root_dir>/<server_name>/` from the tools of the server at `server_params`, with
+/// `${VAR}` placeholders resolved from the process environment. Returns the module names.
+pub async fn generate_mcp_sources(
+    server_name: &str,
+    server_params: &Value,
+    root_dir: &Path,
+) -> Result<Vec<String>, RegisterError> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    generate_mcp_sources_with(
+        server_name,
+        server_params,
+        root_dir,
+        &env,
+        DEFAULT_CONNECT_TIMEOUT,
+    )
+    .await
+}
+
+/// [`generate_mcp_sources`] with an explicit environment for `${VAR}` and a connect timeout.
+pub async fn generate_mcp_sources_with(
+    server_name: &str,
+    server_params: &Value,
+    root_dir: &Path,
+    env: &HashMap<String, String>,
+    timeout: Duration,
+) -> Result<Vec<String>, RegisterError> {
+    // Fail on a bad server name before spawning anything (rendering no tools checks the name).
+    apigen::render_package(server_name, server_params, &[])?;
+    let params = ServerParams::parse(server_params)?;
+    let session = McpSession::connect_named(Some(server_name), &params, env, timeout).await?;
+    let tools = session.list_tools().await;
+    session.close().await;
+    let specs: Vec<ToolSpec> = tools?
+        .into_iter()
+        .map(|t| ToolSpec {
+            name: t.name.to_string(),
+            description: t.description.map(|d| d.to_string()),
+            input_schema: Value::Object((*t.input_schema).clone()),
+            output_schema: t.output_schema.map(|s| Value::Object((*s).clone())),
+        })
+        .collect();
+    let root = root_dir.to_path_buf();
+    let name = server_name.to_string();
+    let written = server_params.clone();
+    tokio::task::spawn_blocking(move || apigen::generate_package(&name, &written, &specs, &root))
+        .await
+        .map_err(|e| ApigenError::Io {
+            path: root_dir.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?
+        .map_err(RegisterError::from)
+}

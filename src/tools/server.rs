@@ -1,0 +1,261 @@
+//! The tool server: HTTP/1.1 on a Unix socket (mode 0600, in the private runtime directory)
+//! through which generated code in the kernel calls MCP tools.
+//!
+//! A Unix socket, not a TCP port: it crosses into a sandbox's network namespace where localhost
+//! is not the host's. Keep-alive connections, one task per connection, any number of concurrent
+//! calls. Endpoints:
+//!
+//! - `POST /run` `{"server_name", "server_params", "tool_name", "arguments"}` ->
+//!   `{"structured": object|null, "text": str}` or `{"error": {"kind", "message"}}` where kind is
+//!   `tool_error`, `rejected`, `approval_timeout` or `bad_request`;
+//! - `PUT /reset` closes all MCP sessions -> `{"closed": n}`;
+//! - `GET /status` -> `{"sessions": n}`.
+//!
+//! The kernel-side client is `python/ipybox_runtime`. Not here: connecting to MCP servers
+//! ([`super::sessions`]) or deciding approvals ([`super::approval`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use tokio::net::UnixListener;
+use tokio::task::JoinHandle;
+
+use super::approval::{self, ApprovalPolicy, Decision};
+use super::{SessionCache, tool_output};
+use crate::kernel::TimeoutPause;
+
+/// Shared state of the tool server; the executor keeps a handle to change the policy.
+pub struct ToolServerState {
+    sessions: SessionCache,
+    policy: Mutex<ApprovalPolicy>,
+    approval_timeout: Duration,
+    pause: TimeoutPause,
+}
+
+impl ToolServerState {
+    pub fn new(sessions: SessionCache, approval_timeout: Duration, pause: TimeoutPause) -> Self {
+        Self {
+            sessions,
+            policy: Mutex::new(ApprovalPolicy::AcceptAll),
+            approval_timeout,
+            pause,
+        }
+    }
+
+    /// Sets who approves the next tool calls.
+    pub fn set_policy(&self, policy: ApprovalPolicy) {
+        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
+    }
+
+    fn policy(&self) -> ApprovalPolicy {
+        self.policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The MCP session cache (closed on reset and stop).
+    pub fn sessions(&self) -> &SessionCache {
+        &self.sessions
+    }
+}
+
+/// A running tool server. Dropping it stops accepting connections and removes the socket.
+pub struct ToolServer {
+    path: PathBuf,
+    state: Arc<ToolServerState>,
+    task: JoinHandle<()>,
+}
+
+#[derive(Deserialize)]
+struct RunRequest {
+    server_name: String,
+    server_params: Value,
+    tool_name: String,
+    #[serde(default)]
+    arguments: Map<String, Value>,
+}
+
+impl ToolServer {
+    /// Binds `path` (mode 0600) and serves in the background.
+    pub fn start(path: &Path, state: Arc<ToolServerState>) -> std::io::Result<Self> {
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let served = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, _) = match listener.accept().await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        tracing::warn!("tool server accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let state = served.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req| handle(state.clone(), req));
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    if let Err(e) = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(true)
+                        .serve_connection(io, service)
+                        .await
+                    {
+                        tracing::debug!("tool server connection ended: {e}");
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            path: path.to_path_buf(),
+            state,
+            task,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn state(&self) -> &Arc<ToolServerState> {
+        &self.state
+    }
+
+    /// Stops serving and closes every MCP session.
+    pub async fn stop(self) {
+        self.task.abort();
+        self.state.sessions.close_all().await;
+    }
+}
+
+impl Drop for ToolServer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+type Reply = Result<Response<Full<Bytes>>, std::convert::Infallible>;
+
+fn json_response(status: StatusCode, body: Value) -> Reply {
+    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+fn error(kind: &str, message: impl Into<String>) -> Value {
+    json!({"error": {"kind": kind, "message": message.into()}})
+}
+
+async fn handle(state: Arc<ToolServerState>, req: Request<Incoming>) -> Reply {
+    match (req.method(), req.uri().path()) {
+        (&Method::POST, "/run") => {
+            let body = match req.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        error("bad_request", e.to_string()),
+                    );
+                }
+            };
+            let run: RunRequest = match serde_json::from_slice(&body) {
+                Ok(r) => r,
+                Err(e) => {
+                    return json_response(
+                        StatusCode::BAD_REQUEST,
+                        error("bad_request", format!("invalid /run request: {e}")),
+                    );
+                }
+            };
+            json_response(StatusCode::OK, run_tool(&state, run).await)
+        }
+        (&Method::PUT, "/reset") => {
+            let closed = state.sessions.len();
+            state.sessions.close_all().await;
+            json_response(StatusCode::OK, json!({"closed": closed}))
+        }
+        (&Method::GET, "/status") => {
+            json_response(StatusCode::OK, json!({"sessions": state.sessions.len()}))
+        }
+        (method, path) => json_response(
+            StatusCode::NOT_FOUND,
+            error(
+                "bad_request",
+                format!("no endpoint {method} {path}: use POST /run, PUT /reset or GET /status"),
+            ),
+        ),
+    }
+}
+
+async fn run_tool(state: &ToolServerState, run: RunRequest) -> Value {
+    let RunRequest {
+        server_name,
+        server_params,
+        tool_name,
+        arguments,
+    } = run;
+    let decision = approval::decide(
+        &state.policy(),
+        &server_name,
+        &tool_name,
+        &arguments,
+        state.approval_timeout,
+        &state.pause,
+    )
+    .await;
+    match decision {
+        Decision::Accepted => {}
+        Decision::Rejected => {
+            return error(
+                "rejected",
+                format!("tool call {server_name}.{tool_name} was rejected by the application"),
+            );
+        }
+        Decision::TimedOut => {
+            return error(
+                "approval_timeout",
+                format!(
+                    "tool call {server_name}.{tool_name} was not approved within {} s, so it was not made",
+                    state.approval_timeout.as_secs_f64()
+                ),
+            );
+        }
+    }
+    tracing::info!(server = %server_name, tool = %tool_name, "tool call");
+    let session = match state
+        .sessions
+        .get_or_connect(&server_name, &server_params)
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return error("tool_error", e.to_string()),
+    };
+    match session.call_tool(&tool_name, arguments).await {
+        Ok(result) => {
+            let out = tool_output(&result);
+            if out.is_error {
+                error(
+                    "tool_error",
+                    format!("{server_name}.{tool_name} failed: {}", out.text),
+                )
+            } else {
+                json!({"structured": out.structured, "text": out.text})
+            }
+        }
+        Err(e) => error("tool_error", e.to_string()),
+    }
+}

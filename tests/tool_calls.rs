@@ -1,0 +1,504 @@
+//! Programmatic tool calling end to end: register real MCP servers, import the generated modules
+//! in a real kernel, call tools through the tool server, approve or reject the calls.
+
+#[path = "common/mcp_fixtures.rs"]
+mod mcp_fixtures;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ipybox::CodeExecutor;
+use ipybox::executor::{ExecutionEvent, ExecutorError};
+use ipybox::kernel::KernelError;
+use mcp_fixtures::*;
+use serde_json::{Value, json};
+
+async fn executor(ws: &Path) -> CodeExecutor {
+    let ex = CodeExecutor::builder()
+        .workspace(ws)
+        .without_spare_kernel()
+        .build();
+    ex.start().await.expect("executor starts");
+    ex
+}
+
+async fn register(ws: &Path, name: &str, params: &Value) -> Vec<String> {
+    ipybox::generate_mcp_sources(name, params, &ws.join("mcptools"))
+        .await
+        .expect("registration")
+}
+
+async fn run(ex: &CodeExecutor, code: &str) -> String {
+    match ex.execute(code, Some(Duration::from_secs(60))).await {
+        Ok(r) => r.text,
+        Err(e) => panic!("code failed: {e}\noutput: {}", e.output()),
+    }
+}
+
+fn schema_server() -> Value {
+    json!({"command": python(), "args": [root().join("tests/fixtures/schema_server.py")]})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generated_api_sends_exactly_what_the_caller_set() {
+    let ws = tempfile::tempdir().unwrap();
+    let modules = register(ws.path(), "sch", &schema_server()).await;
+    assert_eq!(
+        modules,
+        [
+            "echo_args",
+            "echo_args_2",
+            "class_",
+            "_2fa",
+            "evil___name",
+            "structured"
+        ]
+    );
+    let ex = executor(ws.path()).await;
+    let out = run(&ex, r#"
+from mcptools.sch.echo_args import Params, Nested, Sort, run
+print(run(Params(required_nullable=None)))
+print(run(Params(from_="a", x_y=1, schema_="s", url="https://Example.COM", id="550E8400-E29B-41D4-A716-446655440000",
+                 when="2024-01-01T00:00:00+01:00", maybe=None, required_nullable=7, nested=Nested(inner="i"), sort=Sort.forks)))
+print(run(Params(**{"from": "by alias", "x-y": 2, "required_nullable": 0})))
+"#).await;
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0], json!({"required_nullable": null}));
+    assert_eq!(
+        lines[1],
+        json!({"from": "a", "x-y": 1, "schema": "s", "url": "https://Example.COM", "id": "550E8400-E29B-41D4-A716-446655440000",
+               "when": "2024-01-01T00:00:00+01:00", "maybe": null, "required_nullable": 7, "nested": {"inner": "i"}, "sort": "forks"})
+    );
+    assert_eq!(
+        lines[2],
+        json!({"from": "by alias", "x-y": 2, "required_nullable": 0})
+    );
+    // A required nullable field must be given.
+    let err = ex
+        .execute("from mcptools.sch.echo_args import Params\nParams()", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ExecutorError::Kernel(KernelError::Failed { ename, .. }) if ename == "ValidationError"),
+        "{err}"
+    );
+    // Renamed modules call the tool under its original name.
+    let out = run(&ex, "from mcptools.sch import class_, _2fa, echo_args_2\nprint(class_.run(class_.Params()), _2fa.run(_2fa.Params()), echo_args_2.run(echo_args_2.Params()))").await;
+    assert_eq!(out, "{} {} {}");
+    // Structured content becomes a validated Result.
+    let out = run(&ex, "from mcptools.sch.structured import Params, Result, run\nr = run(Params(n=21))\nprint(type(r) is Result, r.doubled, r.label)").await;
+    assert_eq!(out, "True 42 n=21");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn schema_strings_cannot_inject_code() {
+    let ws = tempfile::tempdir().unwrap();
+    let marker = Path::new("/tmp/ipybox_pwned");
+    let _ = std::fs::remove_file(marker);
+    register(ws.path(), "sch", &schema_server()).await;
+    let source = std::fs::read_to_string(ws.path().join("mcptools/sch/evil___name.py")).unwrap();
+    assert!(
+        source.contains("evil\\\"\\\"\\\"name")
+            || source.contains(r#"evil\"\"\"name"#)
+            || source.contains("'evil\"\"\"name'"),
+        "{source}"
+    );
+    let ex = executor(ws.path()).await;
+    let out = run(&ex, "import json\nfrom mcptools.sch import evil___name as m\nprint(m.run.__doc__.count('os.system'))\nprint(m.run(m.Params.model_validate({'choice': 'a\"b'})))").await;
+    assert_eq!(out, "1\n{\"choice\": \"a\\\"b\"}");
+    assert!(!marker.exists(), "a schema string was executed");
+    ex.stop().await;
+}
+
+/// The Python fixture (structured, text, hyphenated, error) over one transport.
+async fn fixture_roundtrip(params: Value) {
+    let ws = tempfile::tempdir().unwrap();
+    let modules = register(ws.path(), "fx", &params).await;
+    assert!(modules.contains(&"get_thing".to_string()), "{modules:?}");
+    let ex = executor(ws.path()).await;
+    let out = run(
+        &ex,
+        r#"
+from mcptools.fx import add, greet, get_thing, fail
+from mcptools.fx import ToolError
+r = add.run(add.Params(a=2, b=3))
+print(type(r).__name__, r.sum, r.operands)
+print(greet.run(greet.Params(name="Ada")))
+print(get_thing.run(get_thing.Params(id="42")))
+try:
+    fail.run(fail.Params(message="it broke"))
+except ToolError as e:
+    print("ToolError:", e)
+"#,
+    )
+    .await;
+    assert_eq!(
+        out,
+        "Result 5 [2, 3]\nHello, Ada!\nthing 42\nToolError: fx.fail failed: Error executing tool fail: it broke"
+    );
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fixture_over_stdio() {
+    fixture_roundtrip(fixture_stdio_params("stdio")).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fixture_over_sse() {
+    let server = start_fixture("sse", None);
+    fixture_roundtrip(json!({"url": server.url("/sse")})).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fixture_over_streamable_http() {
+    let server = start_fixture("http", None);
+    fixture_roundtrip(json!({"url": server.url("/mcp")})).await;
+}
+
+/// server-everything's structured tool and a plain one, over one transport.
+async fn everything_roundtrip(params: Value) {
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "everything", &params).await;
+    let ex = executor(ws.path()).await;
+    let out = run(
+        &ex,
+        r#"
+from mcptools.everything import get_structured_content as g, echo, get_sum
+r = g.run(g.Params(location=g.Location.Chicago))
+print(type(r).__name__, isinstance(r.temperature, float), isinstance(r.conditions, str))
+print(echo.run(echo.Params(message="hi there")))
+print(get_sum.run(get_sum.Params(a=2, b=40)))
+"#,
+    )
+    .await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "Result True True");
+    assert_eq!(lines[1], "Echo: hi there");
+    assert!(lines[2].contains("42"), "{}", lines[2]);
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn everything_over_stdio() {
+    everything_roundtrip(everything_stdio_params()).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn everything_over_sse() {
+    let server = start_everything("sse");
+    everything_roundtrip(json!({"url": server.url("/sse")})).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn everything_over_streamable_http() {
+    let server = start_everything("streamableHttp");
+    everything_roundtrip(json!({"url": server.url("/mcp")})).await;
+}
+
+/// Runs `code` with `stream()`, answering approval requests with `decide` (or not at all).
+async fn stream_with(
+    ex: &CodeExecutor,
+    code: &str,
+    timeout: Option<Duration>,
+    decide: impl Fn(&str) -> Option<(bool, Duration)>,
+) -> (Vec<String>, Result<String, ExecutorError>) {
+    let mut execution = ex.stream(code, timeout);
+    let mut asked = Vec::new();
+    let mut held = Vec::new();
+    while let Some(ev) = execution.next().await {
+        match ev {
+            ExecutionEvent::Approval(request) => {
+                let described = request.describe();
+                asked.push(described.clone());
+                match decide(&described) {
+                    Some((accept, delay)) => {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            if accept {
+                                request.accept()
+                            } else {
+                                request.reject()
+                            }
+                        });
+                    }
+                    None => held.push(request), // never answered
+                }
+            }
+            ExecutionEvent::Result(r) => return (asked, r.map(|o| o.text)),
+            _ => {}
+        }
+    }
+    unreachable!("stream ends with a result")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn approvals_accept_reject_and_time_out() {
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .approval_timeout(Duration::from_secs(1))
+        .build();
+    ex.start().await.unwrap();
+    let code = r#"
+from mcptools.fx import greet, ApprovalRejected, ApprovalTimeout
+for name in ["ok", "no"]:
+    try:
+        print(greet.run(greet.Params(name=name)))
+    except ApprovalRejected as e:
+        print("rejected:", e)
+"#;
+    let (asked, out) = stream_with(&ex, code, None, |d| {
+        Some((!d.contains("\"no\""), Duration::ZERO))
+    })
+    .await;
+    assert_eq!(
+        asked,
+        [r#"fx.greet({"name":"ok"})"#, r#"fx.greet({"name":"no"})"#]
+    );
+    assert_eq!(
+        out.unwrap(),
+        "Hello, ok!\nrejected: tool call fx.greet was rejected by the application"
+    );
+
+    // No decision within the approval timeout (1 s): the call fails in the kernel.
+    let code = "from mcptools.fx import greet, ApprovalTimeout\ntry:\n    greet.run(greet.Params(name='late'))\nexcept ApprovalTimeout as e:\n    print('timeout:', e)";
+    let (_, out) = stream_with(&ex, code, None, |_| None).await;
+    assert_eq!(
+        out.unwrap(),
+        "timeout: tool call fx.greet was not approved within 1 s, so it was not made"
+    );
+
+    // execute() accepts everything.
+    assert_eq!(
+        run(
+            &ex,
+            "from mcptools.fx import greet\ngreet.run(greet.Params(name='auto'))"
+        )
+        .await,
+        "'Hello, auto!'"
+    );
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn waiting_for_approval_does_not_count_against_the_timeout() {
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .approval_timeout(Duration::from_secs(10))
+        .build();
+    ex.start().await.unwrap();
+    let start = Instant::now();
+    let (asked, out) = stream_with(
+        &ex,
+        "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='patient')))",
+        Some(Duration::from_secs(2)),
+        |_| Some((true, Duration::from_secs(3))),
+    )
+    .await;
+    assert_eq!(asked.len(), 1);
+    assert_eq!(out.unwrap(), "Hello, patient!");
+    assert!(start.elapsed() >= Duration::from_secs(3));
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hundred_concurrent_calls_from_threads() {
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let ex = executor(ws.path()).await;
+    let out = run(
+        &ex,
+        r#"
+from concurrent.futures import ThreadPoolExecutor
+from mcptools.fx import add, sleep
+sleep.run(sleep.Params(seconds=0))  # connect first
+with ThreadPoolExecutor(100) as pool:
+    results = list(pool.map(lambda i: add.run(add.Params(a=i, b=i)).sum, range(100)))
+    slept = list(pool.map(lambda i: sleep.run(sleep.Params(seconds=0.5)), range(100)))
+print(results == [2 * i for i in range(100)], len(slept), set(slept))
+"#,
+    )
+    .await;
+    assert_eq!(out, "True 100 {'slept 0.5'}");
+    assert_eq!(ex.mcp_sessions().await, 1);
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_closes_sessions_and_calls_reconnect() {
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let ex = executor(ws.path()).await;
+    let pid: u32 = run(
+        &ex,
+        "from mcptools.fx import get_pid\nget_pid.run(get_pid.Params())",
+    )
+    .await
+    .trim_matches('\'')
+    .parse()
+    .unwrap();
+    assert!(pid_exists(pid));
+    assert_eq!(ex.mcp_sessions().await, 1);
+    ex.reset().await.unwrap();
+    assert_eq!(ex.mcp_sessions().await, 0);
+    assert!(!pid_exists(pid), "MCP server {pid} survived reset");
+    let again: u32 = run(
+        &ex,
+        "from mcptools.fx import get_pid\nget_pid.run(get_pid.Params())",
+    )
+    .await
+    .trim_matches('\'')
+    .parse()
+    .unwrap();
+    assert_ne!(again, pid);
+    ex.stop().await;
+    assert!(!pid_exists(again), "MCP server {again} survived stop");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_servers_and_bad_params_give_clear_errors() {
+    let ws = tempfile::tempdir().unwrap();
+    // Registration errors
+    let err = ipybox::generate_mcp_sources(
+        "fx",
+        &json!({"command": "/nonexistent/server"}),
+        &ws.path().join("mcptools"),
+    )
+    .await
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("failed to connect to MCP server `fx` (`/nonexistent/server`) (stdio)"),
+        "{msg}"
+    );
+    let err =
+        ipybox::generate_mcp_sources("fx", &json!({"comand": "x"}), &ws.path().join("mcptools"))
+            .await
+            .unwrap_err();
+    assert!(
+        err.to_string().starts_with("invalid MCP server params"),
+        "{err}"
+    );
+    let err = ipybox::generate_mcp_sources(
+        "not-valid",
+        &json!({"command": "x"}),
+        &ws.path().join("mcptools"),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("invalid MCP server name \"not-valid\""),
+        "{err}"
+    );
+    assert!(!ws.path().join("mcptools").exists() || !ws.path().join("mcptools/not-valid").exists());
+
+    // A server that goes away after registration
+    let server = start_fixture("http", None);
+    register(ws.path(), "gone", &json!({"url": server.url("/mcp")})).await;
+    drop(server);
+    let ex = executor(ws.path()).await;
+    let out = run(&ex, "from mcptools.gone import greet, ToolError\ntry:\n    greet.run(greet.Params(name='x'))\nexcept ToolError as e:\n    print(str(e).splitlines()[0])").await;
+    assert!(
+        out.starts_with("failed to connect to MCP server `gone`"),
+        "{out}"
+    );
+    // A killed stdio server is replaced on the next call
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let pid: u32 = run(
+        &ex,
+        "from mcptools.fx import get_pid\nget_pid.run(get_pid.Params())",
+    )
+    .await
+    .trim_matches('\'')
+    .parse()
+    .unwrap();
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let out = run(
+        &ex,
+        "from mcptools.fx import greet\ngreet.run(greet.Params(name='back'))",
+    )
+    .await;
+    assert_eq!(out, "'Hello, back!'");
+    ex.stop().await;
+}
+
+#[test]
+fn cli_apigen_generates_modules() {
+    let ws = tempfile::tempdir().unwrap();
+    let params = fixture_stdio_params("stdio").to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipybox"))
+        .current_dir(ws.path())
+        .args(["apigen", "fx", "--params", &params])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "add\ngreet\nget_thing\nfail\necho\nsleep\nget_header\nget_env\nget_cwd\nget_pid\n"
+    );
+    assert!(ws.path().join("mcptools/fx/get_thing.py").exists());
+    assert!(ws.path().join("mcptools/__init__.py").exists());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipybox"))
+        .args(["apigen", "fx", "--params", "{not json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).starts_with("error: --params is not valid JSON"));
+}
+
+#[test]
+fn cli_exec_asks_for_approval_or_needs_yes() {
+    let ws = tempfile::tempdir().unwrap();
+    let params = fixture_stdio_params("stdio").to_string();
+    let ipybox = env!("CARGO_BIN_EXE_ipybox");
+    let st = std::process::Command::new(ipybox)
+        .current_dir(ws.path())
+        .args(["apigen", "fx", "--params", &params])
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let code = "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='cli')))";
+    // No terminal (setsid detaches the controlling tty): rejected, with the hint.
+    let out = std::process::Command::new("setsid")
+        .current_dir(ws.path())
+        .args(["-w", ipybox, "exec", "-c", code])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "no terminal to ask for approval\n  help: pass --yes to approve all tool calls"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("ApprovalRejected: tool call fx.greet was rejected by the application"),
+        "{stderr}"
+    );
+    let out = std::process::Command::new(ipybox)
+        .current_dir(ws.path())
+        .args(["exec", "--yes", "-c", code])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Hello, cli!\n");
+}
