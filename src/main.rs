@@ -145,10 +145,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     if args.sandbox {
         #[allow(clippy::needless_update)] // SandboxOptions may grow fields
-        builder = builder.sandbox(ipybox::sandbox::SandboxOptions {
+        let options = ipybox::sandbox::SandboxOptions {
             config_file: args.sandbox_config,
             ..Default::default()
-        });
+        };
+        builder = builder.sandbox(options);
     }
     let executor = builder.build();
     let config = mcp_server::ServerConfig {

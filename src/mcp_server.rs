@@ -301,6 +301,29 @@ mod tests {
     use super::truncate_output;
 
     #[test]
+    fn parses_dotenv_leniently() {
+        let text =
+            "# c\nA=plain value # note\nexport B='lit ${X} \\n'\nC=\"q \\\"x\\\" \\n end\"\n\nD=\n";
+        assert_eq!(
+            super::parse_dotenv(text).unwrap(),
+            vec![
+                ("A".to_string(), "plain value".to_string()),
+                ("B".to_string(), "lit ${X} \\n".to_string()),
+                ("C".to_string(), "q \"x\" \n end".to_string()),
+                ("D".to_string(), String::new()),
+            ]
+        );
+        assert_eq!(
+            super::parse_dotenv("NOEQUALS").unwrap_err(),
+            "line 1: expected NAME=value"
+        );
+        assert_eq!(
+            super::parse_dotenv("X='open").unwrap_err(),
+            "line 1: unterminated single quote"
+        );
+    }
+
+    #[test]
     fn truncates_by_characters() {
         assert_eq!(truncate_output("héllo", 10), "héllo");
         assert_eq!(truncate_output("héllo", 5), "héllo");
@@ -339,17 +362,21 @@ impl WorkspaceEnv {
     ) -> Result<Self, DotenvError> {
         let path = workspace.join(".env");
         let mut tool_env = process_env;
-        if path.exists() {
-            let entries = dotenvy::from_path_iter(&path).map_err(|e| DotenvError {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            for entry in entries {
-                let (k, v) = entry.map_err(|e| DotenvError {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => {
+                for (k, v) in parse_dotenv(&text).map_err(|reason| DotenvError {
                     path: path.clone(),
+                    reason,
+                })? {
+                    tool_env.entry(k).or_insert(v);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(DotenvError {
+                    path,
                     reason: e.to_string(),
-                })?;
-                tool_env.entry(k).or_insert(v);
+                });
             }
         }
         let kernel_env = tool_env
@@ -365,6 +392,68 @@ impl WorkspaceEnv {
             kernel_env,
         })
     }
+}
+
+/// Parses `.env` text: `NAME=value` lines, optional `export `, `#` comment lines, values in
+/// single quotes (literal), double quotes (`\n`, `\"`, `\\` escapes) or unquoted (trimmed, a
+/// ` #` starts a comment). No interpolation: `${...}` in a value is kept as written.
+pub fn parse_dotenv(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let line = line
+            .strip_prefix("export ")
+            .map(str::trim_start)
+            .unwrap_or(line);
+        let Some((name, value)) = line.split_once('=') else {
+            return Err(format!("line {}: expected NAME=value", n + 1));
+        };
+        let name = name.trim();
+        if name.is_empty()
+            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            || name.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return Err(format!(
+                "line {}: `{name}` is not a valid variable name",
+                n + 1
+            ));
+        }
+        let value = value.trim();
+        let value = if let Some(rest) = value.strip_prefix('\'') {
+            let end = rest
+                .find('\'')
+                .ok_or_else(|| format!("line {}: unterminated single quote", n + 1))?;
+            rest[..end].to_string()
+        } else if let Some(rest) = value.strip_prefix('"') {
+            let mut v = String::new();
+            let mut chars = rest.chars();
+            loop {
+                match chars.next() {
+                    None => return Err(format!("line {}: unterminated double quote", n + 1)),
+                    Some('"') => break,
+                    Some('\\') => match chars.next() {
+                        Some('n') => v.push('\n'),
+                        Some(c) => v.push(c),
+                        None => return Err(format!("line {}: unterminated double quote", n + 1)),
+                    },
+                    Some(c) => v.push(c),
+                }
+            }
+            v
+        } else {
+            value
+                .split(" #")
+                .next()
+                .unwrap_or("")
+                .trim_end()
+                .to_string()
+        };
+        out.push((name.to_string(), value));
+    }
+    Ok(out)
 }
 
 /// Serves `server` on stdio until stdin closes or SIGTERM/SIGINT arrives, then stops the kernels,

@@ -38,8 +38,28 @@ use super::sse_transport::SseClientTransport;
 /// the params' own `env`. Everything else (API keys, cloud credentials, ...) stays out unless the
 /// params name it.
 pub const STDIO_BASE_ENV: &[&str] = &[
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR",
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "TERM",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TMPDIR",
     "TZ",
+    // Reaching the network from behind a proxy or with a custom CA bundle (npx, uvx, pip).
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
 ];
 
 /// How much of a stdio server's stderr is kept for error messages.

@@ -1,0 +1,673 @@
+//! The `ipybox` binary as an MCP server, driven by a real MCP client (rmcp, through ipybox's own
+//! client session type) and, for shutdown, by raw JSON-RPC over its stdio.
+
+#[path = "common/mcp_fixtures.rs"]
+mod mcp_fixtures;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ipybox::tools::{McpSession, ServerParams, tool_output};
+use mcp_fixtures::*;
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::{Map, Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ipybox");
+
+/// Starts `ipybox --workspace WS` as an MCP server with `env` added to the process env.
+async fn connect(ws: &Path, extra_env: &[(&str, &str)]) -> McpSession {
+    let mut env_obj = Map::new();
+    for (k, v) in extra_env {
+        env_obj.insert(k.to_string(), json!(v));
+    }
+    let params =
+        json!({"command": BIN, "args": ["--workspace", ws, "--log-level", "warn"], "env": env_obj});
+    let params = ServerParams::parse(&params).unwrap();
+    McpSession::connect(&params, &process_env(), Duration::from_secs(60))
+        .await
+        .expect("ipybox MCP server starts")
+}
+
+fn args(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+async fn call(s: &McpSession, tool: &str, arguments: Value) -> CallToolResult {
+    s.call_tool(tool, args(arguments))
+        .await
+        .expect("tools/call answers")
+}
+
+/// Text of a successful result (panics with the text on isError).
+async fn ok_text(s: &McpSession, tool: &str, arguments: Value) -> String {
+    let r = call(s, tool, arguments).await;
+    let out = tool_output(&r);
+    assert!(!out.is_error, "{tool} failed: {}", out.text);
+    assert!(
+        r.structured_content.is_none(),
+        "no structuredContent expected"
+    );
+    out.text
+}
+
+async fn err_text(s: &McpSession, tool: &str, arguments: Value) -> String {
+    let out = tool_output(&call(s, tool, arguments).await);
+    assert!(out.is_error, "{tool} should fail, got: {}", out.text);
+    out.text
+}
+
+async fn exec(s: &McpSession, code: &str) -> String {
+    ok_text(s, "execute_ipython_cell", json!({"code": code})).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn server_identity_and_tool_schemas() {
+    let ws = tempfile::tempdir().unwrap();
+    let s = connect(ws.path(), &[]).await;
+    let info = s.server_info().unwrap();
+    let imp = info.server_info.as_ref().unwrap();
+    assert_eq!(imp.name, "ipybox");
+    assert_eq!(imp.version, env!("CARGO_PKG_VERSION"));
+    let instructions = info.instructions.as_deref().unwrap();
+    for word in [
+        "register_mcp_server",
+        "mcptools/<server_name>/",
+        "execute_ipython_cell",
+        "reset",
+    ] {
+        assert!(instructions.contains(word), "instructions lack {word}");
+    }
+    let mut tools = s.list_tools().await.unwrap();
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    assert_eq!(
+        names,
+        [
+            "execute_ipython_cell",
+            "install_package",
+            "register_mcp_server",
+            "reset"
+        ]
+    );
+    let props = |i: usize| {
+        let mut p: Vec<String> = tools[i]
+            .input_schema
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default();
+        p.sort();
+        p
+    };
+    assert_eq!(props(0), ["code", "max_output_chars", "timeout"]);
+    assert_eq!(props(1), ["package_name"]);
+    assert_eq!(props(2), ["server_name", "server_params"]);
+    assert!(props(3).is_empty());
+    let exec_props = tools[0].input_schema["properties"].as_object().unwrap();
+    assert_eq!(exec_props["timeout"]["default"], json!(120.0));
+    assert_eq!(exec_props["max_output_chars"]["default"], json!(5000));
+    assert_eq!(tools[0].input_schema["required"], json!(["code"]));
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn initialize_does_not_wait_for_the_kernel() {
+    // An interpreter that takes 3 s to start: initialize must still answer at once.
+    let ws = tempfile::tempdir().unwrap();
+    let python = ipybox::pyenv::resolve(None).unwrap().python;
+    let slow = ws.path().join("slow-python");
+    std::fs::write(
+        &slow,
+        format!("#!/bin/sh\nsleep 3\nexec {} \"$@\"\n", python.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let start = Instant::now();
+    let s = connect(ws.path(), &[("IPYBOX_PYTHON", slow.to_str().unwrap())]).await;
+    let connected = start.elapsed();
+    assert!(
+        connected < Duration::from_millis(2500),
+        "initialize took {connected:?}"
+    );
+    assert_eq!(exec(&s, "1 + 1").await, "2");
+    assert!(start.elapsed() >= Duration::from_secs(3));
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn execute_ipython_cell_outputs_errors_timeouts_truncation_images() {
+    let ws = tempfile::tempdir().unwrap();
+    let s = connect(ws.path(), &[]).await;
+    assert_eq!(exec(&s, "x = 40").await, "");
+    assert_eq!(exec(&s, "print('x is', x)\nx + 2").await, "x is 40\n42");
+    // Errors: isError, output printed before, then the traceback, no colour codes.
+    let err = err_text(
+        &s,
+        "execute_ipython_cell",
+        json!({"code": "print('partial')\nraise KeyError('k')"}),
+    )
+    .await;
+    assert!(err.starts_with("partial\n\n"), "{err}");
+    assert!(err.trim_end().ends_with("KeyError: 'k'"), "{err}");
+    assert!(!err.contains('\u{1b}'));
+    // Timeout: isError, says so, state kept.
+    let start = Instant::now();
+    let err = err_text(
+        &s,
+        "execute_ipython_cell",
+        json!({"code": "import time\nprint('waiting')\ntime.sleep(30)", "timeout": 1}),
+    )
+    .await;
+    assert!(start.elapsed() < Duration::from_secs(6));
+    assert_eq!(
+        err,
+        "waiting\n\nexecution timed out after 1 s and was interrupted; kernel state was kept"
+    );
+    assert_eq!(exec(&s, "x").await, "40");
+    // Truncation: first N characters plus the notice.
+    let out = ok_text(
+        &s,
+        "execute_ipython_cell",
+        json!({"code": "print('a' * 30)", "max_output_chars": 10}),
+    )
+    .await;
+    assert_eq!(
+        out,
+        "aaaaaaaaaa\n\n[Output truncated: exceeded 10 character limit]"
+    );
+    let out = ok_text(
+        &s,
+        "execute_ipython_cell",
+        json!({"code": "print('é' * 6000)"}),
+    )
+    .await;
+    assert_eq!(
+        out,
+        format!(
+            "{}\n\n[Output truncated: exceeded 5000 character limit]",
+            "é".repeat(5000)
+        )
+    );
+    // Images: listed under "Generated images:" and returned as image content.
+    let r = call(&s, "execute_ipython_cell", json!({"code": "import base64\nfrom IPython.display import Image, display\npng = base64.b64decode('iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg==')\nprint('plot')\ndisplay(Image(data=png))"})).await;
+    assert_ne!(r.is_error, Some(true));
+    let text = match &r.content[0] {
+        ContentBlock::Text(t) => t.text.clone(),
+        other => panic!("first content should be text: {other:?}"),
+    };
+    let (before, images) = text
+        .split_once("\n\nGenerated images:\n- ")
+        .expect("images listed");
+    assert_eq!(before, "plot\n<IPython.core.display.Image object>");
+    assert!(
+        Path::new(images).starts_with(ws.path().canonicalize().unwrap().join("images")),
+        "{images}"
+    );
+    assert!(Path::new(images).exists());
+    assert_eq!(r.content.len(), 2);
+    match &r.content[1] {
+        ContentBlock::Image(i) => {
+            assert_eq!(i.mime_type, "image/png");
+            assert_eq!(
+                i.data,
+                "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+            );
+        }
+        other => panic!("expected image content: {other:?}"),
+    }
+    // Bad input is a clear error and the server keeps working.
+    let err = err_text(
+        &s,
+        "execute_ipython_cell",
+        json!({"code": "1", "timeout": -1}),
+    )
+    .await;
+    assert_eq!(err, "invalid timeout -1: pass a positive number of seconds");
+    match s
+        .call_tool("execute_ipython_cell", args(json!({"timeout": 5})))
+        .await
+    {
+        Err(e) => assert!(e.to_string().contains("code"), "{e}"),
+        Ok(r) => {
+            let out = tool_output(&r);
+            assert!(
+                out.is_error && out.text.contains("code"),
+                "missing `code` must be an error naming it: {}",
+                out.text
+            );
+        }
+    }
+    assert_eq!(exec(&s, "x").await, "40");
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dotenv_kernel_env_and_secrets() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.path().join(".env"),
+        "# comment\nKERNEL_ENV_GREETING=from dotenv\nKERNEL_ENV_WINNER=file\nFIXTURE_TOKEN=s3cr3t-value\nexport QUOTED=\"a b\"\n",
+    )
+    .unwrap();
+    let s = connect(ws.path(), &[("KERNEL_ENV_WINNER", "process")]).await;
+    let out = exec(&s, "import os\nprint(os.environ.get('GREETING'), os.environ.get('WINNER'), os.environ.get('FIXTURE_TOKEN'), os.environ.get('KERNEL_ENV_GREETING'))").await;
+    assert_eq!(out, "from dotenv process None None");
+    // Other variables reach MCP servers through ${VAR} only, and never the generated code.
+    let params = json!({"command": python(), "args": [fixture_script(), "stdio"], "env": {"TOKEN": "${FIXTURE_TOKEN}", "Q": "${QUOTED}"}});
+    let modules = ok_text(
+        &s,
+        "register_mcp_server",
+        json!({"server_name": "fx", "server_params": params}),
+    )
+    .await;
+    assert_eq!(
+        modules,
+        "add\ngreet\nget_thing\nfail\necho\nsleep\nget_header\nget_env\nget_cwd\nget_pid"
+    );
+    let init = std::fs::read_to_string(ws.path().join("mcptools/fx/__init__.py")).unwrap();
+    assert!(
+        init.contains("${FIXTURE_TOKEN}") && !init.contains("s3cr3t"),
+        "{init}"
+    );
+    let out = exec(&s, "from mcptools.fx import get_env\nprint(get_env.run(get_env.Params(name='TOKEN')), get_env.run(get_env.Params(name='Q')))").await;
+    assert_eq!(out, "s3cr3t-value a b");
+    s.close().await;
+}
+
+async fn register_and_call(s: &McpSession, name: &str, params: Value) {
+    let modules = ok_text(
+        s,
+        "register_mcp_server",
+        json!({"server_name": name, "server_params": params}),
+    )
+    .await;
+    assert!(modules.lines().any(|m| m == "greet"), "{modules}");
+    let out = exec(s, &format!("from mcptools.{name} import greet, add\nprint(greet.run(greet.Params(name='{name}')))\nadd.run(add.Params(a=1, b=2)).sum")).await;
+    assert_eq!(out, format!("Hello, {name}!\n3"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn register_servers_over_all_transports_and_call_them() {
+    let ws = tempfile::tempdir().unwrap();
+    let s = connect(ws.path(), &[]).await;
+    register_and_call(&s, "over_stdio", fixture_stdio_params("stdio")).await;
+    let sse = start_fixture("sse", None);
+    register_and_call(&s, "over_sse", json!({"url": sse.url("/sse")})).await;
+    let http = start_fixture("http", None);
+    register_and_call(&s, "over_http", json!({"url": http.url("/mcp")})).await;
+    // Registration errors are tool errors; the server keeps working.
+    let err = err_text(
+        &s,
+        "register_mcp_server",
+        json!({"server_name": "bad-name", "server_params": {"command": "x"}}),
+    )
+    .await;
+    assert!(
+        err.starts_with("invalid MCP server name \"bad-name\""),
+        "{err}"
+    );
+    let err = err_text(
+        &s,
+        "register_mcp_server",
+        json!({"server_name": "missing", "server_params": {"command": "/nonexistent/mcp"}}),
+    )
+    .await;
+    assert!(
+        err.starts_with("failed to connect to MCP server `missing`"),
+        "{err}"
+    );
+    let err = err_text(&s, "register_mcp_server", json!({"server_name": "novar", "server_params": {"command": "x", "env": {"A": "${IPYBOX_TEST_UNSET_VAR}"}}})).await;
+    assert!(
+        err.starts_with("environment variable `IPYBOX_TEST_UNSET_VAR` is not set"),
+        "{err}"
+    );
+    assert_eq!(exec(&s, "'still fine'").await, "'still fine'");
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_clears_state_and_closes_mcp_sessions() {
+    let ws = tempfile::tempdir().unwrap();
+    let s = connect(ws.path(), &[]).await;
+    ok_text(
+        &s,
+        "register_mcp_server",
+        json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")}),
+    )
+    .await;
+    let pid: u32 = exec(
+        &s,
+        "from mcptools.fx import get_pid\nkept = 1\nprint(get_pid.run(get_pid.Params()))",
+    )
+    .await
+    .parse()
+    .unwrap();
+    assert!(pid_exists(pid));
+    let out = ok_text(&s, "reset", json!({})).await;
+    assert_eq!(
+        out,
+        "Kernel reset: a fresh kernel is running and MCP sessions were closed."
+    );
+    assert!(!pid_exists(pid), "MCP server {pid} survived reset");
+    assert_eq!(exec(&s, "'kept' in globals()").await, "False");
+    // Generated code stays.
+    assert_eq!(
+        exec(
+            &s,
+            "from mcptools.fx import greet\ngreet.run(greet.Params(name='again'))"
+        )
+        .await,
+        "'Hello, again!'"
+    );
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn install_package_from_index_and_git() {
+    let ws = tempfile::tempdir().unwrap();
+    // A tiny package in a local git repository, installed through a git+file:// URL.
+    let repo = ws.path().join("pkgrepo");
+    std::fs::create_dir_all(repo.join("ipybox_demo_pkg")).unwrap();
+    std::fs::write(
+        repo.join("ipybox_demo_pkg/__init__.py"),
+        "VALUE = 'from git'\n",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("pyproject.toml"),
+        "[build-system]\nrequires = [\"setuptools>=61\"]\nbuild-backend = \"setuptools.build_meta\"\n\n[project]\nname = \"ipybox-demo-pkg\"\nversion = \"0.1.0\"\n",
+    )
+    .unwrap();
+    for git in [
+        &["init", "-q"][..],
+        &["add", "."],
+        &[
+            "-c",
+            "user.email=t@t",
+            "-c",
+            "user.name=t",
+            "commit",
+            "-qm",
+            "init",
+        ],
+    ] {
+        assert!(
+            Command::new("git")
+                .args(git)
+                .current_dir(&repo)
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    let home = tempfile::tempdir().unwrap(); // a private kernel environment: installs must not leak into the shared one
+    let s = connect(ws.path(), &[("IPYBOX_HOME", home.path().to_str().unwrap())]).await;
+    assert_eq!(
+        exec(
+            &s,
+            "import importlib.util\nimportlib.util.find_spec('six') is None"
+        )
+        .await,
+        "True"
+    );
+    let summary = ok_text(
+        &s,
+        "install_package",
+        json!({"package_name": "six==1.16.0"}),
+    )
+    .await;
+    assert!(
+        summary.contains("six==1.16.0") || summary.contains("six-1.16.0"),
+        "{summary}"
+    );
+    assert_eq!(exec(&s, "import six\nsix.__version__").await, "'1.16.0'");
+    let url = format!("git+file://{}", repo.display());
+    ok_text(&s, "install_package", json!({"package_name": url})).await;
+    assert_eq!(
+        exec(&s, "import ipybox_demo_pkg\nipybox_demo_pkg.VALUE").await,
+        "'from git'"
+    );
+    let err = err_text(
+        &s,
+        "install_package",
+        json!({"package_name": "--index-url=http://evil"}),
+    )
+    .await;
+    assert!(
+        err.starts_with("`--index-url=http://evil` is not a package requirement"),
+        "{err}"
+    );
+    let err = err_text(
+        &s,
+        "install_package",
+        json!({"package_name": "ipybox-no-such-package-xyz==0.0.1"}),
+    )
+    .await;
+    assert!(
+        err.starts_with("installing `ipybox-no-such-package-xyz==0.0.1` failed"),
+        "{err}"
+    );
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_requests_queue_executions_and_register_while_running() {
+    let ws = tempfile::tempdir().unwrap();
+    let s = std::sync::Arc::new(connect(ws.path(), &[]).await);
+    exec(&s, "log = []").await;
+    let slow = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            exec(&s, "import time\nlog.append('slow start')\ntime.sleep(8)\nlog.append('slow end')\n'slow'").await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let queued = {
+        let s = s.clone();
+        tokio::spawn(async move { exec(&s, "log.append('queued')\n'queued'").await })
+    };
+    // Registration does not wait for the running execution.
+    let start = Instant::now();
+    ok_text(
+        &s,
+        "register_mcp_server",
+        json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")}),
+    )
+    .await;
+    assert!(
+        !slow.is_finished(),
+        "registration waited for the execution ({:?})",
+        start.elapsed()
+    );
+    assert_eq!(slow.await.unwrap(), "'slow'");
+    assert_eq!(queued.await.unwrap(), "'queued'");
+    assert_eq!(
+        exec(&s, "log").await,
+        "['slow start', 'slow end', 'queued']"
+    );
+    std::sync::Arc::try_unwrap(s).ok().unwrap().close().await;
+}
+
+/// A raw JSON-RPC client over the server's stdio, for shutdown tests.
+struct Raw {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: BufReader<std::process::ChildStdout>,
+    next_id: u64,
+}
+
+impl Raw {
+    fn start(ws: &Path) -> Raw {
+        let mut child = Command::new(BIN)
+            .args(["--workspace"])
+            .arg(ws)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut raw = Raw {
+            child,
+            stdin,
+            stdout,
+            next_id: 1,
+        };
+        let init = raw.request("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}));
+        assert_eq!(init["result"]["serverInfo"]["name"], "ipybox");
+        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        raw
+    }
+
+    fn send(&mut self, msg: Value) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{msg}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.stdout.read_line(&mut line).unwrap() > 0,
+                "server closed stdout"
+            );
+            let msg: Value = serde_json::from_str(&line).expect("stdout carries only JSON-RPC");
+            if msg["id"] == json!(id) {
+                return msg;
+            }
+        }
+    }
+
+    fn call(&mut self, tool: &str, arguments: Value) -> String {
+        let r = self.request("tools/call", json!({"name": tool, "arguments": arguments}));
+        r["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn gone_within(pids: &[u32], within: Duration) -> Vec<u32> {
+    let start = Instant::now();
+    loop {
+        let alive: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|s| !s.contains(") Z"))
+            })
+            .collect();
+        if alive.is_empty() || start.elapsed() > within {
+            return alive;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn setup_children(raw: &mut Raw) -> (u32, u32) {
+    let params = fixture_stdio_params("stdio");
+    raw.call(
+        "register_mcp_server",
+        json!({"server_name": "fx", "server_params": params}),
+    );
+    let out = raw.call("execute_ipython_cell", json!({"code": "import os\nfrom mcptools.fx import get_pid\nprint(os.getpid(), get_pid.run(get_pid.Params()))"}));
+    let mut it = out.split_whitespace().map(|p| p.parse::<u32>().unwrap());
+    (it.next().unwrap(), it.next().unwrap())
+}
+
+#[test]
+fn stdin_eof_stops_everything_within_two_seconds() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(ws.path());
+    let (kernel, mcp_child) = setup_children(&mut raw);
+    let start = Instant::now();
+    raw.stdin.take(); // EOF
+    let status = raw
+        .wait_exit(Duration::from_secs(2))
+        .expect("ipybox exits within 2 s of stdin EOF");
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        gone_within(
+            &[kernel, mcp_child],
+            Duration::from_millis(2000).saturating_sub(start.elapsed())
+                + Duration::from_millis(200)
+        ),
+        Vec::<u32>::new()
+    );
+}
+
+#[test]
+fn sigterm_during_an_execution_stops_everything_within_two_seconds() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(ws.path());
+    let (kernel, mcp_child) = setup_children(&mut raw);
+    // Start a long execution, then SIGTERM while it runs.
+    raw.send(json!({"jsonrpc": "2.0", "id": 999, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "import time\ntime.sleep(60)"}}}));
+    std::thread::sleep(Duration::from_millis(500));
+    let start = Instant::now();
+    unsafe { libc::kill(raw.child.id() as i32, libc::SIGTERM) };
+    raw.wait_exit(Duration::from_secs(2))
+        .expect("ipybox exits within 2 s of SIGTERM");
+    assert_eq!(
+        gone_within(
+            &[kernel, mcp_child],
+            Duration::from_millis(2000).saturating_sub(start.elapsed())
+                + Duration::from_millis(200)
+        ),
+        Vec::<u32>::new()
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("ipybox-{}-", raw.child.id()))
+        })
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "runtime dir left behind: {leftovers:?}"
+    );
+}
+
+#[test]
+fn sigint_stops_too() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(ws.path());
+    assert_eq!(
+        raw.call("execute_ipython_cell", json!({"code": "6 * 7"})),
+        "42"
+    );
+    unsafe { libc::kill(raw.child.id() as i32, libc::SIGINT) };
+    raw.wait_exit(Duration::from_secs(2))
+        .expect("ipybox exits within 2 s of SIGINT");
+    let _ = HashMap::<(), ()>::new();
+}
