@@ -9,7 +9,7 @@ dir="$root/target/test-env"
 mkdir -p "$dir"
 
 PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.* hypothesis-jsonschema==0.23.1)
-NPM_PKGS=(@modelcontextprotocol/server-everything@2026.8.31)
+NPM_PKGS=(@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31)
 
 stamp="$dir/.stamp"
 want="${PY_PKGS[*]} | ${NPM_PKGS[*]}"

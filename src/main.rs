@@ -21,9 +21,10 @@ use ipybox::executor::ExecutionEvent;
     about = "Code-execution sandbox for agents that act by writing Python"
 )]
 struct Cli {
-    /// Log level for stderr logs (error, warn, info, debug, trace); IPYBOX_LOG overrides.
-    #[arg(long, global = true, default_value = "info")]
-    log_level: String,
+    /// Log level for stderr logs (error, warn, info, debug, trace; default: info for the MCP
+    /// server, warn for subcommands); IPYBOX_LOG (an env-filter directive) overrides.
+    #[arg(long, global = true)]
+    log_level: Option<String>,
     #[command(flatten)]
     serve: ServeArgs,
     #[command(subcommand)]
@@ -105,7 +106,8 @@ fn init_logging(level: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_level);
+    let default_level = if cli.command.is_some() { "warn" } else { "info" };
+    init_logging(cli.log_level.as_deref().unwrap_or(default_level));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

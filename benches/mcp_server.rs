@@ -1,0 +1,194 @@
+//! Tool calling and MCP server benchmark (`cargo bench --bench mcp_server`); prints a table.
+//!
+//! Through MCP stdio, against the real `ipybox` binary (and Python ipybox 0.9.2 when
+//! `scripts/bench-reference.sh` has installed it under target/reference):
+//! - spawn -> initialize -> first `execute_ipython_cell` result
+//! - `execute_ipython_cell` round trip, reset -> next result
+//! - peak RSS of the server's whole process tree during the run
+//!
+//! Tool calling (issue 3): register a stdio MCP server (spawn included) and the warm tool call
+//! round trip measured inside kernel code.
+//! Needs `bash scripts/test-env.sh` (fixture servers).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ipybox::tools::{McpSession, ServerParams, tool_output};
+use serde_json::{Map, Value, json};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn args(v: Value) -> Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+async fn connect(command: &str, argv: &[&str], ws: &Path) -> McpSession {
+    let mut a: Vec<Value> = argv.iter().map(|s| json!(s)).collect();
+    a.push(json!("--workspace"));
+    a.push(json!(ws));
+    let params = ServerParams::parse(&json!({"command": command, "args": a})).unwrap();
+    let env: HashMap<String, String> = std::env::vars().collect();
+    McpSession::connect(&params, &env, Duration::from_secs(120)).await.expect("server starts")
+}
+
+async fn exec(s: &McpSession, code: &str) -> String {
+    let r = s.call_tool("execute_ipython_cell", args(json!({"code": code}))).await.unwrap();
+    let out = tool_output(&r);
+    assert!(!out.is_error, "{}", out.text);
+    out.text
+}
+
+/// Samples the RSS of `pid` and all its descendants every 20 ms; keeps the maximum (kB).
+fn watch_tree(pid: u32, stop: Arc<AtomicBool>, peak: Arc<AtomicU64>) {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let mut parents: HashMap<u32, u32> = HashMap::new();
+            let mut rss: HashMap<u32, u64> = HashMap::new();
+            for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+                let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+                let Ok(status) = std::fs::read_to_string(format!("/proc/{p}/status")) else { continue };
+                let field = |name: &str| {
+                    status.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok())
+                };
+                if let Some(pp) = field("PPid:") {
+                    parents.insert(p, pp as u32);
+                }
+                rss.insert(p, field("VmRSS:").unwrap_or(0));
+            }
+            let mut tree: HashSet<u32> = HashSet::from([pid]);
+            loop {
+                let before = tree.len();
+                for (p, pp) in &parents {
+                    if tree.contains(pp) {
+                        tree.insert(*p);
+                    }
+                }
+                if tree.len() == before {
+                    break;
+                }
+            }
+            let total: u64 = tree.iter().map(|p| rss.get(p).copied().unwrap_or(0)).sum();
+            peak.fetch_max(total, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+}
+
+struct ServerFigures {
+    first: Duration,
+    roundtrip: Duration,
+    reset: Duration,
+    peak_mb: f64,
+}
+
+async fn bench_server(label: &str, command: &str, argv: &[&str], reset_settle: Duration) -> ServerFigures {
+    let ws = tempfile::tempdir().unwrap();
+    let mut firsts = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let s = connect(command, argv, ws.path()).await;
+        exec(&s, "1").await;
+        firsts.push(t.elapsed());
+        s.close().await;
+    }
+    let s = connect(command, argv, ws.path()).await;
+    let (stop, peak) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    watch_tree(s.pid().unwrap(), stop.clone(), peak.clone());
+    exec(&s, "1").await;
+    for _ in 0..20 {
+        exec(&s, "1").await;
+    }
+    let mut rts = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        exec(&s, "1").await;
+        rts.push(t.elapsed());
+    }
+    let mut resets = Vec::new();
+    for _ in 0..5 {
+        tokio::time::sleep(reset_settle).await;
+        let t = Instant::now();
+        let r = s.call_tool("reset", Map::new()).await.unwrap();
+        assert!(!tool_output(&r).is_error, "{label}: reset failed");
+        exec(&s, "1").await;
+        resets.push(t.elapsed());
+    }
+    stop.store(true, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    s.close().await;
+    ServerFigures {
+        first: median(firsts),
+        roundtrip: median(rts),
+        reset: median(resets),
+        peak_mb: peak.load(Ordering::Relaxed) as f64 / 1024.0,
+    }
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        tokio::task::spawn_blocking(|| ipybox::pyenv::resolve(None).expect("kernel environment")).await.unwrap();
+        let bin = root().join("target/release/ipybox");
+        let bin = if bin.exists() { bin } else { root().join("target/debug/ipybox") };
+        assert!(bin.exists(), "build the binary first: cargo build --release");
+        let ours = bench_server("ipybox (Rust)", bin.to_str().unwrap(), &["--log-level", "warn"], Duration::from_millis(1500)).await;
+
+        let reference = root().join("target/reference/venv/bin/ipybox");
+        let theirs = if reference.exists() {
+            Some(bench_server("Python ipybox", reference.to_str().unwrap(), &[], Duration::from_millis(1500)).await)
+        } else {
+            eprintln!("(Python ipybox not installed: run scripts/bench-reference.sh for the comparison column)");
+            None
+        };
+
+        // Tool calling: register (spawn included) and warm call round trip in kernel code.
+        let python = root().join("target/test-env/venv/bin/python");
+        assert!(python.exists(), "run scripts/test-env.sh first");
+        let fixture = json!({"command": python, "args": [root().join("tests/fixtures/mcp_fixture.py"), "stdio"]});
+        let everything = json!({"command": root().join("target/test-env/node_modules/.bin/mcp-server-everything"), "args": ["stdio"]});
+        let ws = tempfile::tempdir().unwrap();
+        let mut reg_fixture = Vec::new();
+        let mut reg_everything = Vec::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            ipybox::generate_mcp_sources("fx", &fixture, &ws.path().join("mcptools")).await.unwrap();
+            reg_fixture.push(t.elapsed());
+            let t = Instant::now();
+            ipybox::generate_mcp_sources("ev", &everything, &ws.path().join("mcptools")).await.unwrap();
+            reg_everything.push(t.elapsed());
+        }
+        let ex = ipybox::CodeExecutor::builder().workspace(ws.path()).without_spare_kernel().build();
+        ex.start().await.unwrap();
+        let code = "import time, statistics\nfrom mcptools.fx import add\nfor _ in range(20): add.run(add.Params(a=1, b=2))\nts = []\nfor _ in range(200):\n    t = time.perf_counter(); add.run(add.Params(a=1, b=2)); ts.append(time.perf_counter() - t)\nprint(statistics.median(ts) * 1000)";
+        let call_ms: f64 = ex.execute(code, None).await.unwrap().text.parse().unwrap();
+        ex.stop().await;
+
+        let col = |f: &Option<ServerFigures>, pick: fn(&ServerFigures) -> String| f.as_ref().map_or("-".to_string(), pick);
+        println!("| measurement (MCP stdio) | ipybox (Rust) | target | Python ipybox 0.9.2 (measured here) |");
+        println!("|---|---|---|---|");
+        println!("| spawn -> initialize -> first result (median of 5) | {} | <= 1000 ms | {} |", ms(ours.first), col(&theirs, |f| ms(f.first)));
+        println!("| execute_ipython_cell round trip (median of 200) | {} | <= 5 ms | {} |", ms(ours.roundtrip), col(&theirs, |f| ms(f.roundtrip)));
+        println!("| reset -> next result (median of 5) | {} | <= 300 ms | {} |", ms(ours.reset), col(&theirs, |f| ms(f.reset)));
+        println!("| peak RSS of the server process tree | {:.0} MB | - | {} |", ours.peak_mb, col(&theirs, |f| format!("{:.0} MB", f.peak_mb)));
+        println!();
+        println!("| measurement (tool calling) | ipybox (Rust) | target |");
+        println!("|---|---|---|");
+        println!("| register stdio server, Python fixture (spawn incl., median of 5) | {} | <= 700 ms |", ms(median(reg_fixture)));
+        println!("| register stdio server, server-everything (spawn incl., median of 5) | {} | <= 700 ms |", ms(median(reg_everything)));
+        println!("| warm tool call round trip from kernel code (median of 200) | {call_ms:.2} ms | <= 3 ms |");
+    });
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command (README): provisions what the tests need, then runs every test against real
+# components — a real ipykernel, real MCP servers, real MCP clients, real srt + bubblewrap.
+#   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
+#   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
+#   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
+# Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test kernel`).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+export PATH="$HOME/.local/bin:$PATH"   # where `pip install --user uv` puts uv
+bash scripts/test-env.sh
+bash scripts/sandbox-deps.sh
+export IPYBOX_SRT="$root/target/sandbox-deps/node_modules/.bin/srt"
+cargo build --bin ipybox
+"$root/target/debug/ipybox" setup     # provision the kernel environment once, before tests race
+if [ -x scripts/plugin-check.sh ]; then bash scripts/plugin-check.sh; fi
+bash scripts/smoke-clients.sh
+# 2 test threads on 2 cores: each test starts real kernels and servers.
+cargo test --no-fail-fast "$@" -- --test-threads=2
