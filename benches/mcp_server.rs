@@ -42,11 +42,16 @@ async fn connect(command: &str, argv: &[&str], ws: &Path) -> McpSession {
     a.push(json!(ws));
     let params = ServerParams::parse(&json!({"command": command, "args": a})).unwrap();
     let env: HashMap<String, String> = std::env::vars().collect();
-    McpSession::connect(&params, &env, Duration::from_secs(120)).await.expect("server starts")
+    McpSession::connect(&params, &env, Duration::from_secs(120))
+        .await
+        .expect("server starts")
 }
 
 async fn exec(s: &McpSession, code: &str) -> String {
-    let r = s.call_tool("execute_ipython_cell", args(json!({"code": code}))).await.unwrap();
+    let r = s
+        .call_tool("execute_ipython_cell", args(json!({"code": code})))
+        .await
+        .unwrap();
     let out = tool_output(&r);
     assert!(!out.is_error, "{}", out.text);
     out.text
@@ -59,10 +64,18 @@ fn watch_tree(pid: u32, stop: Arc<AtomicBool>, peak: Arc<AtomicU64>) {
             let mut parents: HashMap<u32, u32> = HashMap::new();
             let mut rss: HashMap<u32, u64> = HashMap::new();
             for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-                let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-                let Ok(status) = std::fs::read_to_string(format!("/proc/{p}/status")) else { continue };
+                let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                let Ok(status) = std::fs::read_to_string(format!("/proc/{p}/status")) else {
+                    continue;
+                };
                 let field = |name: &str| {
-                    status.lines().find(|l| l.starts_with(name)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok())
+                    status
+                        .lines()
+                        .find(|l| l.starts_with(name))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|v| v.parse::<u64>().ok())
                 };
                 if let Some(pp) = field("PPid:") {
                     parents.insert(p, pp as u32);
@@ -95,7 +108,12 @@ struct ServerFigures {
     peak_mb: f64,
 }
 
-async fn bench_server(label: &str, command: &str, argv: &[&str], reset_settle: Duration) -> ServerFigures {
+async fn bench_server(
+    label: &str,
+    command: &str,
+    argv: &[&str],
+    reset_settle: Duration,
+) -> ServerFigures {
     let ws = tempfile::tempdir().unwrap();
     let mut firsts = Vec::new();
     for _ in 0..5 {
@@ -106,7 +124,10 @@ async fn bench_server(label: &str, command: &str, argv: &[&str], reset_settle: D
         s.close().await;
     }
     let s = connect(command, argv, ws.path()).await;
-    let (stop, peak) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let (stop, peak) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
     watch_tree(s.pid().unwrap(), stop.clone(), peak.clone());
     exec(&s, "1").await;
     for _ in 0..20 {
@@ -139,7 +160,10 @@ async fn bench_server(label: &str, command: &str, argv: &[&str], reset_settle: D
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         tokio::task::spawn_blocking(|| ipybox::pyenv::resolve(None).expect("kernel environment")).await.unwrap();
         let bin = root().join("target/release/ipybox");

@@ -106,7 +106,11 @@ fn init_logging(level: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = if cli.command.is_some() { "warn" } else { "info" };
+    let default_level = if cli.command.is_some() {
+        "warn"
+    } else {
+        "info"
+    };
     init_logging(cli.log_level.as_deref().unwrap_or(default_level));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

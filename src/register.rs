@@ -53,7 +53,9 @@ pub async fn generate_mcp_sources_with(
     let params = ServerParams::parse(server_params)?;
     let session = McpSession::connect_named(Some(server_name), &params, env, timeout).await?;
     let tools = session.list_tools().await;
-    session.close().await;
+    // A graceful close waits for the server to exit (stdin EOF, grace, SIGTERM): don't make the
+    // caller wait for it.
+    tokio::spawn(session.close());
     let specs: Vec<ToolSpec> = tools?
         .into_iter()
         .map(|t| ToolSpec {

@@ -34,6 +34,20 @@ def _ipybox_watch_parent():
         pass
     os._exit(0)
 threading.Thread(target=_ipybox_watch_parent, name="ipybox-parent-watch", daemon=True).start()
+from ipykernel import iostream as _ios
+_ipybox_flush = _ios.OutStream.flush
+def _ipybox_flush_if_pending(self):
+    # ipykernel flushes stdout and stderr after every execution, each a round trip to its IO
+    # thread even when nothing was written; skip it when there is nothing to send. Ordering is
+    # kept: everything already handed to the IO thread is sent before the idle status it sends.
+    try:
+        buffers = getattr(self, "_buffers", None)
+        if buffers is not None and self.echo is None and not any(b.tell() for b in list(buffers.values())):
+            return
+    except Exception:
+        pass
+    return _ipybox_flush(self)
+_ios.OutStream.flush = _ipybox_flush_if_pending
 from ipykernel import kernelapp
 kernelapp.launch_new_instance()
 "#;
@@ -332,6 +346,9 @@ fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Chil
         conn_file.display().to_string(),
         "--IPKernelApp.quiet=True".to_string(),
         "--HistoryManager.enabled=False".to_string(),
+        // ipykernel sleeps 0.5 ms before every execute_reply so that clients which stop at the
+        // reply see trailing output; ipybox waits for the idle status instead, so it need not.
+        "--IPythonKernel._execute_sleep=0".to_string(),
         "--InteractiveShell.colors=nocolor".to_string(),
         "--InteractiveShell.xmode=Context".to_string(),
     ];
