@@ -11,19 +11,22 @@ export PATH="$CLIENTS_NODE_BIN:$PATH"
 work="$(mktemp -d)"; trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/home" "$work/project"
 fail() { echo "smoke-clients: FAIL: $*" >&2; exit 1; }
+# The clients run with a throwaway HOME; keep using the already provisioned kernel environment.
+kernel_home="$(dirname "$("$ipybox" setup | sed -n 's/^kernel environment: //p')")"
+[ -n "$kernel_home" ] || fail "ipybox setup did not report a managed kernel environment"
 
 echo "smoke-clients: MCP Inspector $(node "$INSPECTOR" --version 2>/dev/null || true) tools/list"
-list="$(cd "$work/project" && HOME="$work/home" timeout 120 node "$INSPECTOR" --cli "$ipybox" --workspace "$work/project" --method tools/list 2>/dev/null)"
+list="$(cd "$work/project" && HOME="$work/home" timeout 120 node "$INSPECTOR" --cli -e "IPYBOX_HOME=$kernel_home" "$ipybox" --workspace "$work/project" --method tools/list 2>/dev/null)" || fail "tools/list did not answer"
 for tool in execute_ipython_cell install_package register_mcp_server reset; do
   grep -q "\"name\": \"$tool\"" <<<"$list" || fail "tools/list lacks $tool"
 done
 echo "smoke-clients: MCP Inspector tools/call execute_ipython_cell"
-call="$(cd "$work/project" && HOME="$work/home" timeout 120 node "$INSPECTOR" --cli "$ipybox" --workspace "$work/project" \
-  --method tools/call --tool-name execute_ipython_cell --tool-arg 'code=print(6 * 7)' 2>/dev/null)"
+call="$(cd "$work/project" && HOME="$work/home" timeout 120 node "$INSPECTOR" --cli -e "IPYBOX_HOME=$kernel_home" "$ipybox" --workspace "$work/project" \
+  --method tools/call --tool-name execute_ipython_cell --tool-arg 'code=print(6 * 7)' 2>/dev/null)" || fail "tools/call did not answer"
 grep -q '"text": "42"' <<<"$call" || fail "tools/call answered: $call"
 
 echo "smoke-clients: Claude Code $("$CLAUDE" --version 2>/dev/null | head -1) mcp add / mcp list"
-(cd "$work/project" && HOME="$work/home" timeout 60 "$CLAUDE" mcp add ipybox -- "$ipybox" --workspace "$work/project" >/dev/null)
+(cd "$work/project" && HOME="$work/home" timeout 60 "$CLAUDE" mcp add ipybox -e "IPYBOX_HOME=$kernel_home" -- "$ipybox" --workspace "$work/project" >/dev/null)
 listed="$(cd "$work/project" && HOME="$work/home" timeout 120 "$CLAUDE" mcp list 2>&1)"
 grep -q "^ipybox: .*✔ Connected" <<<"$listed" || fail "claude mcp list: $listed"
 echo "smoke-clients: 3 passed, 0 failed"

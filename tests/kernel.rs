@@ -471,7 +471,17 @@ async fn stop_leaves_no_processes_or_sockets() {
         "expected IPC sockets in {}: {sockets:?}",
         dir.display()
     );
-    let spare_pids = kernel_children();
+    let mut spare_pids = kernel_children(&dir);
+    let waiting = Instant::now();
+    while spare_pids.len() < 2 && waiting.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        spare_pids = kernel_children(&dir);
+    }
+    assert_eq!(
+        spare_pids.len(),
+        2,
+        "current and spare kernel expected: {spare_pids:?}"
+    );
     ex.stop().await;
     assert!(
         wait_gone(pid, Duration::from_secs(2)).await,
@@ -502,8 +512,8 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// Pids of this process's ipykernel children.
-fn kernel_children() -> Vec<u32> {
+/// Pids of this process's ipykernel children whose connection files are under `dir`.
+fn kernel_children(dir: &Path) -> Vec<u32> {
     let me = std::process::id();
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -522,7 +532,7 @@ fn kernel_children() -> Vec<u32> {
             .and_then(|p| p.parse().ok())
             .unwrap_or(0);
         let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == me && cmd.contains("ipykernel") {
+        if ppid == me && cmd.contains("ipykernel") && cmd.contains(&*dir.to_string_lossy()) {
             out.push(pid);
         }
     }
@@ -539,4 +549,25 @@ async fn stopped_executor_says_to_start() {
         err.to_string(),
         "the code executor is stopped\n  help: call start() before executing code"
     );
+}
+
+/// ipykernel sends buffered output from a timer 0.2 s after the first write; a timer left over
+/// from one execution can fire while the next one writes and ends. That output must still arrive
+/// before the next execution counts as complete.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_racing_the_background_flush_is_not_lost() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    for i in 0..80u64 {
+        run(&ex, "print('.', end='')").await; // arms the 0.2 s flush timer
+        tokio::time::sleep(Duration::from_micros(190_000 + (i % 21) * 1_000)).await;
+        let n = 50_000 + (i as usize * 7919) % 50_000;
+        let out = run(&ex, &format!("print('{i}:' + 'y' * {n}, end='')")).await;
+        assert_eq!(
+            out.len(),
+            n + format!("{i}:").len(),
+            "execution {i} lost output"
+        );
+    }
+    ex.stop().await;
 }

@@ -35,18 +35,28 @@ def _ipybox_watch_parent():
     os._exit(0)
 threading.Thread(target=_ipybox_watch_parent, name="ipybox-parent-watch", daemon=True).start()
 from ipykernel import iostream as _ios
-_ipybox_flush = _ios.OutStream.flush
-def _ipybox_flush_if_pending(self):
-    # ipykernel flushes stdout and stderr after every execution, each a round trip to its IO
-    # thread even when nothing was written; skip it when there is nothing to send. Ordering is
-    # kept: everything already handed to the IO thread is sent before the idle status it sends.
+_ipybox_flush, _ipybox_send = _ios.OutStream.flush, _ios.OutStream._flush
+def _ipybox_send_marked(self):
+    # Runs on ipykernel's IO thread: takes the buffers, then sends them. Marked busy from before
+    # it takes the buffers until the send is done.
+    self._ipybox_sending = True
     try:
-        buffers = getattr(self, "_buffers", None)
-        if buffers is not None and self.echo is None and not any(b.tell() for b in list(buffers.values())):
+        return _ipybox_send(self)
+    finally:
+        self._ipybox_sending = False
+def _ipybox_flush_if_pending(self):
+    # ipykernel flushes stdout and stderr after every execution: each a round trip to its IO
+    # thread, waited for, even when nothing was written. Skip it only when the buffers are empty
+    # AND no send is in flight (checked in that order), so stream output still goes out before
+    # the execution's idle status.
+    try:
+        empty = self.echo is None and not any(b.tell() for b in list(self._buffers.values()))
+        if empty and not getattr(self, "_ipybox_sending", False):
             return
     except Exception:
         pass
     return _ipybox_flush(self)
+_ios.OutStream._flush = _ipybox_send_marked
 _ios.OutStream.flush = _ipybox_flush_if_pending
 from ipykernel import kernelapp
 kernelapp.launch_new_instance()
