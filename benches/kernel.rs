@@ -43,6 +43,8 @@ fn main() {
 
         let ex = CodeExecutor::builder().workspace(ws.path()).build();
         ex.start().await.unwrap();
+        // Steady state, as in real use: let the warm spare finish starting before timing.
+        tokio::time::sleep(Duration::from_secs(2)).await;
         for _ in 0..20 {
             ex.execute("1", None).await.unwrap();
         }
