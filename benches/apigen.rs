@@ -6,10 +6,9 @@ use ipybox::apigen::{ToolSpec, generate_package, render_package};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::median;
 
 fn main() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

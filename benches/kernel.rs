@@ -10,25 +10,12 @@ use std::time::{Duration, Instant};
 
 use ipybox::CodeExecutor;
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{median, ms};
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        // Make sure the environment exists before timing anything.
-        tokio::task::spawn_blocking(|| ipybox::pyenv::resolve(None).expect("kernel environment"))
-            .await
-            .unwrap();
+    common::run(|| async {
         let ws = tempfile::tempdir().unwrap();
 
         let mut cold = Vec::new();

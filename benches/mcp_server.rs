@@ -19,17 +19,12 @@ use std::time::{Duration, Instant};
 use ipybox::tools::{McpSession, ServerParams, tool_output};
 use serde_json::{Map, Value, json};
 
+#[path = "common/mod.rs"]
+mod common;
+use common::{median, ms};
+
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
 fn args(v: Value) -> Map<String, Value> {
@@ -160,22 +155,40 @@ async fn bench_server(
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::task::spawn_blocking(|| ipybox::pyenv::resolve(None).expect("kernel environment")).await.unwrap();
+    common::run(|| async {
         let bin = root().join("target/release/ipybox");
-        let bin = if bin.exists() { bin } else { root().join("target/debug/ipybox") };
-        assert!(bin.exists(), "build the binary first: cargo build --release");
-        let ours = bench_server("ipybox (Rust)", bin.to_str().unwrap(), &["--log-level", "warn"], Duration::from_millis(1500)).await;
+        let bin = if bin.exists() {
+            bin
+        } else {
+            root().join("target/debug/ipybox")
+        };
+        assert!(
+            bin.exists(),
+            "build the binary first: cargo build --release"
+        );
+        let ours = bench_server(
+            "ipybox (Rust)",
+            bin.to_str().unwrap(),
+            &["--log-level", "warn"],
+            Duration::from_millis(1500),
+        )
+        .await;
 
         let reference = root().join("target/reference/venv/bin/ipybox");
         let theirs = if reference.exists() {
-            Some(bench_server("Python ipybox", reference.to_str().unwrap(), &[], Duration::from_millis(1500)).await)
+            Some(
+                bench_server(
+                    "Python ipybox",
+                    reference.to_str().unwrap(),
+                    &[],
+                    Duration::from_millis(1500),
+                )
+                .await,
+            )
         } else {
-            eprintln!("(Python ipybox not installed: run scripts/bench-reference.sh for the comparison column)");
+            eprintln!(
+                "(Python ipybox not installed: run scripts/bench-reference.sh for the comparison column)"
+            );
             None
         };
 
@@ -189,30 +202,65 @@ fn main() {
         let mut reg_everything = Vec::new();
         for _ in 0..5 {
             let t = Instant::now();
-            ipybox::generate_mcp_sources("fx", &fixture, &ws.path().join("mcptools")).await.unwrap();
+            ipybox::generate_mcp_sources("fx", &fixture, &ws.path().join("mcptools"))
+                .await
+                .unwrap();
             reg_fixture.push(t.elapsed());
             let t = Instant::now();
-            ipybox::generate_mcp_sources("ev", &everything, &ws.path().join("mcptools")).await.unwrap();
+            ipybox::generate_mcp_sources("ev", &everything, &ws.path().join("mcptools"))
+                .await
+                .unwrap();
             reg_everything.push(t.elapsed());
         }
-        let ex = ipybox::CodeExecutor::builder().workspace(ws.path()).without_spare_kernel().build();
+        let ex = ipybox::CodeExecutor::builder()
+            .workspace(ws.path())
+            .without_spare_kernel()
+            .build();
         ex.start().await.unwrap();
         let code = "import time, statistics\nfrom mcptools.fx import add\nfor _ in range(20): add.run(add.Params(a=1, b=2))\nts = []\nfor _ in range(200):\n    t = time.perf_counter(); add.run(add.Params(a=1, b=2)); ts.append(time.perf_counter() - t)\nprint(statistics.median(ts) * 1000)";
         let call_ms: f64 = ex.execute(code, None).await.unwrap().text.parse().unwrap();
         ex.stop().await;
 
-        let col = |f: &Option<ServerFigures>, pick: fn(&ServerFigures) -> String| f.as_ref().map_or("-".to_string(), pick);
-        println!("| measurement (MCP stdio) | ipybox (Rust) | target | Python ipybox 0.9.2 (measured here) |");
+        let col = |f: &Option<ServerFigures>, pick: fn(&ServerFigures) -> String| {
+            f.as_ref().map_or("-".to_string(), pick)
+        };
+        println!(
+            "| measurement (MCP stdio) | ipybox (Rust) | target | Python ipybox 0.9.2 (measured here) |"
+        );
         println!("|---|---|---|---|");
-        println!("| spawn -> initialize -> first result (median of 5) | {} | <= 1000 ms | {} |", ms(ours.first), col(&theirs, |f| ms(f.first)));
-        println!("| execute_ipython_cell round trip (median of 200) | {} | <= 5 ms | {} |", ms(ours.roundtrip), col(&theirs, |f| ms(f.roundtrip)));
-        println!("| reset -> next result (median of 5) | {} | <= 300 ms | {} |", ms(ours.reset), col(&theirs, |f| ms(f.reset)));
-        println!("| peak RSS of the server process tree | {:.0} MB | - | {} |", ours.peak_mb, col(&theirs, |f| format!("{:.0} MB", f.peak_mb)));
+        println!(
+            "| spawn -> initialize -> first result (median of 5) | {} | <= 1000 ms | {} |",
+            ms(ours.first),
+            col(&theirs, |f| ms(f.first))
+        );
+        println!(
+            "| execute_ipython_cell round trip (median of 200) | {} | <= 5 ms | {} |",
+            ms(ours.roundtrip),
+            col(&theirs, |f| ms(f.roundtrip))
+        );
+        println!(
+            "| reset -> next result (median of 5) | {} | <= 300 ms | {} |",
+            ms(ours.reset),
+            col(&theirs, |f| ms(f.reset))
+        );
+        println!(
+            "| peak RSS of the server process tree | {:.0} MB | - | {} |",
+            ours.peak_mb,
+            col(&theirs, |f| format!("{:.0} MB", f.peak_mb))
+        );
         println!();
         println!("| measurement (tool calling) | ipybox (Rust) | target |");
         println!("|---|---|---|");
-        println!("| register stdio server, Python fixture (spawn incl., median of 5) | {} | <= 700 ms |", ms(median(reg_fixture)));
-        println!("| register stdio server, server-everything (spawn incl., median of 5) | {} | <= 700 ms |", ms(median(reg_everything)));
-        println!("| warm tool call round trip from kernel code (median of 200) | {call_ms:.2} ms | <= 3 ms |");
+        println!(
+            "| register stdio server, Python fixture (spawn incl., median of 5) | {} | <= 700 ms |",
+            ms(median(reg_fixture))
+        );
+        println!(
+            "| register stdio server, server-everything (spawn incl., median of 5) | {} | <= 700 ms |",
+            ms(median(reg_everything))
+        );
+        println!(
+            "| warm tool call round trip from kernel code (median of 200) | {call_ms:.2} ms | <= 3 ms |"
+        );
     });
 }

@@ -12,14 +12,9 @@ use std::time::{Duration, Instant};
 use ipybox::CodeExecutor;
 use ipybox::sandbox::SandboxOptions;
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
-}
+#[path = "common/mod.rs"]
+mod common;
+use common::{median, ms};
 
 fn builder(ws: &std::path::Path, sandbox: bool) -> CodeExecutor {
     let b = CodeExecutor::builder().workspace(ws);
@@ -64,14 +59,7 @@ async fn measure(ws: &std::path::Path, sandbox: bool) -> (Duration, Duration) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        tokio::task::spawn_blocking(|| ipybox::pyenv::resolve(None).expect("kernel environment"))
-            .await
-            .unwrap();
+    common::run(|| async {
         let ws = tempfile::tempdir().unwrap();
         let (plain_cold, plain_reset) = measure(ws.path(), false).await;
         let (sb_cold, sb_reset) = measure(ws.path(), true).await;

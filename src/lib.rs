@@ -7,6 +7,7 @@
 
 pub mod apigen;
 pub mod executor;
+pub mod host_env;
 pub mod kernel;
 pub mod mcp_server;
 pub mod pyenv;

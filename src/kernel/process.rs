@@ -403,26 +403,12 @@ pub(crate) fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
         (None, None) => "/usr/local/bin:/usr/bin:/bin".to_string(),
     };
     env.insert("PATH".into(), path);
-    // Identity and locale, plus what HTTPS needs behind a proxy or with a custom CA bundle.
-    for k in [
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "LANG",
-        "LC_ALL",
-        "TZ",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "NO_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "no_proxy",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-    ] {
+    for k in crate::host_env::IDENTITY
+        .iter()
+        .chain(crate::host_env::NETWORK)
+    {
         if let Some(v) = host(k) {
-            env.insert(k.into(), v);
+            env.insert(k.to_string(), v);
         }
     }
     env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());

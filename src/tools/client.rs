@@ -34,32 +34,12 @@ use super::env_subst::{Redactor, substitute_str};
 use super::params::{ServerParams, TransportKind, TransportParams};
 use super::sse_transport::SseClientTransport;
 
-/// Environment variables passed from the caller's env map to stdio servers (when set), before
-/// the params' own `env`. Everything else (API keys, cloud credentials, ...) stays out unless the
+/// Environment variables passed from the caller's env map to stdio servers (when set), with
+/// [`crate::host_env::NETWORK`], before the params' own `env`. Everything else (API keys, cloud credentials, ...) stays out unless the
 /// params name it.
 pub const STDIO_BASE_ENV: &[&str] = &[
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "TERM",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "TMPDIR",
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR",
     "TZ",
-    // Reaching the network from behind a proxy or with a custom CA bundle (npx, uvx, pip).
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
 ];
 
 /// How much of a stdio server's stderr is kept for error messages.
@@ -387,7 +367,7 @@ async fn connect_stdio(
 
     let mut cmd = Command::new(&command_r);
     cmd.args(&args_r).env_clear();
-    for k in STDIO_BASE_ENV {
+    for k in STDIO_BASE_ENV.iter().chain(crate::host_env::NETWORK) {
         if let Some(v) = env.get(*k) {
             cmd.env(k, v);
         }
