@@ -498,3 +498,88 @@ async fn an_mcp_server_can_run_under_srt() {
     assert_eq!(out, "42 1");
     ex.stop().await;
 }
+
+/// Approvals work the same for a sandboxed kernel: `stream()` yields each call and a rejection
+/// reaches the sandboxed code as `ApprovalRejected`.
+#[tokio::test(flavor = "multi_thread")]
+async fn approvals_work_from_the_sandbox() {
+    use ipybox::executor::ExecutionEvent;
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path();
+    ipybox::generate_mcp_sources("fx", &fixture_stdio_params("stdio"), &ws.join("mcptools"))
+        .await
+        .expect("registration");
+    let ex = sandboxed(ws, options(None), false).await;
+    let code = "from mcptools.fx import greet, ApprovalRejected\nfor n in ['yes', 'no']:\n    try:\n        print(greet.run(greet.Params(name=n)))\n    except ApprovalRejected as e:\n        print('rejected')";
+    let mut execution = ex.stream(code, Some(Duration::from_secs(60)));
+    let mut asked = Vec::new();
+    let mut result = None;
+    while let Some(event) = execution.next().await {
+        match event {
+            ExecutionEvent::Approval(request) => {
+                asked.push(request.describe());
+                if request.arguments["name"] == "yes" {
+                    request.accept()
+                } else {
+                    request.reject()
+                }
+            }
+            ExecutionEvent::Result(r) => result = Some(r.expect("code runs").text),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        asked,
+        [r#"fx.greet({"name":"yes"})"#, r#"fx.greet({"name":"no"})"#]
+    );
+    assert_eq!(result.unwrap(), "Hello, yes!\nrejected");
+    stop_and_check(ex, ws).await;
+}
+
+/// The MCP server with `--sandbox`: `install_package` runs on the host (the sandbox cannot write
+/// the environment) and the sandboxed kernel imports the package without a reset.
+#[tokio::test(flavor = "multi_thread")]
+async fn install_package_reaches_a_sandboxed_kernel() {
+    use ipybox::tools::{McpSession, ServerParams, tool_output};
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap(); // a private kernel environment for the install
+    let params = json!({
+        "command": env!("CARGO_BIN_EXE_ipybox"),
+        "args": ["--workspace", ws.path(), "--sandbox", "--log-level", "warn"],
+        "env": {"IPYBOX_SRT": srt(), "IPYBOX_HOME": home.path()},
+    });
+    let session = McpSession::connect(
+        &ServerParams::parse(&params).unwrap(),
+        &process_env(),
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("sandboxed ipybox MCP server starts");
+    let call = |tool: &'static str, args: serde_json::Value| {
+        let session = &session;
+        async move {
+            let r = session
+                .call_tool(tool, args.as_object().unwrap().clone())
+                .await
+                .unwrap();
+            let out = tool_output(&r);
+            assert!(!out.is_error, "{tool}: {}", out.text);
+            out.text
+        }
+    };
+    let denied = call("execute_ipython_cell", json!({"code": "import sys\ntry:\n    open(sys.prefix + '/ipybox-probe', 'w')\n    print('wrote')\nexcept OSError:\n    print('read-only')"})).await;
+    assert_eq!(
+        denied, "read-only",
+        "the sandboxed kernel must not write its environment"
+    );
+    call("install_package", json!({"package_name": "six==1.16.0"})).await;
+    assert_eq!(
+        call(
+            "execute_ipython_cell",
+            json!({"code": "import six\nsix.__version__"})
+        )
+        .await,
+        "'1.16.0'"
+    );
+    session.close().await;
+}
