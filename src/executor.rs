@@ -31,7 +31,9 @@ use crate::kernel::{
     ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, TimeoutPause,
 };
 use crate::pyenv::{self, PyEnvError};
+use crate::register::{RegisterError, generate_mcp_sources_with};
 use crate::sandbox::{SandboxError, SandboxOptions};
+use crate::tools::registry::Registry;
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
     ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
@@ -179,13 +181,14 @@ impl CodeExecutorBuilder {
                 state: Mutex::new(None),
                 pause: TimeoutPause::default(),
                 stopping: tokio::sync::watch::channel(false).0,
+                registry: std::sync::OnceLock::new(),
+                python: std::sync::OnceLock::new(),
             }),
         }
     }
 }
 
 struct Running {
-    python: PathBuf,
     pool: KernelPool,
     tools: ToolServer,
     runtime: Arc<RuntimeDir>,
@@ -197,6 +200,10 @@ struct Inner {
     pause: TimeoutPause,
     /// Set by `stop()`: a running execution is abandoned so stopping never waits for it.
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Servers registered through this executor (enforced for sandboxed kernels).
+    registry: std::sync::OnceLock<Arc<Registry>>,
+    /// The kernel's interpreter, known after the first successful start.
+    python: std::sync::OnceLock<PathBuf>,
 }
 
 impl Inner {
@@ -262,26 +269,26 @@ impl CodeExecutor {
             path: python_dir.clone(),
             source,
         })?;
-        let python = env.python.clone();
+        let _ = self.inner.python.set(env.python.clone());
         let mut config = KernelConfig::new(env.python, workspace.clone());
         config.images_dir = match &b.images_dir {
             Some(d) if d.is_absolute() => d.clone(),
             Some(d) => workspace.join(d),
             None => workspace.join("images"),
         };
-        let tool_env = b
-            .tool_env
-            .clone()
-            .unwrap_or_else(|| std::env::vars().collect());
         let sessions = SessionCache::new(
-            tool_env,
+            self.tool_env(),
             b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         );
-        let tool_state = ToolServerState::new(
+        let mut tool_state = ToolServerState::new(
             sessions,
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
             self.inner.pause.clone(),
         );
+        if b.sandbox.is_some() {
+            // A sandboxed kernel is not trusted with server params: see tools::registry.
+            tool_state = tool_state.with_registry(self.registry()?);
+        }
         let socket = runtime.path().join("tools.sock");
         let tools = ToolServer::start(&socket, Arc::new(tool_state)).map_err(|source| {
             ExecutorError::Io {
@@ -303,12 +310,66 @@ impl CodeExecutor {
         }
         let pool = KernelPool::start(Arc::new(config), runtime.clone(), !b.no_spare).await?;
         *state = Some(Running {
-            python,
             pool,
             tools,
             runtime,
         });
         Ok(())
+    }
+
+    fn tool_env(&self) -> HashMap<String, String> {
+        self.inner
+            .builder
+            .tool_env
+            .clone()
+            .unwrap_or_else(|| std::env::vars().collect())
+    }
+
+    fn registry(&self) -> Result<Arc<Registry>, ExecutorError> {
+        if let Some(r) = self.inner.registry.get() {
+            return Ok(r.clone());
+        }
+        let workspace = self.workspace()?;
+        let registry = match pyenv::data_dir() {
+            Ok(dir) => Registry::for_workspace(&dir, &workspace),
+            Err(_) => Registry::in_memory(),
+        };
+        Ok(self
+            .inner
+            .registry
+            .get_or_init(|| Arc::new(registry))
+            .clone())
+    }
+
+    /// Registers an MCP server: generates `<workspace>/mcptools/<server_name>/` from its tools
+    /// (see [`crate::generate_mcp_sources`]) and records the params on the host, which a
+    /// sandboxed kernel requires (it may only call servers registered this way). `${VAR}`
+    /// placeholders are resolved from the builder's `tool_env` (default: the process env).
+    /// Does not wait for a running execution. Returns the module names.
+    pub async fn register_mcp_server(
+        &self,
+        server_name: &str,
+        server_params: &serde_json::Value,
+    ) -> Result<Vec<String>, RegisterError> {
+        let root = self
+            .workspace()
+            .map_err(|e| RegisterError::Workspace(e.to_string()))?
+            .join("mcptools");
+        let timeout = self
+            .inner
+            .builder
+            .connect_timeout
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let modules =
+            generate_mcp_sources_with(server_name, server_params, &root, &self.tool_env(), timeout)
+                .await?;
+        let registry = self
+            .registry()
+            .map_err(|e| RegisterError::Workspace(e.to_string()))?;
+        registry.record(server_name, server_params).map_err(|e| {
+            RegisterError::Workspace(format!("cannot record the registration: {e}"))
+        })?;
+        Ok(modules)
     }
 
     /// Stops the kernels and removes the runtime directory. The executor can be started again.
@@ -318,7 +379,6 @@ impl CodeExecutor {
         let running = self.inner.state.lock().await.take();
         self.inner.stopping.send_replace(false);
         if let Some(Running {
-            python: _,
             pool,
             tools,
             runtime,
@@ -434,12 +494,8 @@ impl CodeExecutor {
 
     /// The kernel's Python interpreter, if started.
     pub async fn python(&self) -> Option<PathBuf> {
-        self.inner
-            .state
-            .lock()
-            .await
-            .as_ref()
-            .map(|r| r.python.clone())
+        // Not behind the execution lock: install_package must not wait for a running cell.
+        self.inner.python.get().cloned()
     }
 
     /// The private runtime directory (sockets, connection files), if started.

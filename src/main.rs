@@ -145,7 +145,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut builder = CodeExecutor::builder()
         .workspace(&workspace)
         .kernel_env(env.kernel_env.clone())
-        .tool_env(env.tool_env.clone());
+        .tool_env(env.tool_env);
     if let Some(python) = args.python {
         builder = builder.python(python);
     }
@@ -158,10 +158,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         builder = builder.sandbox(options);
     }
     let executor = builder.build();
-    let config = mcp_server::ServerConfig {
-        workspace,
-        tool_env: env.tool_env,
-    };
+    let config = mcp_server::ServerConfig { workspace };
     mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -208,6 +205,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             file,
         } => {
             let code = read_code(code, file)?;
+            if let Some(t) = timeout.filter(|t| !(t.is_finite() && *t > 0.0)) {
+                anyhow::bail!("invalid --timeout {t}\n  help: pass a positive number of seconds");
+            }
             let mut builder = CodeExecutor::builder()
                 .workspace(workspace)
                 .without_spare_kernel();

@@ -25,15 +25,12 @@ use serde_json::{Map, Value};
 use crate::CodeExecutor;
 use crate::executor::ExecutorError;
 use crate::kernel::KernelError;
-use crate::tools::DEFAULT_CONNECT_TIMEOUT;
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Absolute workspace path: the kernel's cwd; `mcptools/` is generated here.
     pub workspace: PathBuf,
-    /// Environment for `${VAR}` placeholders in server params (process env + `.env`).
-    pub tool_env: HashMap<String, String>,
 }
 
 const INSTRUCTIONS: &str = "\
@@ -153,16 +150,11 @@ impl IpyboxServer {
         &self,
         Parameters(p): Parameters<RegisterParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        let root = self.config.workspace.join("mcptools");
         let params = Value::Object(p.server_params);
-        match crate::register::generate_mcp_sources_with(
-            &p.server_name,
-            &params,
-            &root,
-            &self.config.tool_env,
-            DEFAULT_CONNECT_TIMEOUT,
-        )
-        .await
+        match self
+            .executor
+            .register_mcp_server(&p.server_name, &params)
+            .await
         {
             Ok(modules) => Ok(CallToolResult::success(vec![ContentBlock::text(
                 modules.join("\n"),

@@ -20,6 +20,9 @@ pub enum RegisterError {
     Tools(#[from] ToolsError),
     #[error(transparent)]
     Apigen(#[from] ApigenError),
+    /// The workspace (or the host-side record of registrations) could not be prepared.
+    #[error("{0}")]
+    Workspace(String),
 }
 
 /// Generates `<root_dir>/<server_name>/` from the tools of the server at `server_params`, with

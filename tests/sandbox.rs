@@ -443,10 +443,10 @@ async fn broken_configs_and_missing_srt_fail_clearly() {
 async fn tool_calls_reach_the_host_from_the_sandbox() {
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
-    ipybox::generate_mcp_sources("fx", &fixture_stdio_params("stdio"), &ws.join("mcptools"))
+    let ex = sandboxed(ws, options(None), false).await;
+    ex.register_mcp_server("fx", &fixture_stdio_params("stdio"))
         .await
         .expect("registration");
-    let ex = sandboxed(ws, options(None), false).await;
     let out = run(
         &ex,
         r#"
@@ -506,10 +506,10 @@ async fn approvals_work_from_the_sandbox() {
     use ipybox::executor::ExecutionEvent;
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
-    ipybox::generate_mcp_sources("fx", &fixture_stdio_params("stdio"), &ws.join("mcptools"))
+    let ex = sandboxed(ws, options(None), false).await;
+    ex.register_mcp_server("fx", &fixture_stdio_params("stdio"))
         .await
         .expect("registration");
-    let ex = sandboxed(ws, options(None), false).await;
     let code = "from mcptools.fx import greet, ApprovalRejected\nfor n in ['yes', 'no']:\n    try:\n        print(greet.run(greet.Params(name=n)))\n    except ApprovalRejected as e:\n        print('rejected')";
     let mut execution = ex.stream(code, Some(Duration::from_secs(60)));
     let mut asked = Vec::new();
@@ -582,4 +582,44 @@ async fn install_package_reaches_a_sandboxed_kernel() {
         "'1.16.0'"
     );
     session.close().await;
+}
+
+/// A sandboxed kernel is not trusted with server params: it cannot make the host start a command
+/// of its choosing, neither under a new server name nor by rewriting a registered server's params.
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxed_code_cannot_make_the_host_run_commands() {
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path();
+    let marker = ws
+        .parent()
+        .unwrap()
+        .join(format!("ipybox-escape-{}", std::process::id()));
+    let _ = std::fs::remove_file(&marker);
+    let ex = sandboxed(ws, options(None), false).await;
+    ex.register_mcp_server("fx", &fixture_stdio_params("stdio"))
+        .await
+        .expect("registration");
+    let code = format!(
+        r#"
+from ipybox_runtime import ToolRunner, ToolError
+evil = {{"command": "sh", "args": ["-c", "touch {m}"]}}
+try:
+    ToolRunner("evil", evil).run("x", {{}})
+except ToolError as e:
+    print(str(e).splitlines()[0])
+# the registered name with forged params: the host uses the registered params
+print(ToolRunner("fx", evil).run("greet", {{"name": "still the fixture"}}))
+"#,
+        m = marker.display()
+    );
+    let out = run(&ex, &code).await;
+    assert_eq!(
+        out,
+        "MCP server `evil` is not registered with this ipybox (a sandboxed kernel can only call servers the host registered)\nHello, still the fixture!"
+    );
+    assert!(
+        !marker.exists(),
+        "the host ran a command chosen by sandboxed code"
+    );
+    stop_and_check(ex, ws).await;
 }

@@ -77,8 +77,12 @@ def _connection(path: str) -> _UnixHTTPConnection:
     return conn
 
 
+def _drop(conn: _UnixHTTPConnection, path: str) -> None:
+    conn.close()
+    _local.conns.pop(path, None)
+
+
 def _request(method: str, url: str, body: dict | None = None) -> dict:
-    __tracebackhide__ = True
     path = os.environ.get("IPYBOX_TOOL_SOCKET")
     if not path:
         raise ToolRunnerError(
@@ -90,14 +94,20 @@ def _request(method: str, url: str, body: dict | None = None) -> dict:
         conn = _connection(path)
         try:
             conn.request(method, url, body=payload, headers=headers)
+        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            # Not delivered (e.g. a stale keep-alive connection): safe to retry once.
+            _drop(conn, path)
+            if attempt == 1:
+                raise ToolRunnerError(f"cannot reach the ipybox tool server at {path}: {e}") from e
+            continue
+        try:
             response = conn.getresponse()
             data = response.read()
             break
         except (ConnectionError, http.client.HTTPException, OSError) as e:
-            conn.close()
-            _local.conns.pop(path, None)
-            if attempt == 1:
-                raise ToolRunnerError(f"cannot reach the ipybox tool server at {path}: {e}") from e
+            # The request may have been carried out: never send it twice.
+            _drop(conn, path)
+            raise ToolRunnerError(f"lost the connection to the ipybox tool server during a call: {e}") from e
     try:
         return json.loads(data)
     except ValueError as e:
@@ -117,7 +127,6 @@ class ToolRunner:
 
     def run(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
         """Call ``tool_name`` with ``arguments``; returns structured content if any, else text."""
-        __tracebackhide__ = True  # IPython: show the caller's frame, not ours
         reply = _request(
             "POST",
             "/run",

@@ -111,10 +111,15 @@ impl Process {
     }
 
     fn kill(&self) {
-        if self.pid > 0 && self.exited().is_none() {
-            // SAFETY: plain syscalls on the kernel's own process group and pid.
-            unsafe {
-                libc::kill(-(self.pid as i32), libc::SIGKILL);
+        if self.pid == 0 {
+            return;
+        }
+        // SAFETY: plain syscalls on the kernel's own process group and pid. The group is killed
+        // even after the kernel itself died (segfault, OOM): what its code started lives on in
+        // the group. The group id cannot be reused while any member lives.
+        unsafe {
+            libc::kill(-(self.pid as i32), libc::SIGKILL);
+            if self.exited().is_none() {
                 libc::kill(self.pid as i32, libc::SIGKILL);
             }
         }

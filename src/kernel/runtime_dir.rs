@@ -76,10 +76,22 @@ fn sweep_stale(base: &Path) {
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
             continue;
         };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<i32>().ok()) else {
+        // Exactly `ipybox-<pid>-<6 hex>`, a directory of ours: nothing else is touched.
+        let Some((pid, suffix)) = rest.split_once('-') else {
             continue;
         };
-        if pid > 0 && !process_alive(pid) {
+        let Ok(pid) = pid.parse::<i32>() else {
+            continue;
+        };
+        if suffix.len() != 6 || !suffix.chars().all(|c| c.is_ascii_hexdigit()) {
+            continue;
+        }
+        let ours = std::fs::symlink_metadata(entry.path()).is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: getuid has no preconditions.
+            m.is_dir() && m.uid() == unsafe { libc::getuid() }
+        });
+        if ours && pid > 0 && !process_alive(pid) {
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

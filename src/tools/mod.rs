@@ -12,6 +12,7 @@ pub mod approval;
 pub mod client;
 pub mod env_subst;
 pub mod params;
+pub mod registry;
 pub mod server;
 pub mod sessions;
 pub mod sse_transport;

@@ -28,6 +28,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
 use super::approval::{self, ApprovalPolicy, Decision};
+use super::registry::Registry;
 use super::{SessionCache, tool_output};
 use crate::kernel::TimeoutPause;
 
@@ -37,6 +38,8 @@ pub struct ToolServerState {
     policy: Mutex<ApprovalPolicy>,
     approval_timeout: Duration,
     pause: TimeoutPause,
+    /// When set (sandboxed kernels), only servers recorded here are called, with these params.
+    registry: Option<Arc<Registry>>,
 }
 
 impl ToolServerState {
@@ -46,7 +49,15 @@ impl ToolServerState {
             policy: Mutex::new(ApprovalPolicy::AcceptAll),
             approval_timeout,
             pause,
+            registry: None,
         }
+    }
+
+    /// Only call servers recorded in `registry`, with the recorded params (see
+    /// [`super::registry`]); what the kernel sends is then not trusted.
+    pub fn with_registry(mut self, registry: Arc<Registry>) -> Self {
+        self.registry = Some(registry);
+        self
     }
 
     /// Sets who approves the next tool calls.
@@ -208,6 +219,20 @@ async fn run_tool(state: &ToolServerState, run: RunRequest) -> Value {
         tool_name,
         arguments,
     } = run;
+    let server_params = match &state.registry {
+        None => server_params,
+        Some(registry) => match registry.get(&server_name) {
+            Some(recorded) => recorded,
+            None => {
+                return error(
+                    "tool_error",
+                    format!(
+                        "MCP server `{server_name}` is not registered with this ipybox (a sandboxed kernel can only call servers the host registered)\n  help: call register_mcp_server for `{server_name}` again"
+                    ),
+                );
+            }
+        },
+    };
     let decision = approval::decide(
         &state.policy(),
         &server_name,
