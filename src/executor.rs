@@ -206,6 +206,24 @@ struct Inner {
     python: std::sync::OnceLock<PathBuf>,
 }
 
+/// Armed while an `execute()` runs; if that future is dropped, settles the abandoned execution
+/// (interrupt, or replace the kernel) as soon as the executor's lock is free.
+struct SettleOnDrop(Option<Arc<Inner>>);
+
+impl Drop for SettleOnDrop {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.take()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            handle.spawn(async move {
+                if let Some(running) = inner.state.lock().await.as_mut() {
+                    running.pool.settle().await;
+                }
+            });
+        }
+    }
+}
+
 impl Inner {
     /// Runs `execution` unless `stop()` is called meanwhile.
     async fn unless_stopping(
@@ -399,8 +417,13 @@ impl CodeExecutor {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
         running.tools.state().set_policy(ApprovalPolicy::AcceptAll);
+        // If our caller drops this future mid-execution, interrupt the code right away instead
+        // of letting it run on (the next execution would otherwise wait behind it).
+        let mut settle = SettleOnDrop(Some(self.inner.clone()));
         let run = running.pool.execute(code, timeout, None, &self.inner.pause);
-        Ok(self.inner.unless_stopping(run).await?)
+        let result = self.inner.unless_stopping(run).await;
+        settle.0 = None;
+        Ok(result?)
     }
 
     /// Runs `code`, yielding output chunks, images and approval requests as they arrive, then the

@@ -18,7 +18,8 @@ use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities};
-use rmcp::{ErrorData, ServerHandler, schemars, tool, tool_handler, tool_router};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -169,6 +170,7 @@ impl IpyboxServer {
     async fn execute_ipython_cell(
         &self,
         Parameters(p): Parameters<ExecuteParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         if !(p.timeout.is_finite() && p.timeout > 0.0) {
             return Ok(text_error(format!(
@@ -180,7 +182,15 @@ impl IpyboxServer {
             return Ok(text_error(format!("the kernel could not be started: {e}")));
         }
         let timeout = Duration::from_secs_f64(p.timeout.min(86_400.0 * 365.0));
-        match self.executor.execute(&p.code, Some(timeout)).await {
+        // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code) drops the
+        // execution, which interrupts the code in the kernel; state is kept.
+        let executed = tokio::select! {
+            result = self.executor.execute(&p.code, Some(timeout)) => result,
+            _ = context.ct.cancelled() => {
+                return Ok(text_error("execution cancelled by the client; the kernel was interrupted and its state kept".into()));
+            }
+        };
+        match executed {
             Ok(result) => {
                 let mut text = truncate_output(&result.text, p.max_output_chars);
                 let mut content = Vec::new();

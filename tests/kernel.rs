@@ -571,3 +571,29 @@ async fn output_racing_the_background_flush_is_not_lost() {
     }
     ex.stop().await;
 }
+
+/// A caller that drops `execute()` (here through `tokio::time::timeout`) does not leave the code
+/// running: it is interrupted at once, state is kept, and the next execution runs right away.
+#[tokio::test(flavor = "multi_thread")]
+async fn dropping_an_execution_interrupts_it() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = started(ws.path()).await;
+    run(&ex, "kept = 'yes'\nimport time").await;
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(500),
+        ex.execute("time.sleep(30)\nkept = 'overwritten'", None),
+    )
+    .await;
+    assert!(
+        dropped.is_err(),
+        "the execution should still be running when dropped"
+    );
+    let start = Instant::now();
+    assert_eq!(run(&ex, "kept").await, "'yes'");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "next execution waited {:?}",
+        start.elapsed()
+    );
+    ex.stop().await;
+}

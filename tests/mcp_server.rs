@@ -659,6 +659,29 @@ fn sigterm_during_an_execution_stops_everything_within_two_seconds() {
 }
 
 #[test]
+fn cancelled_requests_interrupt_the_execution_and_keep_state() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(ws.path());
+    assert_eq!(
+        raw.call("execute_ipython_cell", json!({"code": "kept = 1"})),
+        ""
+    );
+    raw.send(json!({"jsonrpc": "2.0", "id": 777, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "import time\ntime.sleep(60)\nkept = 2"}}}));
+    std::thread::sleep(Duration::from_millis(700));
+    raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 777, "reason": "user pressed Esc"}}));
+    let start = Instant::now();
+    assert_eq!(
+        raw.call("execute_ipython_cell", json!({"code": "kept"})),
+        "1"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "waited {:?} behind the cancelled cell",
+        start.elapsed()
+    );
+}
+
+#[test]
 fn sigint_stops_too() {
     let ws = tempfile::tempdir().unwrap();
     let mut raw = Raw::start(ws.path());

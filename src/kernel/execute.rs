@@ -145,7 +145,14 @@ pub(crate) async fn run(
     }
     .into();
     let msg_id = request.header.msg_id.clone();
+    // If the caller drops this future before the execution completes, the kernel is still
+    // running the code: record it so the next use of the kernel interrupts it first.
+    let mut guard = AbandonGuard {
+        slot: kernel.abandoned.clone(),
+        msg_id: Some(msg_id.clone()),
+    };
     if let Err(e) = kernel.shell_tx.send(request).await {
+        guard.msg_id = None;
         return Outcome {
             result: Err(proto(e)),
             replace_kernel: true,
@@ -207,6 +214,7 @@ pub(crate) async fn run(
                     }
                 }
                 let status = kernel.exited().unwrap_or_else(|| "exited".into());
+                guard.msg_id = None;
                 return died(status, out, true);
             }
             changed = clock.paused.changed() => {
@@ -223,6 +231,7 @@ pub(crate) async fn run(
             }
             _ = tokio::time::sleep_until(grace_end.map_or_else(|| tokio::time::Instant::now() + far, Into::into)), if grace_end.is_some() => {
                 tracing::warn!("kernel did not stop after an interrupt; it will be restarted");
+                guard.msg_id = None;
                 return Outcome {
                     result: Err(KernelError::Timeout { seconds: secs(timeout), state_kept: false, output: out.text() }),
                     replace_kernel: true,
@@ -231,6 +240,7 @@ pub(crate) async fn run(
         }
     }
 
+    guard.msg_id = None;
     let (text, images) = out.finish();
     if interrupted_at.is_some() {
         return Outcome {
@@ -269,6 +279,56 @@ pub(crate) async fn run(
         result,
         replace_kernel: false,
     }
+}
+
+/// Records an unfinished execution's msg_id in the kernel when dropped while armed.
+struct AbandonGuard {
+    slot: Arc<std::sync::Mutex<Option<String>>>,
+    msg_id: Option<String>,
+}
+
+impl Drop for AbandonGuard {
+    fn drop(&mut self) {
+        if let Some(id) = self.msg_id.take() {
+            *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(id);
+        }
+    }
+}
+
+/// If an execution was abandoned by its caller, interrupts it and waits (up to the interrupt
+/// grace) until the kernel reports it finished. Returns false if the kernel must be replaced.
+pub(crate) async fn settle_abandoned(kernel: &mut Kernel, config: &KernelConfig) -> bool {
+    let Some(msg_id) = kernel
+        .abandoned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    else {
+        return true;
+    };
+    tracing::info!("interrupting an execution whose caller went away");
+    if kernel.exited().is_some() || kernel.interrupt().await.is_err() {
+        return false;
+    }
+    let (mut idle, mut replied) = (false, false);
+    let grace = tokio::time::sleep(config.interrupt_grace);
+    tokio::pin!(grace);
+    let mut exit = kernel.exit_watch();
+    while !(idle && replied) {
+        tokio::select! {
+            Some(msg) = kernel.iopub_rx.recv() => {
+                if is_child_of(&msg, &msg_id) {
+                    idle |= matches!(msg.content, JupyterMessageContent::Status(ref s) if s.execution_state == ExecutionState::Idle);
+                }
+            }
+            Some(msg) = kernel.shell_rx.recv() => {
+                replied |= is_child_of(&msg, &msg_id) && matches!(msg.content, JupyterMessageContent::ExecuteReply(_));
+            }
+            _ = exit.changed() => return false,
+            _ = &mut grace => return false,
+        }
+    }
+    true
 }
 
 fn emit_media(

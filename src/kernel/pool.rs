@@ -141,11 +141,15 @@ impl KernelPool {
         events: Option<&mpsc::UnboundedSender<ExecEvent>>,
         pause: &TimeoutPause,
     ) -> Result<ExecutionOutput, KernelError> {
+        self.settle().await;
         if self.current.is_none() {
             // A previous replacement failed; try again now.
-            self.current = Some(self.take_fresh().await?);
+            let fresh = self.take_fresh().await?;
+            self.current = Some(fresh);
         }
-        let kernel = self.current.as_mut().expect("current kernel present");
+        let Some(kernel) = self.current.as_mut() else {
+            return Err(KernelError::Stopped);
+        };
         let outcome = execute::run(kernel, &self.config, code, timeout, events, pause).await;
         if outcome.replace_kernel
             && let Err(e) = self.reset().await
@@ -153,6 +157,19 @@ impl KernelPool {
             tracing::error!("could not restart the kernel: {e}");
         }
         outcome.result
+    }
+
+    /// Stops an execution whose caller went away (interrupt; replace the kernel if it does not
+    /// stop). Called before every execution, and by the executor right after a caller drops one.
+    pub async fn settle(&mut self) {
+        let Some(kernel) = self.current.as_mut() else {
+            return;
+        };
+        if !execute::settle_abandoned(kernel, &self.config).await
+            && let Err(e) = self.reset().await
+        {
+            tracing::error!("could not restart the kernel: {e}");
+        }
     }
 
     /// Interrupts the current execution, if any (over the control channel).

@@ -142,6 +142,9 @@ pub struct Kernel {
     pub(crate) control: ClientControlConnection,
     pub(crate) shell_rx: mpsc::UnboundedReceiver<JupyterMessage>,
     pub(crate) iopub_rx: mpsc::UnboundedReceiver<JupyterMessage>,
+    /// msg_id of an execution whose caller went away before it completed (see
+    /// `execute::settle_abandoned`); shared with that execution's drop guard.
+    pub(crate) abandoned: Arc<Mutex<Option<String>>>,
     // Declared last: dropped after the sockets, so they close before the process is reaped.
     process: Process,
 }
@@ -324,6 +327,7 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
         control,
         shell_rx,
         iopub_rx,
+        abandoned: Arc::new(Mutex::new(None)),
         process,
     };
 
