@@ -54,6 +54,7 @@ pub async fn generate_mcp_sources_with(
     // Fail on a bad server name before spawning anything (rendering no tools checks the name).
     apigen::render_package(server_name, server_params, &[])?;
     let params = ServerParams::parse(server_params)?;
+    warn_on_literal_secrets(server_name, server_params);
     let session = McpSession::connect_named(Some(server_name), &params, env, timeout).await?;
     let tools = session.list_tools().await;
     // A graceful close waits for the server to exit (stdin EOF, grace, SIGTERM): don't make the
@@ -78,4 +79,24 @@ pub async fn generate_mcp_sources_with(
             source: std::io::Error::other(e),
         })?
         .map_err(RegisterError::from)
+}
+
+/// The params are written to the generated `__init__.py` as given. Values of headers and env
+/// entries whose names look like credentials should be `${VAR}` placeholders; say so if not.
+fn warn_on_literal_secrets(server_name: &str, params: &Value) {
+    const SECRETISH: &[&str] = &["auth", "token", "key", "secret", "password", "cookie"];
+    for section in ["headers", "env"] {
+        let Some(map) = params.get(section).and_then(Value::as_object) else {
+            continue;
+        };
+        for (name, value) in map {
+            let lower = name.to_ascii_lowercase();
+            let literal = value.as_str().is_some_and(|v| !v.contains("${"));
+            if literal && SECRETISH.iter().any(|s| lower.contains(s)) {
+                tracing::warn!(
+                    "MCP server `{server_name}`: {section}.{name} is a literal value and will be written to the generated code; use a ${{VAR}} placeholder (set VAR in the environment or .env) to keep it out"
+                );
+            }
+        }
+    }
 }
