@@ -56,15 +56,7 @@ impl SseClientTransport {
             .header(reqwest::header::ACCEPT, "text/event-stream")
             .send()
             .await?;
-        if !resp.status().is_success() {
-            let status = resp.status();
-            let body = resp.text().await.unwrap_or_default();
-            return Err(SseTransportError::Status {
-                what: "the SSE GET",
-                status,
-                body: body.chars().take(500).collect(),
-            });
-        }
+        let resp = success(resp, "the SSE GET").await?;
         let mut events: EventStream = Box::pin(SseStream::from_bytes_stream(resp.bytes_stream()));
         let endpoint = loop {
             match events.next().await {
@@ -124,15 +116,7 @@ impl Transport<RoleClient> for SseClientTransport {
                 .body(body)
                 .send()
                 .await?;
-            if !resp.status().is_success() {
-                let status = resp.status();
-                let body = resp.text().await.unwrap_or_default();
-                return Err(SseTransportError::Status {
-                    what: "a message POST",
-                    status,
-                    body: body.chars().take(500).collect(),
-                });
-            }
+            success(resp, "a message POST").await?;
             Ok(())
         }
     }
@@ -164,4 +148,21 @@ impl Transport<RoleClient> for SseClientTransport {
         self.events = Box::pin(futures::stream::empty());
         Ok(())
     }
+}
+
+/// `resp` if its status is a success, else an error with the status and the body's start.
+async fn success(
+    resp: reqwest::Response,
+    what: &'static str,
+) -> Result<reqwest::Response, SseTransportError> {
+    if resp.status().is_success() {
+        return Ok(resp);
+    }
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    Err(SseTransportError::Status {
+        what,
+        status,
+        body: body.chars().take(500).collect(),
+    })
 }
