@@ -8,6 +8,7 @@
 pub mod apigen;
 pub mod executor;
 pub mod host_env;
+mod json_kind;
 pub mod kernel;
 pub mod mcp_server;
 pub mod pyenv;

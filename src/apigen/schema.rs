@@ -9,6 +9,7 @@
 
 use super::naming;
 use super::pattern;
+use crate::json_kind::json_kind;
 use serde_json::{Map, Value};
 use std::collections::{HashMap, HashSet};
 
@@ -137,7 +138,7 @@ pub fn build_module(
     if !input.is_object() {
         return Err(format!(
             "inputSchema must be a JSON object, got {}",
-            kind(input)
+            json_kind(input)
         ));
     }
     let mut b = Builder {
@@ -191,17 +192,6 @@ pub fn build_module(
         rebuild: b.rebuild,
         has_result,
     })
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 enum RefState {

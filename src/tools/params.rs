@@ -12,6 +12,7 @@
 //! happens at connect time ([`super::env_subst`]). `Debug` shows env and header *names* only,
 //! never their values. This module does not connect to anything.
 
+use crate::json_kind::json_kind;
 use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
@@ -95,23 +96,12 @@ fn invalid(problem: impl Into<String>, help: impl Into<String>) -> ToolsError {
     }
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 fn get_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, ToolsError> {
     match obj.get(key) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(other) => Err(invalid(
-            format!("`{key}` must be a string, found {}", type_name(other)),
+            format!("`{key}` must be a string, found {}", json_kind(other)),
             format!("write `\"{key}\": \"...\"`"),
         )),
     }
@@ -128,7 +118,7 @@ fn get_string_map(
             .map(|(k, v)| match v {
                 Value::String(s) => Ok((k.clone(), s.clone())),
                 other => Err(invalid(
-                    format!("`{key}.{k}` must be a string, found {}", type_name(other)),
+                    format!("`{key}.{k}` must be a string, found {}", json_kind(other)),
                     format!("quote the value: `\"{k}\": \"...\"`"),
                 )),
             })
@@ -136,7 +126,7 @@ fn get_string_map(
         Some(other) => Err(invalid(
             format!(
                 "`{key}` must be an object of strings, found {}",
-                type_name(other)
+                json_kind(other)
             ),
             format!("write `\"{key}\": {{\"NAME\": \"value\"}}`"),
         )),
@@ -159,7 +149,7 @@ impl ServerParams {
             return Err(invalid(
                 format!(
                     "server params must be a JSON object, found {}",
-                    type_name(v)
+                    json_kind(v)
                 ),
                 "use {\"command\": ..., \"args\": [...]} for a stdio server or {\"url\": ...} for an HTTP server",
             ));
@@ -192,7 +182,7 @@ impl ServerParams {
             }),
             Some(other) => {
                 return Err(invalid(
-                    format!("`type` must be a string, found {}", type_name(other)),
+                    format!("`type` must be a string, found {}", json_kind(other)),
                     "use `\"type\": \"stdio\"`, `\"streamable_http\"` or `\"sse\"`",
                 ));
             }
@@ -241,7 +231,7 @@ impl ServerParams {
                         .map(|(i, a)| match a {
                             Value::String(s) => Ok(s.clone()),
                             other => Err(invalid(
-                                format!("`args[{i}]` must be a string, found {}", type_name(other)),
+                                format!("`args[{i}]` must be a string, found {}", json_kind(other)),
                                 "quote every argument, e.g. `\"args\": [\"--port\", \"8080\"]`",
                             )),
                         })
@@ -250,7 +240,7 @@ impl ServerParams {
                         return Err(invalid(
                             format!(
                                 "`args` must be an array of strings, found {}",
-                                type_name(other)
+                                json_kind(other)
                             ),
                             "write `\"args\": [\"arg1\", \"arg2\"]`",
                         ));
