@@ -1,5 +1,5 @@
 //! Benchmark of `apigen`: time to render and write the 117-tool GitHub MCP server package from
-//! the shared corpus (`../shared/corpus/mcp-tools/github.json`). Median of 20 runs; target
+//! the vendored corpus (`tests/corpus/mcp-tools/github.json`). Median of 20 runs; target
 //! <= 50 ms. Run with `cargo bench --bench apigen`.
 
 use ipybox::apigen::{ToolSpec, generate_package, render_package};
@@ -12,10 +12,10 @@ use common::median;
 
 fn main() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/corpus/mcp-tools/github.json");
+        .join("tests/corpus/mcp-tools/github.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "corpus file {} missing ({e}); it lives in ../shared/corpus",
+            "corpus file {} missing ({e}); see tests/corpus/README.md",
             path.display()
         )
     });

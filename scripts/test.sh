@@ -4,7 +4,9 @@
 #   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
 #   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
-# Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh --test kernel`).
+# Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh kernel::` for one module).
+# Plain `cargo test` skips tests whose components are missing (one line each); here nothing is
+# skipped: IPYBOX_TEST_STRICT=1 turns a missing component into a failure.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -17,4 +19,4 @@ cargo build --bin ipybox
 if [ -x scripts/plugin-check.sh ]; then bash scripts/plugin-check.sh; fi
 bash scripts/smoke-clients.sh
 # 2 test threads on 2 cores: each test starts real kernels and servers.
-cargo test --no-fail-fast "$@" -- --test-threads=2
+IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2

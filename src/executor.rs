@@ -75,6 +75,15 @@ impl ExecutorError {
             _ => "",
         }
     }
+
+    /// The error itself, without the prior output: the traceback when the code raised, else the
+    /// message (timeout, kernel death, setup failure).
+    pub fn error_text(&self) -> String {
+        match self {
+            ExecutorError::Kernel(KernelError::Failed { traceback, .. }) => traceback.clone(),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// One item of [`CodeExecutor::stream`].
@@ -519,6 +528,30 @@ impl CodeExecutor {
     pub async fn python(&self) -> Option<PathBuf> {
         // Not behind the execution lock: install_package must not wait for a running cell.
         self.inner.python.get().cloned()
+    }
+
+    /// Installs `spec` (`numpy`, `numpy>=2`, `git+https://…`) into the kernel's Python environment
+    /// on the host (uv when on PATH, else pip), also when the kernel is sandboxed, and refreshes
+    /// the kernel's import caches so the package imports without a reset. Starts the executor if
+    /// needed; does not wait for a running cell to install. Returns the installer's summary.
+    pub async fn install_package(&self, spec: &str) -> Result<String, ExecutorError> {
+        self.start().await?;
+        let python = self.python().await.ok_or(KernelError::Stopped)?;
+        let owned = spec.to_string();
+        let summary =
+            tokio::task::spawn_blocking(move || crate::pyenv::install_package(&python, &owned))
+                .await
+                .map_err(|e| PyEnvError::InstallFailed {
+                    spec: spec.to_string(),
+                    command: "the installer task".into(),
+                    output: e.to_string(),
+                })??;
+        // New distributions become importable once the import system's caches are fresh.
+        let refresh = "import importlib as _i; _i.invalidate_caches(); del _i";
+        if let Err(e) = self.execute(refresh, Some(Duration::from_secs(30))).await {
+            tracing::warn!("could not refresh the kernel's import caches: {e}");
+        }
+        Ok(summary)
     }
 
     /// The private runtime directory (sockets, connection files), if started.

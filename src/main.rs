@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+mod dotenv;
 mod terminal_approval;
 
 use anyhow::Context;
@@ -141,7 +142,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     use ipybox::mcp_server::{self, IpyboxServer};
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
     let process_env: std::collections::HashMap<String, String> = std::env::vars().collect();
-    let env = mcp_server::WorkspaceEnv::load(&workspace, process_env)?;
+    let env = dotenv::WorkspaceEnv::load(&workspace, process_env)?;
     let mut builder = CodeExecutor::builder()
         .workspace(&workspace)
         .kernel_env(env.kernel_env.clone())

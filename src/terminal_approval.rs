@@ -6,17 +6,17 @@ use std::io::{BufRead, Write};
 
 use ipybox::tools::ApprovalRequest;
 
-pub struct TerminalApprover {
+pub(crate) struct TerminalApprover {
     yes: bool,
     warned: bool,
 }
 
 impl TerminalApprover {
-    pub fn new(yes: bool) -> Self {
+    pub(crate) fn new(yes: bool) -> Self {
         Self { yes, warned: false }
     }
 
-    pub async fn decide(&mut self, request: ApprovalRequest) {
+    pub(crate) async fn decide(&mut self, request: ApprovalRequest) {
         if self.yes {
             request.accept();
             return;

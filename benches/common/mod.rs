@@ -3,18 +3,18 @@
 
 use std::time::Duration;
 
-pub fn median(mut v: Vec<Duration>) -> Duration {
+pub(crate) fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
-pub fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 /// Runs `bench` on a multi-thread runtime once the kernel environment exists (provisioning it
 /// first if needed, so it is never part of a measurement).
-pub fn run<F: std::future::Future<Output = ()>>(bench: impl FnOnce() -> F) {
+pub(crate) fn run<F: std::future::Future<Output = ()>>(bench: impl FnOnce() -> F) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

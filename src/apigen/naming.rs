@@ -68,12 +68,12 @@ const RESERVED_CLASSES: &[&str] = &[
     "Result",
 ];
 
-pub fn is_keyword(s: &str) -> bool {
+pub(super) fn is_keyword(s: &str) -> bool {
     KEYWORDS.contains(&s)
 }
 
 /// True if `s` is a plain ASCII Python identifier (which is all we ever generate).
-pub fn is_identifier(s: &str) -> bool {
+pub(super) fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
     match chars.next() {
         Some(c) if c.is_ascii_alphabetic() || c == '_' => {}
@@ -83,7 +83,7 @@ pub fn is_identifier(s: &str) -> bool {
 }
 
 /// Checks a server name: an ASCII identifier and not a keyword. Returns the reason if not.
-pub fn check_server_name(name: &str) -> Result<(), String> {
+pub(super) fn check_server_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("it is empty".into());
     }
@@ -112,7 +112,7 @@ fn replace_non_ident(s: &str) -> String {
 }
 
 /// Picks `base`, else `base_2`, `base_3`... (or `base2` with `sep = ""`) — the first not taken.
-pub fn dedupe(base: &str, taken: &HashSet<String>, sep: &str) -> String {
+pub(super) fn dedupe(base: &str, taken: &HashSet<String>, sep: &str) -> String {
     if !taken.contains(base) {
         return base.to_string();
     }
@@ -123,7 +123,7 @@ pub fn dedupe(base: &str, taken: &HashSet<String>, sep: &str) -> String {
 }
 
 /// The module name for each tool, in order (see docs/apigen.md for the rules).
-pub fn module_names<'a>(tool_names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+pub(super) fn module_names<'a>(tool_names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     let mut taken: HashSet<String> = HashSet::new();
     taken.insert("__init__".into());
     let mut out = Vec::new();
@@ -150,7 +150,7 @@ pub fn module_names<'a>(tool_names: impl IntoIterator<Item = &'a str>) -> Vec<St
 
 /// PascalCase from arbitrary text: `search_repositories` -> `SearchRepositories`,
 /// `richTextRequest` -> `RichTextRequest`. Never empty, never starts with a digit.
-pub fn pascal_case(s: &str) -> String {
+pub(super) fn pascal_case(s: &str) -> String {
     let mut out = String::new();
     for part in s.split(|c: char| !c.is_ascii_alphanumeric()) {
         let mut chars = part.chars();
@@ -169,7 +169,7 @@ pub fn pascal_case(s: &str) -> String {
 }
 
 /// A class name for `hint`, unique among `taken` (which it is added to).
-pub fn class_name(hint: &str, taken: &mut HashSet<String>) -> String {
+pub(super) fn class_name(hint: &str, taken: &mut HashSet<String>) -> String {
     let mut base = pascal_case(hint);
     if RESERVED_CLASSES.contains(&base.as_str()) && base != "Params" && base != "Result" {
         base.push_str("Model");
@@ -180,14 +180,14 @@ pub fn class_name(hint: &str, taken: &mut HashSet<String>) -> String {
 }
 
 /// Marks names the module needs as taken before any class is named.
-pub fn reserved_class_names() -> HashSet<String> {
+pub(super) fn reserved_class_names() -> HashSet<String> {
     RESERVED_CLASSES.iter().map(|s| s.to_string()).collect()
 }
 
 /// Python names for the properties of one model, in order. A property keeps its name when it is
 /// a usable field name; otherwise it gets a safe name (and is sent under its original one as an
 /// alias). `class_names` are the module's classes, which a field must not shadow.
-pub fn field_names(props: &[&str], class_names: &HashSet<String>) -> Vec<String> {
+pub(super) fn field_names(props: &[&str], class_names: &HashSet<String>) -> Vec<String> {
     let usable = |p: &str| {
         is_identifier(p)
             && !is_keyword(p)
@@ -230,7 +230,7 @@ pub fn field_names(props: &[&str], class_names: &HashSet<String>) -> Vec<String>
 }
 
 /// Member names of a string enum, one per value, unique, derived from the values.
-pub fn enum_member_names(values: &[&str]) -> Vec<String> {
+pub(super) fn enum_member_names(values: &[&str]) -> Vec<String> {
     let mut taken: HashSet<String> = HashSet::new();
     values
         .iter()

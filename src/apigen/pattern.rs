@@ -8,7 +8,7 @@
 /// True if `p` only uses syntax that Rust `regex` and Python `re` both accept with the same
 /// meaning: no look-around, back-references, named groups, inline flags, possessive
 /// quantifiers, nested classes or class set operations, and only common escapes.
-pub fn is_portable(p: &str) -> bool {
+pub(super) fn is_portable(p: &str) -> bool {
     let chars: Vec<char> = p.chars().collect();
     let mut i = 0;
     let mut depth = 0i32;

@@ -56,7 +56,7 @@ pub fn py_literal(v: &Value) -> String {
 
 /// Like [`py_literal`], but non-empty containers are spread over lines, indented by 4 spaces per
 /// level starting at `indent`.
-pub fn py_literal_pretty(v: &Value, indent: usize) -> String {
+pub(super) fn py_literal_pretty(v: &Value, indent: usize) -> String {
     let mut out = String::new();
     write_literal(&mut out, v, Some(4), indent);
     out
@@ -145,7 +145,7 @@ fn write_items<'a>(
 /// The body of a `"""` docstring for `text`: backslashes and quotes that could end the string
 /// are escaped, control characters are written as escapes, continuation lines are indented by
 /// `indent` spaces and trailing whitespace is trimmed. Returns the text between the quotes.
-pub fn docstring_body(text: &str, indent: usize) -> String {
+pub(super) fn docstring_body(text: &str, indent: usize) -> String {
     let pad: String = " ".repeat(indent);
     let mut raw = String::with_capacity(text.len() + 8);
     let limit = DOC_WIDTH.saturating_sub(indent).max(40);
@@ -212,7 +212,7 @@ fn wrap_line(line: &str, limit: usize) -> Vec<String> {
 
 /// A complete docstring (with quotes) for `text`, with continuation lines indented by `indent`.
 /// Multi-line docstrings put the closing quotes on their own line.
-pub fn docstring(text: &str, indent: usize) -> String {
+pub(super) fn docstring(text: &str, indent: usize) -> String {
     let body = docstring_body(text, indent);
     if body.contains('\n') {
         format!("\"\"\"{body}\n{}\"\"\"", " ".repeat(indent))
@@ -224,7 +224,7 @@ pub fn docstring(text: &str, indent: usize) -> String {
 /// A string expression for `s` that fits in about `width` columns when placed at `indent`:
 /// a single literal if short enough, else a parenthesised implicit concatenation of literals
 /// split after spaces and newlines.
-pub fn py_str_wrapped(s: &str, indent: usize, width: usize) -> String {
+pub(super) fn py_str_wrapped(s: &str, indent: usize, width: usize) -> String {
     let single = py_str(s);
     if indent + single.len() <= width && !s.contains('\n') {
         return single;

@@ -54,7 +54,7 @@ struct Used {
 }
 
 /// Renders one tool module.
-pub fn render_module(
+pub(super) fn render_module(
     server_name: &str,
     tool_name: &str,
     description: Option<&str>,
@@ -125,7 +125,7 @@ pub fn render_module(
 }
 
 /// Renders the server package's `__init__.py`.
-pub fn render_init(
+pub(super) fn render_init(
     server_name: &str,
     server_params: &Value,
     modules: &[(String, Option<&str>)],
@@ -155,7 +155,7 @@ pub fn render_init(
     })
 }
 
-pub fn render_root_init() -> Result<String, minijinja::Error> {
+pub(super) fn render_root_init() -> Result<String, minijinja::Error> {
     env().get_template("root_init.py")?.render(context! {})
 }
 

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 
 /// A Python type annotation.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Ty {
+pub(super) enum Ty {
     Any,
     Str,
     Int,
@@ -36,7 +36,7 @@ pub enum Ty {
 
 impl Ty {
     /// True if `None` is a valid value.
-    pub fn is_nullable(&self) -> bool {
+    pub(super) fn is_nullable(&self) -> bool {
         match self {
             Ty::Any | Ty::Null => true,
             Ty::Union(items) => items.iter().any(Ty::is_nullable),
@@ -46,7 +46,7 @@ impl Ty {
     }
 
     /// A union, flattened and de-duplicated, `None` last; `Any` absorbs everything.
-    pub fn union(items: Vec<Ty>) -> Ty {
+    pub(super) fn union(items: Vec<Ty>) -> Ty {
         let mut out: Vec<Ty> = Vec::new();
         let mut null = false;
         let mut stack: Vec<Ty> = items.into_iter().rev().collect();
@@ -71,13 +71,13 @@ impl Ty {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Extra {
+pub(super) enum Extra {
     Allow,
     Forbid,
 }
 
 #[derive(Debug)]
-pub struct FieldSpec {
+pub(super) struct FieldSpec {
     /// The property name on the wire.
     pub wire: String,
     pub ty: Ty,
@@ -87,7 +87,7 @@ pub struct FieldSpec {
 }
 
 #[derive(Debug)]
-pub struct ModelSpec {
+pub(super) struct ModelSpec {
     pub name: String,
     pub doc: Option<String>,
     pub fields: Vec<FieldSpec>,
@@ -99,20 +99,20 @@ pub struct ModelSpec {
 }
 
 #[derive(Debug)]
-pub struct EnumSpec {
+pub(super) struct EnumSpec {
     pub name: String,
     /// (member name, value)
     pub members: Vec<(String, String)>,
 }
 
 #[derive(Debug)]
-pub enum ClassSpec {
+pub(super) enum ClassSpec {
     Model(ModelSpec),
     Enum(EnumSpec),
 }
 
 impl ClassSpec {
-    pub fn name(&self) -> &str {
+    pub(super) fn name(&self) -> &str {
         match self {
             ClassSpec::Model(m) => &m.name,
             ClassSpec::Enum(e) => &e.name,
@@ -121,7 +121,7 @@ impl ClassSpec {
 }
 
 #[derive(Debug)]
-pub struct ModuleModel {
+pub(super) struct ModuleModel {
     /// Classes in emission order: a class comes after the classes it uses, except in cycles.
     pub classes: Vec<ClassSpec>,
     /// Models that refer to a class defined after them (recursion): need `model_rebuild()`.
@@ -130,7 +130,7 @@ pub struct ModuleModel {
 }
 
 /// Builds the classes for one tool. `tool_name` only feeds docstrings.
-pub fn build_module(
+pub(super) fn build_module(
     tool_name: &str,
     input: &Value,
     output: Option<&Value>,

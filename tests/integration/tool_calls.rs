@@ -1,38 +1,19 @@
 //! Programmatic tool calling end to end: register real MCP servers, import the generated modules
 //! in a real kernel, call tools through the tool server, approve or reject the calls.
 
-#[path = "common/mcp_fixtures.rs"]
-mod mcp_fixtures;
-
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ipybox::CodeExecutor;
 use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::kernel::KernelError;
-use mcp_fixtures::*;
+use crate::support::*;
 use serde_json::{Value, json};
-
-async fn executor(ws: &Path) -> CodeExecutor {
-    let ex = CodeExecutor::builder()
-        .workspace(ws)
-        .without_spare_kernel()
-        .build();
-    ex.start().await.expect("executor starts");
-    ex
-}
 
 async fn register(ws: &Path, name: &str, params: &Value) -> Vec<String> {
     ipybox::generate_mcp_sources(name, params, &ws.join("mcptools"))
         .await
         .expect("registration")
-}
-
-async fn run(ex: &CodeExecutor, code: &str) -> String {
-    match ex.execute(code, Some(Duration::from_secs(60))).await {
-        Ok(r) => r.text,
-        Err(e) => panic!("code failed: {e}\noutput: {}", e.output()),
-    }
 }
 
 fn schema_server() -> Value {
@@ -41,6 +22,7 @@ fn schema_server() -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn generated_api_sends_exactly_what_the_caller_set() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let modules = register(ws.path(), "sch", &schema_server()).await;
     assert_eq!(
@@ -96,6 +78,7 @@ print(run(Params(**{"from": "by alias", "x-y": 2, "required_nullable": 0})))
 
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_strings_cannot_inject_code() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let marker = Path::new("/tmp/ipybox_pwned");
     let _ = std::fs::remove_file(marker);
@@ -145,17 +128,20 @@ except ToolError as e:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fixture_over_stdio() {
+    require!(TestEnv);
     fixture_roundtrip(fixture_stdio_params("stdio")).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fixture_over_sse() {
+    require!(TestEnv);
     let server = start_fixture("sse", None);
     fixture_roundtrip(json!({"url": server.url("/sse")})).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fixture_over_streamable_http() {
+    require!(TestEnv);
     let server = start_fixture("http", None);
     fixture_roundtrip(json!({"url": server.url("/mcp")})).await;
 }
@@ -185,17 +171,20 @@ print(get_sum.run(get_sum.Params(a=2, b=40)))
 
 #[tokio::test(flavor = "multi_thread")]
 async fn everything_over_stdio() {
+    require!(TestEnv);
     everything_roundtrip(everything_stdio_params()).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn everything_over_sse() {
+    require!(TestEnv);
     let server = start_everything("sse");
     everything_roundtrip(json!({"url": server.url("/sse")})).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn everything_over_streamable_http() {
+    require!(TestEnv);
     let server = start_everything("streamableHttp");
     everything_roundtrip(json!({"url": server.url("/mcp")})).await;
 }
@@ -238,6 +227,7 @@ async fn stream_with(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn approvals_accept_reject_and_time_out() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
     let ex = CodeExecutor::builder()
@@ -289,6 +279,7 @@ for name in ["ok", "no"]:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn waiting_for_approval_does_not_count_against_the_timeout() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
     let ex = CodeExecutor::builder()
@@ -313,6 +304,7 @@ async fn waiting_for_approval_does_not_count_against_the_timeout() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn hundred_concurrent_calls_from_threads() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
     let ex = executor(ws.path()).await;
@@ -336,6 +328,7 @@ print(results == [2 * i for i in range(100)], len(slept), set(slept))
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reset_closes_sessions_and_calls_reconnect() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
     let ex = executor(ws.path()).await;
@@ -367,6 +360,7 @@ async fn reset_closes_sessions_and_calls_reconnect() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dead_servers_and_bad_params_give_clear_errors() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     // Registration errors
     let err = ipybox::generate_mcp_sources(
@@ -436,6 +430,7 @@ async fn dead_servers_and_bad_params_give_clear_errors() {
 
 #[test]
 fn cli_apigen_generates_modules() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let params = fixture_stdio_params("stdio").to_string();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ipybox"))
@@ -464,6 +459,7 @@ fn cli_apigen_generates_modules() {
 
 #[test]
 fn cli_exec_asks_for_approval_or_needs_yes() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let params = fixture_stdio_params("stdio").to_string();
     let ipybox = env!("CARGO_BIN_EXE_ipybox");

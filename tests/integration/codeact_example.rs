@@ -12,17 +12,13 @@
 //! `npx -y PKG ARGS...` in the page becomes the package's binary from `target/test-env`
 //! (`scripts/test-env.sh`): no network at test time.
 
-#[path = "common/mcp_fixtures.rs"]
-mod mcp_fixtures;
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
-use ipybox::tools::{McpSession, ServerParams, tool_output};
-use mcp_fixtures::{process_env, root};
-use serde_json::{Map, Value, json};
+use ipybox::tools::{McpSession, tool_output};
+use crate::support::{self, connect_ipybox, require, root};
+use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ipybox");
 
 /// What a step does.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,21 +129,8 @@ fn local_params(params: &Value) -> Value {
     params
 }
 
-async fn connect(ws: &Path) -> McpSession {
-    let params = json!({"command": BIN, "args": ["--workspace", ws, "--log-level", "warn"]});
-    let params = ServerParams::parse(&params).unwrap();
-    McpSession::connect(&params, &process_env(), Duration::from_secs(60))
-        .await
-        .expect("ipybox MCP server starts")
-}
-
 async fn call(s: &McpSession, tool: &str, arguments: Value) -> String {
-    let arguments: Map<String, Value> = arguments.as_object().unwrap().clone();
-    let result = s
-        .call_tool(tool, arguments)
-        .await
-        .unwrap_or_else(|e| panic!("{tool}: tools/call failed: {e}"));
-    let out = tool_output(&result);
+    let out = tool_output(&support::call(s, tool, arguments).await);
     assert!(!out.is_error, "{tool} failed:\n{}", out.text);
     out.text
 }
@@ -162,6 +145,7 @@ struct Mismatch {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn worked_example_runs_as_documented() {
+    require!(TestEnv);
     let page = std::fs::read_to_string(page_path()).expect("docs/codeact.md is readable");
     let steps = parse_page(&page);
 
@@ -191,7 +175,7 @@ async fn worked_example_runs_as_documented() {
         format!("MEMORY_FILE_PATH={}\n", memory_file.display()),
     )
     .unwrap();
-    let session = connect(ws.path()).await;
+    let session = connect_ipybox(ws.path(), &[]).await;
 
     let mut mismatches: Vec<Mismatch> = Vec::new();
     let mut last: Option<(String, String)> = None; // (what, text) of the previous step

@@ -1,9 +1,6 @@
 //! MCP client side against real servers: the Python fixture (PyPI `mcp` 2.x) and
 //! `@modelcontextprotocol/server-everything`, over stdio, legacy SSE and streamable HTTP.
-//! Needs `bash scripts/test-env.sh` (tests fail with that hint otherwise).
-
-#[path = "common/mcp_fixtures.rs"]
-mod mcp_fixtures;
+//! Needs `target/test-env/` (`bash scripts/test-env.sh`); skipped with one line without it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,17 +10,10 @@ use base64::Engine;
 use ipybox::tools::{
     McpSession, ServerParams, SessionCache, ToolsError, TransportKind, tool_output,
 };
-use mcp_fixtures::*;
+use crate::support::*;
 use serde_json::{Map, Value, json};
 
 const T: Duration = Duration::from_secs(30);
-
-fn args(v: Value) -> Map<String, Value> {
-    match v {
-        Value::Object(m) => m,
-        _ => panic!("arguments must be an object"),
-    }
-}
 
 async fn connect(params: &Value) -> McpSession {
     connect_env(params, &process_env()).await
@@ -135,6 +125,7 @@ async fn exercise_fixture(s: &McpSession) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixture_over_stdio() {
+    require!(TestEnv);
     let s = connect(&fixture_stdio_params("stdio")).await;
     assert_eq!(s.kind(), TransportKind::Stdio);
     exercise_fixture(&s).await;
@@ -153,6 +144,7 @@ async fn fixture_over_stdio() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixture_over_sse() {
+    require!(TestEnv);
     let server = start_fixture("sse", None);
     let s = connect(&json!({"url": server.url("/sse")})).await;
     assert_eq!(s.kind(), TransportKind::Sse);
@@ -162,6 +154,7 @@ async fn fixture_over_sse() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixture_over_streamable_http() {
+    require!(TestEnv);
     let server = start_fixture("http", None);
     let s = connect(&json!({"url": server.url("/mcp")})).await;
     assert_eq!(s.kind(), TransportKind::StreamableHttp);
@@ -171,6 +164,7 @@ async fn fixture_over_streamable_http() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_share_one_session() {
+    require!(TestEnv);
     let s = Arc::new(connect(&fixture_stdio_params("stdio")).await);
     let started = Instant::now();
     let calls = (0..5).map(|_| {
@@ -249,6 +243,7 @@ async fn exercise_everything(s: &McpSession) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_over_stdio() {
+    require!(TestEnv);
     let s = connect(&everything_stdio_params()).await;
     exercise_everything(&s).await;
     let pid = s.pid().unwrap();
@@ -258,6 +253,7 @@ async fn everything_over_stdio() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_over_sse() {
+    require!(TestEnv);
     let server = start_everything("sse");
     let s = connect(&json!({"url": server.url("/sse")})).await;
     assert_eq!(s.kind(), TransportKind::Sse);
@@ -267,6 +263,7 @@ async fn everything_over_sse() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn everything_over_streamable_http() {
+    require!(TestEnv);
     let server = start_everything("streamableHttp");
     let s = connect(&json!({"url": server.url("/mcp")})).await;
     assert_eq!(s.kind(), TransportKind::StreamableHttp);
@@ -276,6 +273,7 @@ async fn everything_over_streamable_http() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_env_substitution_minimal_env_and_cwd() {
+    require!(TestEnv);
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path().canonicalize().unwrap();
     let mut env = process_env();
@@ -311,6 +309,7 @@ async fn stdio_env_substitution_minimal_env_and_cwd() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_header_substitution() {
+    require!(TestEnv);
     let mut env = process_env();
     env.insert("API_KEY".into(), "key-abcdef".into());
     let headers = json!({"X-Api-Key": "${API_KEY}", "Authorization": "Bearer ${API_KEY}"});
@@ -336,6 +335,7 @@ async fn http_header_substitution() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_variable_is_named() {
+    require!(TestEnv);
     let mut params = fixture_stdio_params("stdio");
     params["env"] = json!({"TOKEN": "${IPYBOX_SURELY_UNSET_VAR}"});
     let err = connect_err(&params, &process_env(), T).await;
@@ -362,6 +362,7 @@ async fn missing_variable_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_never_in_errors() {
+    require!(TestEnv);
     let secret = "hunter2-very-secret";
     let mut env = process_env();
     env.insert("SECRET".into(), secret.into());
@@ -391,6 +392,7 @@ async fn secrets_never_in_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explicit_type_overrides_url_inference() {
+    require!(TestEnv);
     // SSE served at a path not ending in /sse.
     let sse = start_fixture("sse", Some("/events"));
     let p = json!({"url": sse.url("/events"), "type": "sse"});
@@ -515,6 +517,7 @@ fn bad_params_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_time_errors() {
+    require!(TestEnv);
     // Nonexistent command.
     let err = connect_err(
         &json!({"command": "ipybox-no-such-server-binary"}),
@@ -546,6 +549,7 @@ async fn connect_time_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crashing_stdio_server_reports_stderr_tail() {
+    require!(TestEnv);
     let started = Instant::now();
     let err = connect_err(&fixture_stdio_params("crash"), &process_env(), T).await;
     let elapsed = started.elapsed();
@@ -587,6 +591,7 @@ async fn unreachable_url_fails_fast_and_clearly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_timeout_is_honoured() {
+    require!(TestEnv);
     let timeout = Duration::from_millis(1500);
     // stdio server that never answers.
     let started = Instant::now();
@@ -631,6 +636,7 @@ async fn connect_timeout_is_honoured() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_cache_connects_once_and_close_all_kills_children() {
+    require!(TestEnv);
     let cache = Arc::new(SessionCache::new(process_env(), T));
     let params = fixture_stdio_params("stdio");
     let started = Instant::now();
@@ -685,6 +691,7 @@ async fn session_cache_connects_once_and_close_all_kills_children() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_cache_shares_failures_and_replaces_dead_sessions() {
+    require!(TestEnv);
     let cache = Arc::new(SessionCache::new(process_env(), T));
     let crash = fixture_stdio_params("crash");
     let results =
@@ -730,6 +737,7 @@ async fn session_cache_shares_failures_and_replaces_dead_sessions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_a_session_kills_its_child() {
+    require!(TestEnv);
     let s = connect(&fixture_stdio_params("stdio")).await;
     let pid = s.pid().unwrap();
     drop(s);

@@ -6,11 +6,6 @@
 //! directory), that ipybox keeps working inside (tool calls, timeouts, reset, images), how bad
 //! configs fail, and that nothing is left running after `stop()`. Not here: the policy's JSON
 //! handling in isolation (unit tests in `src/sandbox.rs`).
-#![cfg(target_os = "linux")]
-
-#[path = "common/mcp_fixtures.rs"]
-mod mcp_fixtures;
-
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -20,7 +15,7 @@ use ipybox::CodeExecutor;
 use ipybox::executor::ExecutorError;
 use ipybox::kernel::KernelError;
 use ipybox::sandbox::{SandboxError, SandboxOptions};
-use mcp_fixtures::*;
+use crate::support::*;
 use serde_json::json;
 
 /// srt as `scripts/sandbox-deps.sh` installs it; passed like a user's `IPYBOX_SRT`.
@@ -49,13 +44,6 @@ async fn sandboxed(ws: &Path, options: SandboxOptions, spare: bool) -> CodeExecu
     let ex = b.build();
     ex.start().await.expect("sandboxed executor starts");
     ex
-}
-
-async fn run(ex: &CodeExecutor, code: &str) -> String {
-    match ex.execute(code, Some(Duration::from_secs(60))).await {
-        Ok(r) => r.text,
-        Err(e) => panic!("code failed: {e}\noutput: {}", e.output()),
-    }
 }
 
 /// Live (non-zombie) processes whose command line mentions `needle`.
@@ -120,6 +108,7 @@ const PNG: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+
 
 #[tokio::test(flavor = "multi_thread")]
 async fn default_policy_confines_the_kernel_and_ipybox_keeps_working() {
+    require!(SandboxDeps);
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
     std::fs::write(ws.join(".env"), "SECRET=hunter2\n").unwrap();
@@ -295,6 +284,7 @@ fn http_server() -> u16 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn custom_policy_is_honoured() {
+    require!(SandboxDeps);
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
     let extra = tempfile::tempdir().unwrap();
@@ -365,6 +355,7 @@ impl Write for Captured {
 // subscriber is installed.
 #[tokio::test]
 async fn missing_config_falls_back_to_the_default_policy_with_a_warning() {
+    require!(SandboxDeps);
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
     std::fs::write(ws.join(".env"), "SECRET=1\n").unwrap();
@@ -395,6 +386,7 @@ async fn missing_config_falls_back_to_the_default_policy_with_a_warning() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn broken_configs_and_missing_srt_fail_clearly() {
+    require!(SandboxDeps);
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
     std::fs::write(ws.join("bad.json"), "{\"filesystem\": {").unwrap();
@@ -441,6 +433,7 @@ async fn broken_configs_and_missing_srt_fail_clearly() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn tool_calls_reach_the_host_from_the_sandbox() {
+    require!(SandboxDeps, TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
     let ex = sandboxed(ws, options(None), false).await;
@@ -466,6 +459,7 @@ with ThreadPoolExecutor(4) as pool:
 /// example in docs/sandbox.md.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_mcp_server_can_run_under_srt() {
+    require!(SandboxDeps, TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
     let settings = ws.join("mcp-srt.json");
@@ -503,6 +497,7 @@ async fn an_mcp_server_can_run_under_srt() {
 /// reaches the sandboxed code as `ApprovalRejected`.
 #[tokio::test(flavor = "multi_thread")]
 async fn approvals_work_from_the_sandbox() {
+    require!(SandboxDeps, TestEnv);
     use ipybox::executor::ExecutionEvent;
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
@@ -540,6 +535,7 @@ async fn approvals_work_from_the_sandbox() {
 /// the environment) and the sandboxed kernel imports the package without a reset.
 #[tokio::test(flavor = "multi_thread")]
 async fn install_package_reaches_a_sandboxed_kernel() {
+    require!(SandboxDeps);
     use ipybox::tools::{McpSession, ServerParams, tool_output};
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap(); // a private kernel environment for the install
@@ -588,6 +584,7 @@ async fn install_package_reaches_a_sandboxed_kernel() {
 /// of its choosing, neither under a new server name nor by rewriting a registered server's params.
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxed_code_cannot_make_the_host_run_commands() {
+    require!(SandboxDeps, TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let ws = ws.path();
     let marker = ws

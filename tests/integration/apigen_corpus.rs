@@ -1,5 +1,5 @@
-//! Corpus test for `apigen`: generates the packages of every MCP server in the shared corpus
-//! (`../shared/corpus/mcp-tools/*.json`), then has real Python import every module and
+//! Corpus test for `apigen`: generates the packages of every MCP server in the vendored corpus
+//! (`tests/corpus/mcp-tools/*.json`), then has real Python import every module and
 //! property-test `Params`/`Result` against the schemas with hypothesis-jsonschema
 //! (`tests/python/apigen_corpus_check.py`). Not a unit test of naming or rendering details.
 
@@ -8,59 +8,37 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn manifest_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::support::{self, require, root};
 
+/// The vendored copy of the corpus (see `tests/corpus/README.md`).
 fn corpus_dir() -> PathBuf {
-    let dir = manifest_dir().join("../shared/corpus/mcp-tools");
-    assert!(
-        dir.is_dir(),
-        "MCP tool corpus not found at {} (expected CARGO_MANIFEST_DIR/../shared/corpus/mcp-tools)",
-        dir.display()
-    );
-    dir
+    root().join("tests/corpus/mcp-tools")
 }
 
-pub fn test_python() -> PathBuf {
-    let root = manifest_dir();
-    let python = root.join("target/test-env/venv/bin/python");
-    if !python.exists() {
-        let status = Command::new("bash")
-            .arg(root.join("scripts/test-env.sh"))
-            .status()
-            .expect("run test-env.sh");
-        assert!(
-            status.success(),
-            "scripts/test-env.sh failed; it provisions target/test-env/venv"
-        );
-    }
-    python
+/// (server name, tools) of one corpus file.
+pub(crate) fn load_corpus_file(file: &str) -> (String, Vec<ToolSpec>) {
+    let f = corpus_dir().join(file);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).expect("read corpus file"))
+        .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+    let server = v["server"].as_str().expect("server name").to_string();
+    let tools: Vec<ToolSpec> = serde_json::from_value(v["tools"].clone()).expect("tools");
+    (server, tools)
 }
 
 /// (server name, tools) for every corpus file, sorted by file name.
-pub fn load_corpus() -> Vec<(String, Vec<ToolSpec>)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
+fn load_corpus() -> Vec<(String, Vec<ToolSpec>)> {
+    let mut files: Vec<String> = std::fs::read_dir(corpus_dir())
         .expect("read corpus dir")
-        .map(|e| e.expect("dir entry").path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".json"))
         .collect();
     files.sort();
-    files
-        .iter()
-        .map(|f| {
-            let v: Value =
-                serde_json::from_str(&std::fs::read_to_string(f).expect("read corpus file"))
-                    .unwrap_or_else(|e| panic!("{}: {e}", f.display()));
-            let server = v["server"].as_str().expect("server name").to_string();
-            let tools: Vec<ToolSpec> = serde_json::from_value(v["tools"].clone()).expect("tools");
-            (server, tools)
-        })
-        .collect()
+    files.iter().map(|f| load_corpus_file(f)).collect()
 }
 
 #[test]
 fn corpus_generates_importable_modules_that_round_trip() {
+    require!(TestEnv);
     let corpus = load_corpus();
     let total: usize = corpus.iter().map(|(_, t)| t.len()).sum();
     assert_eq!(corpus.len(), 14, "expected 14 corpus files");
@@ -123,9 +101,9 @@ fn corpus_generates_importable_modules_that_round_trip() {
 }
 
 fn run_check(root: &Path, manifest: &Path) -> std::process::Output {
-    let python_dir = manifest_dir().join("python");
-    Command::new(test_python())
-        .arg(manifest_dir().join("tests/python/apigen_corpus_check.py"))
+    let python_dir = support::root().join("python");
+    Command::new(support::python())
+        .arg(support::root().join("tests/python/apigen_corpus_check.py"))
         .arg(manifest)
         .env(
             "PYTHONPATH",

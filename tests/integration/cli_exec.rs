@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn ipybox() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ipybox"));
+    let mut cmd = Command::new(crate::support::BIN);
     cmd.stdin(Stdio::null());
     cmd
 }

@@ -6,10 +6,14 @@
 //! automatically (as in Python ipybox). Results are text only (plus image content), never
 //! `structuredContent`: Claude Code would show the model only that.
 //!
-//! Not here: the workspace/.env handling of the command line (`main.rs` builds the
-//! [`ServerConfig`]), and everything the executor does.
+//! Not here: serving on stdio and shutting down ([`stdio`]), the workspace/`.env` handling of the
+//! command line (the binary's `dotenv` module builds the executor's environments), and everything
+//! the executor does.
 
-use std::collections::HashMap;
+mod stdio;
+
+pub use stdio::serve_stdio;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +29,6 @@ use serde_json::{Map, Value};
 
 use crate::CodeExecutor;
 use crate::executor::ExecutorError;
-use crate::kernel::KernelError;
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]
@@ -227,35 +230,9 @@ impl IpyboxServer {
         &self,
         Parameters(p): Parameters<InstallParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        if let Err(e) = self.executor.start().await {
-            return Ok(text_error(format!(
-                "the kernel environment is not available: {e}"
-            )));
-        }
-        let Some(python) = self.executor.python().await else {
-            return Ok(text_error(
-                "the kernel is not running; call `reset` and try again".into(),
-            ));
-        };
-        let spec = p.package_name.clone();
-        let installed =
-            tokio::task::spawn_blocking(move || crate::pyenv::install_package(&python, &spec))
-                .await;
-        match installed {
-            Ok(Ok(summary)) => {
-                // New distributions become importable once the import system's caches are fresh.
-                let refresh = "import importlib as _i; _i.invalidate_caches(); del _i";
-                if let Err(e) = self
-                    .executor
-                    .execute(refresh, Some(Duration::from_secs(30)))
-                    .await
-                {
-                    tracing::warn!("could not refresh the kernel's import caches: {e}");
-                }
-                Ok(CallToolResult::success(vec![ContentBlock::text(summary)]))
-            }
-            Ok(Err(e)) => Ok(text_error(e.to_string())),
-            Err(e) => Ok(text_error(format!("the installer task failed: {e}"))),
+        match self.executor.install_package(&p.package_name).await {
+            Ok(summary) => Ok(CallToolResult::success(vec![ContentBlock::text(summary)])),
+            Err(e) => Ok(text_error(e.to_string())),
         }
     }
 
@@ -278,10 +255,7 @@ impl IpyboxServer {
 /// The text of a failed execution: what was printed before, then the error.
 fn failure_text(e: &ExecutorError) -> String {
     let output = e.output();
-    let error = match e {
-        ExecutorError::Kernel(KernelError::Failed { traceback, .. }) => traceback.clone(),
-        other => other.to_string(),
-    };
+    let error = e.error_text();
     if output.is_empty() {
         error
     } else {
@@ -303,29 +277,6 @@ mod tests {
     use super::truncate_output;
 
     #[test]
-    fn parses_dotenv_leniently() {
-        let text =
-            "# c\nA=plain value # note\nexport B='lit ${X} \\n'\nC=\"q \\\"x\\\" \\n end\"\n\nD=\n";
-        assert_eq!(
-            super::parse_dotenv(text).unwrap(),
-            vec![
-                ("A".to_string(), "plain value".to_string()),
-                ("B".to_string(), "lit ${X} \\n".to_string()),
-                ("C".to_string(), "q \"x\" \n end".to_string()),
-                ("D".to_string(), String::new()),
-            ]
-        );
-        assert_eq!(
-            super::parse_dotenv("NOEQUALS").unwrap_err(),
-            "line 1: expected NAME=value"
-        );
-        assert_eq!(
-            super::parse_dotenv("X='open").unwrap_err(),
-            "line 1: unterminated single quote"
-        );
-    }
-
-    #[test]
     fn truncates_by_characters() {
         assert_eq!(truncate_output("héllo", 10), "héllo");
         assert_eq!(truncate_output("héllo", 5), "héllo");
@@ -334,163 +285,4 @@ mod tests {
             "hé\n\n[Output truncated: exceeded 2 character limit]"
         );
     }
-}
-
-/// The environments derived from the process and `<workspace>/.env`.
-#[derive(Debug, Clone, Default)]
-pub struct WorkspaceEnv {
-    /// Everything (process env, plus `.env` entries not already set): used for `${VAR}` in MCP
-    /// server params and as the base of stdio MCP servers' minimal environment.
-    pub tool_env: HashMap<String, String>,
-    /// `KERNEL_ENV_X=v` entries as `X=v`: the only variables the kernel gets beyond its base.
-    pub kernel_env: HashMap<String, String>,
-}
-
-/// Why the workspace's `.env` could not be read.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "cannot read {path}: {reason}\n  help: fix the line (format: NAME=value, # comments) or remove the file"
-)]
-pub struct DotenvError {
-    pub path: PathBuf,
-    pub reason: String,
-}
-
-impl WorkspaceEnv {
-    /// Loads `<workspace>/.env` if present; variables already in `process_env` win.
-    pub fn load(
-        workspace: &std::path::Path,
-        process_env: HashMap<String, String>,
-    ) -> Result<Self, DotenvError> {
-        let path = workspace.join(".env");
-        let mut tool_env = process_env;
-        match std::fs::read_to_string(&path) {
-            Ok(text) => {
-                for (k, v) in parse_dotenv(&text).map_err(|reason| DotenvError {
-                    path: path.clone(),
-                    reason,
-                })? {
-                    tool_env.entry(k).or_insert(v);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(DotenvError {
-                    path,
-                    reason: e.to_string(),
-                });
-            }
-        }
-        let kernel_env = tool_env
-            .iter()
-            .filter_map(|(k, v)| {
-                k.strip_prefix("KERNEL_ENV_")
-                    .filter(|n| !n.is_empty())
-                    .map(|n| (n.to_string(), v.clone()))
-            })
-            .collect();
-        Ok(Self {
-            tool_env,
-            kernel_env,
-        })
-    }
-}
-
-/// Parses `.env` text: `NAME=value` lines, optional `export `, `#` comment lines, values in
-/// single quotes (literal), double quotes (`\n`, `\"`, `\\` escapes) or unquoted (trimmed, a
-/// ` #` starts a comment). No interpolation: `${...}` in a value is kept as written.
-pub fn parse_dotenv(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let line = line
-            .strip_prefix("export ")
-            .map(str::trim_start)
-            .unwrap_or(line);
-        let Some((name, value)) = line.split_once('=') else {
-            return Err(format!("line {}: expected NAME=value", n + 1));
-        };
-        let name = name.trim();
-        if name.is_empty()
-            || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-            || name.starts_with(|c: char| c.is_ascii_digit())
-        {
-            return Err(format!(
-                "line {}: `{name}` is not a valid variable name",
-                n + 1
-            ));
-        }
-        let value = value.trim();
-        let value = if let Some(rest) = value.strip_prefix('\'') {
-            let end = rest
-                .find('\'')
-                .ok_or_else(|| format!("line {}: unterminated single quote", n + 1))?;
-            rest[..end].to_string()
-        } else if let Some(rest) = value.strip_prefix('"') {
-            let mut v = String::new();
-            let mut chars = rest.chars();
-            loop {
-                match chars.next() {
-                    None => return Err(format!("line {}: unterminated double quote", n + 1)),
-                    Some('"') => break,
-                    Some('\\') => match chars.next() {
-                        Some('n') => v.push('\n'),
-                        Some(c) => v.push(c),
-                        None => return Err(format!("line {}: unterminated double quote", n + 1)),
-                    },
-                    Some(c) => v.push(c),
-                }
-            }
-            v
-        } else {
-            value
-                .split(" #")
-                .next()
-                .unwrap_or("")
-                .trim_end()
-                .to_string()
-        };
-        out.push((name.to_string(), value));
-    }
-    Ok(out)
-}
-
-/// Serves `server` on stdio until stdin closes or SIGTERM/SIGINT arrives, then stops the kernels,
-/// MCP child servers and sockets (bounded to 2 s, also while an execution runs).
-pub async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Error> {
-    use rmcp::ServiceExt;
-    use tokio::signal::unix::{SignalKind, signal};
-    let executor = server.executor().clone();
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let outcome = tokio::select! {
-        running = server.serve(rmcp::transport::stdio()) => match running {
-            Ok(service) => {
-                let cancel = service.cancellation_token();
-                tokio::select! {
-                    reason = service.waiting() => {
-                        tracing::info!("MCP session ended ({reason:?})");
-                        Ok(())
-                    }
-                    _ = sigterm.recv() => { tracing::info!("SIGTERM: shutting down"); cancel.cancel(); Ok(()) }
-                    _ = sigint.recv() => { tracing::info!("SIGINT: shutting down"); cancel.cancel(); Ok(()) }
-                }
-            }
-            Err(e) => Err(std::io::Error::other(format!("MCP initialization failed: {e}"))),
-        },
-        _ = sigterm.recv() => Ok(()),
-        _ = sigint.recv() => Ok(()),
-    };
-    if tokio::time::timeout(Duration::from_millis(1900), executor.stop())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "shutdown took longer than 2 s; exiting anyway (kernels exit when ipybox does)"
-        );
-    }
-    outcome
 }

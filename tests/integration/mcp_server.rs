@@ -1,56 +1,18 @@
 //! The `ipybox` binary as an MCP server, driven by a real MCP client (rmcp, through ipybox's own
 //! client session type) and, for shutdown, by raw JSON-RPC over its stdio.
 
-#[path = "common/mcp_fixtures.rs"]
-mod mcp_fixtures;
-
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ipybox::tools::{McpSession, ServerParams, tool_output};
-use mcp_fixtures::*;
-use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::{Map, Value, json};
+use ipybox::tools::{McpSession, tool_output};
+use crate::support::*;
+use rmcp::model::ContentBlock;
+use serde_json::{Value, json};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ipybox");
-
-/// Starts `ipybox --workspace WS` as an MCP server with `env` added to the process env.
 async fn connect(ws: &Path, extra_env: &[(&str, &str)]) -> McpSession {
-    let mut env_obj = Map::new();
-    for (k, v) in extra_env {
-        env_obj.insert(k.to_string(), json!(v));
-    }
-    let params =
-        json!({"command": BIN, "args": ["--workspace", ws, "--log-level", "warn"], "env": env_obj});
-    let params = ServerParams::parse(&params).unwrap();
-    McpSession::connect(&params, &process_env(), Duration::from_secs(60))
-        .await
-        .expect("ipybox MCP server starts")
-}
-
-fn args(v: Value) -> Map<String, Value> {
-    v.as_object().unwrap().clone()
-}
-
-async fn call(s: &McpSession, tool: &str, arguments: Value) -> CallToolResult {
-    s.call_tool(tool, args(arguments))
-        .await
-        .expect("tools/call answers")
-}
-
-/// Text of a successful result (panics with the text on isError).
-async fn ok_text(s: &McpSession, tool: &str, arguments: Value) -> String {
-    let r = call(s, tool, arguments).await;
-    let out = tool_output(&r);
-    assert!(!out.is_error, "{tool} failed: {}", out.text);
-    assert!(
-        r.structured_content.is_none(),
-        "no structuredContent expected"
-    );
-    out.text
+    connect_ipybox(ws, extra_env).await
 }
 
 async fn err_text(s: &McpSession, tool: &str, arguments: Value) -> String {
@@ -247,6 +209,7 @@ async fn execute_ipython_cell_outputs_errors_timeouts_truncation_images() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn dotenv_kernel_env_and_secrets() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(
         ws.path().join(".env"),
@@ -292,6 +255,7 @@ async fn register_and_call(s: &McpSession, name: &str, params: Value) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn register_servers_over_all_transports_and_call_them() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let s = connect(ws.path(), &[]).await;
     register_and_call(&s, "over_stdio", fixture_stdio_params("stdio")).await;
@@ -331,6 +295,7 @@ async fn register_servers_over_all_transports_and_call_them() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reset_clears_state_and_closes_mcp_sessions() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let s = connect(ws.path(), &[]).await;
     ok_text(
@@ -456,6 +421,7 @@ async fn install_package_from_index_and_git() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_requests_queue_executions_and_register_while_running() {
+    require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let s = std::sync::Arc::new(connect(ws.path(), &[]).await);
     exec(&s, "log = []").await;
@@ -591,57 +557,85 @@ fn gone_within(pids: &[u32], within: Duration) -> Vec<u32> {
     }
 }
 
-fn setup_children(raw: &mut Raw) -> (u32, u32) {
+/// Every live descendant of `pid` (children of children, ...), from /proc.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // "pid (comm) state ppid ..." — comm may hold spaces, so split after the last ')'.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let mut fields = rest.split(' ');
+        let state = fields.next().unwrap_or("");
+        let ppid: u32 = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+        if state != "Z" {
+            parent_of.push((p, ppid));
+        }
+    }
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(parent_of.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// How the client goes away.
+#[derive(Debug, Clone, Copy)]
+enum Trigger {
+    StdinEof,
+    Signal(i32),
+}
+
+/// The server has several calls in flight — a cell whose tool call is running in an MCP server,
+/// a second cell queued behind it, a registration of a server that never answers — when the
+/// client goes away: ipybox, its kernels and every MCP child server are gone within 2 s, and its
+/// runtime directory is removed.
+fn shutdown_with_calls_in_flight(trigger: Trigger) {
+    let ws = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(ws.path());
     let params = fixture_stdio_params("stdio");
     raw.call(
         "register_mcp_server",
         json!({"server_name": "fx", "server_params": params}),
     );
-    let out = raw.call("execute_ipython_cell", json!({"code": "import os\nfrom mcptools.fx import get_pid\nprint(os.getpid(), get_pid.run(get_pid.Params()))"}));
-    let mut it = out.split_whitespace().map(|p| p.parse::<u32>().unwrap());
-    (it.next().unwrap(), it.next().unwrap())
-}
-
-#[test]
-fn stdin_eof_stops_everything_within_two_seconds() {
-    let ws = tempfile::tempdir().unwrap();
-    let mut raw = Raw::start(ws.path());
-    let (kernel, mcp_child) = setup_children(&mut raw);
+    assert_eq!(
+        raw.call("execute_ipython_cell", json!({"code": "from mcptools.fx import sleep\n6 * 7"})),
+        "42"
+    );
+    // 1: a cell whose tool call sleeps in the fixture server; 2: a cell queued behind it;
+    // 3: a registration of a server that never speaks MCP.
+    raw.send(json!({"jsonrpc": "2.0", "id": 901, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "print(sleep.run(sleep.Params(seconds=60)))"}}}));
+    raw.send(json!({"jsonrpc": "2.0", "id": 902, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "import time\ntime.sleep(60)"}}}));
+    let hang = json!({"command": python(), "args": [fixture_script(), "hang"]});
+    raw.send(json!({"jsonrpc": "2.0", "id": 903, "method": "tools/call", "params": {"name": "register_mcp_server", "arguments": {"server_name": "hang", "server_params": hang}}}));
+    std::thread::sleep(Duration::from_millis(1500));
+    let children = descendants(raw.child.id());
+    // kernel (+ spare), the fixture server, the hanging server, at least.
+    assert!(children.len() >= 3, "expected ipybox's children, found {children:?}");
     let start = Instant::now();
-    raw.stdin.take(); // EOF
+    match trigger {
+        Trigger::StdinEof => drop(raw.stdin.take()),
+        Trigger::Signal(sig) => unsafe {
+            libc::kill(raw.child.id() as i32, sig);
+        },
+    }
     let status = raw
         .wait_exit(Duration::from_secs(2))
-        .expect("ipybox exits within 2 s of stdin EOF");
-    assert!(status.success(), "{status}");
+        .unwrap_or_else(|| panic!("ipybox still running 2 s after {trigger:?}"));
+    let exited = start.elapsed();
+    assert!(status.success(), "{trigger:?}: {status}");
     assert_eq!(
-        gone_within(
-            &[kernel, mcp_child],
-            Duration::from_millis(2000).saturating_sub(start.elapsed())
-                + Duration::from_millis(200)
-        ),
-        Vec::<u32>::new()
-    );
-}
-
-#[test]
-fn sigterm_during_an_execution_stops_everything_within_two_seconds() {
-    let ws = tempfile::tempdir().unwrap();
-    let mut raw = Raw::start(ws.path());
-    let (kernel, mcp_child) = setup_children(&mut raw);
-    // Start a long execution, then SIGTERM while it runs.
-    raw.send(json!({"jsonrpc": "2.0", "id": 999, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "import time\ntime.sleep(60)"}}}));
-    std::thread::sleep(Duration::from_millis(500));
-    let start = Instant::now();
-    unsafe { libc::kill(raw.child.id() as i32, libc::SIGTERM) };
-    raw.wait_exit(Duration::from_secs(2))
-        .expect("ipybox exits within 2 s of SIGTERM");
-    assert_eq!(
-        gone_within(
-            &[kernel, mcp_child],
-            Duration::from_millis(2000).saturating_sub(start.elapsed())
-                + Duration::from_millis(200)
-        ),
-        Vec::<u32>::new()
+        gone_within(&children, Duration::from_secs(2).saturating_sub(exited)),
+        Vec::<u32>::new(),
+        "{trigger:?}: children alive 2 s after (ipybox exited after {exited:?})"
     );
     let leftovers: Vec<_> = std::fs::read_dir(std::env::temp_dir())
         .unwrap()
@@ -655,6 +649,43 @@ fn sigterm_during_an_execution_stops_everything_within_two_seconds() {
     assert!(
         leftovers.is_empty(),
         "runtime dir left behind: {leftovers:?}"
+    );
+}
+
+#[test]
+fn stdin_eof_with_calls_in_flight_stops_everything_within_two_seconds() {
+    require!(TestEnv);
+    shutdown_with_calls_in_flight(Trigger::StdinEof);
+}
+
+#[test]
+fn sigterm_with_calls_in_flight_stops_everything_within_two_seconds() {
+    require!(TestEnv);
+    shutdown_with_calls_in_flight(Trigger::Signal(libc::SIGTERM));
+}
+
+#[test]
+fn sigint_with_calls_in_flight_stops_everything_within_two_seconds() {
+    require!(TestEnv);
+    shutdown_with_calls_in_flight(Trigger::Signal(libc::SIGINT));
+}
+
+#[test]
+fn stdin_eof_when_idle_exits_at_once() {
+    let ws = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(ws.path());
+    assert_eq!(
+        raw.call("execute_ipython_cell", json!({"code": "6 * 7"})),
+        "42"
+    );
+    let children = descendants(raw.child.id());
+    let start = Instant::now();
+    drop(raw.stdin.take());
+    raw.wait_exit(Duration::from_secs(2))
+        .expect("ipybox exits within 2 s of stdin EOF");
+    assert_eq!(
+        gone_within(&children, Duration::from_secs(2).saturating_sub(start.elapsed())),
+        Vec::<u32>::new()
     );
 }
 
@@ -679,18 +710,4 @@ fn cancelled_requests_interrupt_the_execution_and_keep_state() {
         "waited {:?} behind the cancelled cell",
         start.elapsed()
     );
-}
-
-#[test]
-fn sigint_stops_too() {
-    let ws = tempfile::tempdir().unwrap();
-    let mut raw = Raw::start(ws.path());
-    assert_eq!(
-        raw.call("execute_ipython_cell", json!({"code": "6 * 7"})),
-        "42"
-    );
-    unsafe { libc::kill(raw.child.id() as i32, libc::SIGINT) };
-    raw.wait_exit(Duration::from_secs(2))
-        .expect("ipybox exits within 2 s of SIGINT");
-    let _ = HashMap::<(), ()>::new();
 }

@@ -8,48 +8,12 @@ use ipybox::CodeExecutor;
 use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::kernel::KernelError;
 
-async fn started(ws: &Path) -> CodeExecutor {
-    let ex = CodeExecutor::builder()
-        .workspace(ws)
-        .without_spare_kernel()
-        .build();
-    ex.start().await.expect("executor starts");
-    ex
-}
-
-async fn run(ex: &CodeExecutor, code: &str) -> String {
-    ex.execute(code, Some(Duration::from_secs(60)))
-        .await
-        .expect("code runs")
-        .text
-}
-
-fn pid_alive(pid: u32) -> bool {
-    // A zombie counts as gone: read the state from /proc.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .split(") ")
-            .nth(1)
-            .is_some_and(|rest| rest.starts_with('Z')),
-        Err(_) => false,
-    }
-}
-
-async fn wait_gone(pid: u32, within: Duration) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < within {
-        if !pid_alive(pid) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    !pid_alive(pid)
-}
+use crate::support::{executor, run, wait_gone};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn state_expressions_stdout_and_stderr() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     assert_eq!(run(&ex, "x = 6 * 7").await, "");
     assert_eq!(run(&ex, "x").await, "42");
     assert_eq!(run(&ex, "print(x + 1)\nx * 2").await, "43\n84");
@@ -86,7 +50,7 @@ async fn state_expressions_stdout_and_stderr() {
 #[tokio::test(flavor = "multi_thread")]
 async fn errors_carry_traceback_and_prior_output_without_colour() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     let err = ex
         .execute(
             "print('before')\ndef f():\n    raise ValueError('boom')\nf()",
@@ -137,7 +101,7 @@ async fn errors_carry_traceback_and_prior_output_without_colour() {
 #[tokio::test(flavor = "multi_thread")]
 async fn thousand_executions_with_random_sizes_arrive_intact() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     run(&ex, "def emit(i, n):\n    line = ''.join(chr(97 + (i * 7 + j) % 26) for j in range(64))\n    s = (line * (n // 64 + 1))[:n]\n    print(s, end='')").await;
     // deterministic pseudo-random sizes in 0..=100_000
     let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
@@ -160,7 +124,7 @@ async fn thousand_executions_with_random_sizes_arrive_intact() {
 #[tokio::test(flavor = "multi_thread")]
 async fn ten_megabytes_arrive_intact() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     let out = run(
         &ex,
         "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')",
@@ -176,7 +140,7 @@ async fn ten_megabytes_arrive_intact() {
 #[tokio::test(flavor = "multi_thread")]
 async fn png_display_data_becomes_an_image_file() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     let code = r#"
 import struct, zlib
 from IPython.display import Image, display
@@ -213,7 +177,7 @@ display(Image(data=png))
 #[tokio::test(flavor = "multi_thread")]
 async fn timeout_interrupts_and_keeps_state() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     run(&ex, "kept = 'still here'").await;
     let pid = ex.kernel_pid().await;
     let start = Instant::now();
@@ -390,7 +354,7 @@ async fn reset_gives_a_fresh_kernel_quickly() {
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrent_callers_are_serialized() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     run(&ex, "log = []").await;
     let tasks: Vec<_> = (0..4)
         .map(|i| {
@@ -419,7 +383,7 @@ async fn concurrent_callers_are_serialized() {
 #[tokio::test(flavor = "multi_thread")]
 async fn stream_yields_chunks_as_they_come() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     let mut execution = ex.stream(
         "import time\nprint('one', flush=True)\ntime.sleep(0.5)\nprint('two')",
         None,
@@ -557,7 +521,7 @@ async fn stopped_executor_says_to_start() {
 #[tokio::test(flavor = "multi_thread")]
 async fn output_racing_the_background_flush_is_not_lost() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     for i in 0..80u64 {
         run(&ex, "print('.', end='')").await; // arms the 0.2 s flush timer
         tokio::time::sleep(Duration::from_micros(190_000 + (i % 21) * 1_000)).await;
@@ -577,7 +541,7 @@ async fn output_racing_the_background_flush_is_not_lost() {
 #[tokio::test(flavor = "multi_thread")]
 async fn dropping_an_execution_interrupts_it() {
     let ws = tempfile::tempdir().unwrap();
-    let ex = started(ws.path()).await;
+    let ex = executor(ws.path()).await;
     run(&ex, "kept = 'yes'\nimport time").await;
     let dropped = tokio::time::timeout(
         Duration::from_millis(500),

@@ -1,0 +1,22 @@
+//! The integration tests: one test binary (one link), a module per area, helpers once in
+//! [`support`]. Every test drives real components: a real ipykernel, real MCP servers and
+//! clients, real srt + bubblewrap. Tests that need prepared components (`target/test-env/`,
+//! `target/sandbox-deps/`) skip with one line under plain `cargo test` and run under
+//! `bash scripts/test.sh`; see [`support::ready`].
+//!
+//! Generated-code snapshots (exact text, no Python) live in `apigen_snapshots`, apart from the
+//! tests that run generated code (`apigen`, `apigen_corpus`, `tool_calls`).
+
+mod support;
+
+mod apigen;
+mod apigen_corpus;
+mod apigen_snapshots;
+mod cli_exec;
+mod codeact_example;
+mod kernel;
+mod mcp_client;
+mod mcp_server;
+#[cfg(target_os = "linux")]
+mod sandbox;
+mod tool_calls;

@@ -1,0 +1,284 @@
+//! What the integration tests share, written once: where prepared components live and the
+//! skip rule when they are missing ([`require!`]), real MCP servers to start (the Python fixture
+//! `tests/fixtures/mcp_fixture.py` and `@modelcontextprotocol/server-everything`), an executor and
+//! an ipybox MCP-server client to drive, and process checks.
+//!
+//! Prepared components: `target/test-env/` (`scripts/test-env.sh`) and
+//! `target/sandbox-deps/` (`scripts/sandbox-deps.sh`). Under plain `cargo test` a test that needs
+//! a missing one prints one `skipped` line naming what to run and passes; under
+//! `bash scripts/test.sh` (which sets `IPYBOX_TEST_STRICT=1` after preparing them) it fails.
+
+use std::collections::HashMap;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ipybox::CodeExecutor;
+use ipybox::tools::{McpSession, ServerParams, tool_output};
+use rmcp::model::CallToolResult;
+use serde_json::{Map, Value, json};
+
+/// The ipybox binary under test.
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_ipybox");
+
+pub(crate) fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A prepared component some tests need.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Need {
+    /// `target/test-env/`: the Python `mcp` SDK venv and the npm MCP servers.
+    TestEnv,
+    /// `target/sandbox-deps/`: srt (plus bubblewrap, socat, ripgrep from apt).
+    SandboxDeps,
+}
+
+impl Need {
+    fn marker(self) -> PathBuf {
+        match self {
+            Need::TestEnv => root().join("target/test-env/.stamp"),
+            Need::SandboxDeps => root().join("target/sandbox-deps/node_modules/.bin/srt"),
+        }
+    }
+
+    fn script(self) -> &'static str {
+        match self {
+            Need::TestEnv => "scripts/test-env.sh",
+            Need::SandboxDeps => "scripts/sandbox-deps.sh",
+        }
+    }
+}
+
+/// True when every component in `needs` is prepared. Otherwise, under `IPYBOX_TEST_STRICT=1`
+/// (set by `scripts/test.sh`) it panics; else it prints one `skipped` line saying what to run,
+/// straight to stderr (libtest does not capture that), and returns false.
+pub(crate) fn ready(needs: &[Need]) -> bool {
+    let missing: Vec<Need> = needs.iter().copied().filter(|n| !n.marker().exists()).collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let scripts: Vec<&str> = missing.iter().map(|n| n.script()).collect();
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let line = format!(
+        "skipped {test}: needs {} (run `bash scripts/test.sh`, or `bash {}` first)",
+        scripts.join(" and "),
+        scripts.join(" && bash ")
+    );
+    assert!(std::env::var_os("IPYBOX_TEST_STRICT").is_none(), "{line}");
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+    false
+}
+
+/// Returns from the calling test (after one `skipped` line) unless the components are there.
+macro_rules! require {
+    ($($need:ident),+) => {
+        if !$crate::support::ready(&[$($crate::support::Need::$need),+]) {
+            return;
+        }
+    };
+}
+pub(crate) use require;
+
+fn existing(path: PathBuf) -> String {
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash scripts/test-env.sh` first to provision the test environment",
+        path.display()
+    );
+    path.to_string_lossy().into_owned()
+}
+
+/// Python of the test venv (has `mcp`, pydantic, hypothesis-jsonschema).
+pub(crate) fn python() -> String {
+    existing(root().join("target/test-env/venv/bin/python"))
+}
+
+/// The `mcp-server-everything` launcher.
+pub(crate) fn everything_bin() -> String {
+    existing(root().join("target/test-env/node_modules/.bin/mcp-server-everything"))
+}
+
+pub(crate) fn fixture_script() -> String {
+    existing(root().join("tests/fixtures/mcp_fixture.py"))
+}
+
+/// The process environment, as ipybox would pass it to the session layer.
+pub(crate) fn process_env() -> HashMap<String, String> {
+    std::env::vars().collect()
+}
+
+/// stdio params for the fixture in `mode` (`stdio`, `crash`, `hang`).
+pub(crate) fn fixture_stdio_params(mode: &str) -> Value {
+    json!({"command": python(), "args": [fixture_script(), mode]})
+}
+
+pub(crate) fn everything_stdio_params() -> Value {
+    json!({"command": everything_bin(), "args": ["stdio"]})
+}
+
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A server process listening on a loopback port; killed on drop.
+pub(crate) struct HttpServer {
+    child: Child,
+    pub port: u16,
+}
+
+impl HttpServer {
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+
+    fn wait_ready(mut self) -> Self {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return self;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("test MCP server exited early ({status})");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "test MCP server did not listen on port {} within 30 s",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the Python fixture over `sse` or `http` (streamable), optionally at a custom path.
+pub(crate) fn start_fixture(mode: &str, path: Option<&str>) -> HttpServer {
+    let port = free_port();
+    let mut cmd = Command::new(python());
+    cmd.arg(fixture_script()).arg(mode).arg(port.to_string());
+    if let Some(p) = path {
+        cmd.arg(p);
+    }
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn fixture");
+    HttpServer { child, port }.wait_ready()
+}
+
+/// Starts server-everything over `sse` or `streamableHttp`.
+pub(crate) fn start_everything(mode: &str) -> HttpServer {
+    let port = free_port();
+    let child = Command::new(everything_bin())
+        .arg(mode)
+        .env("PORT", port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn server-everything");
+    HttpServer { child, port }.wait_ready()
+}
+
+/// True while a process with this pid exists (zombies count as existing).
+pub(crate) fn pid_exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// True while `pid` runs; a zombie counts as gone (its state is read from /proc).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .split(") ")
+            .nth(1)
+            .is_some_and(|rest| rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Waits up to `within` for `pid` to be gone.
+pub(crate) async fn wait_gone(pid: u32, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if !pid_alive(pid) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    !pid_alive(pid)
+}
+
+/// A started executor on `ws` without a spare kernel.
+pub(crate) async fn executor(ws: &Path) -> CodeExecutor {
+    let ex = CodeExecutor::builder()
+        .workspace(ws)
+        .without_spare_kernel()
+        .build();
+    ex.start().await.expect("executor starts");
+    ex
+}
+
+/// Runs `code` (60 s timeout) and returns its text; panics with the output when it fails.
+pub(crate) async fn run(ex: &CodeExecutor, code: &str) -> String {
+    match ex.execute(code, Some(Duration::from_secs(60))).await {
+        Ok(r) => r.text,
+        Err(e) => panic!("code failed: {e}\noutput: {}", e.output()),
+    }
+}
+
+/// A JSON object as tool-call arguments.
+pub(crate) fn args(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => panic!("arguments must be an object"),
+    }
+}
+
+/// Starts `ipybox --workspace WS` as an MCP server (with `extra_env` added to the process
+/// environment) and connects a real MCP client (rmcp, through ipybox's own session type).
+pub(crate) async fn connect_ipybox(ws: &Path, extra_env: &[(&str, &str)]) -> McpSession {
+    let env: Map<String, Value> = extra_env
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let params =
+        json!({"command": BIN, "args": ["--workspace", ws, "--log-level", "warn"], "env": env});
+    let params = ServerParams::parse(&params).unwrap();
+    McpSession::connect(&params, &process_env(), Duration::from_secs(60))
+        .await
+        .expect("ipybox MCP server starts")
+}
+
+/// `tools/call` on an MCP session; panics if the request itself fails.
+pub(crate) async fn call(s: &McpSession, tool: &str, arguments: Value) -> CallToolResult {
+    s.call_tool(tool, args(arguments))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: tools/call failed: {e}"))
+}
+
+/// Text of a successful, text-only result (panics with the text on isError).
+pub(crate) async fn ok_text(s: &McpSession, tool: &str, arguments: Value) -> String {
+    let r = call(s, tool, arguments).await;
+    let out = tool_output(&r);
+    assert!(!out.is_error, "{tool} failed:\n{}", out.text);
+    assert!(
+        r.structured_content.is_none(),
+        "no structuredContent expected"
+    );
+    out.text
+}
