@@ -11,8 +11,8 @@ mod common;
 use common::median;
 
 fn main() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/corpus/mcp-tools/github.json");
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/mcp-tools/github.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
             "corpus file {} missing ({e}); see tests/corpus/README.md",

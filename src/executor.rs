@@ -26,11 +26,12 @@ use std::time::Duration;
 use include_dir::{Dir, include_dir};
 use tokio::sync::{Mutex, mpsc};
 
+use crate::host_env::HostEnv;
 use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::{
     ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, TimeoutPause,
 };
-use crate::pyenv::{self, PyEnvError};
+use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::{RegisterError, generate_mcp_sources_with};
 use crate::sandbox::{SandboxError, SandboxOptions};
 use crate::tools::registry::Registry;
@@ -59,6 +60,13 @@ pub enum ExecutorError {
     /// The sandbox could not be set up (srt missing, invalid config, ...).
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// A background task of ipybox's failed (a bug: please report it).
+    #[error("{what} failed: {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
     /// The workspace or runtime directory could not be prepared.
     #[error("cannot prepare {path}: {source}\n  help: choose a writable directory")]
     Io {
@@ -111,6 +119,18 @@ pub struct CodeExecutorBuilder {
     approval_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
     sandbox: Option<SandboxOptions>,
+    host_env: Option<HostEnv>,
+    progress: Option<ProgressSink>,
+}
+
+/// The provisioning progress callback, with a `Debug` that does not try to print a closure.
+#[derive(Clone)]
+struct ProgressSink(Progress);
+
+impl std::fmt::Debug for ProgressSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProgressSink")
+    }
 }
 
 impl CodeExecutorBuilder {
@@ -183,9 +203,26 @@ impl CodeExecutorBuilder {
         self
     }
 
-    pub fn build(self) -> CodeExecutor {
+    /// The host environment ipybox works from: `IPYBOX_PYTHON`, `IPYBOX_HOME`, `PATH` (uv,
+    /// python3, srt), the variables passed through to the kernel and MCP servers (default: this
+    /// process's environment, read once by [`CodeExecutorBuilder::build`]).
+    pub fn host_env(mut self, env: HostEnv) -> Self {
+        self.host_env = Some(env);
+        self
+    }
+
+    /// Where provisioning the managed Python environment reports progress, one line per call
+    /// (default: `tracing` info events; the CLI prints them).
+    pub fn progress(mut self, progress: Progress) -> Self {
+        self.progress = Some(ProgressSink(progress));
+        self
+    }
+
+    pub fn build(mut self) -> CodeExecutor {
+        let host = self.host_env.take().unwrap_or_else(HostEnv::from_process);
         CodeExecutor {
             inner: Arc::new(Inner {
+                host,
                 builder: self,
                 state: Mutex::new(None),
                 pause: TimeoutPause::default(),
@@ -205,6 +242,8 @@ struct Running {
 
 struct Inner {
     builder: CodeExecutorBuilder,
+    /// The builder's host environment, else the process environment read at `build()`.
+    host: HostEnv,
     state: Mutex<Option<Running>>,
     pause: TimeoutPause,
     /// Set by `stop()`: a running execution is abandoned so stopping never waits for it.
@@ -267,6 +306,10 @@ impl CodeExecutor {
     }
 
     /// The workspace as an absolute path (created if missing).
+    fn host_env(&self) -> &HostEnv {
+        &self.inner.host
+    }
+
     pub fn workspace(&self) -> Result<PathBuf, ExecutorError> {
         resolve_workspace(self.inner.builder.workspace.as_deref())
     }
@@ -281,12 +324,19 @@ impl CodeExecutor {
         let b = &self.inner.builder;
         let workspace = self.workspace()?;
         let explicit = b.python.clone();
-        let env = tokio::task::spawn_blocking(move || pyenv::resolve(explicit.as_deref()))
-            .await
-            .map_err(|e| ExecutorError::Io {
-                path: PathBuf::from("python environment"),
-                source: std::io::Error::other(e),
-            })??;
+        let host = self.host_env().clone();
+        let progress = b
+            .progress
+            .as_ref()
+            .map_or_else(pyenv::log_progress, |p| p.0.clone());
+        let env = tokio::task::spawn_blocking(move || {
+            pyenv::resolve(explicit.as_deref(), &host, &progress)
+        })
+        .await
+        .map_err(|source| ExecutorError::Task {
+            what: "finding the Python environment",
+            source,
+        })??;
         let runtime = Arc::new(RuntimeDir::create().map_err(|source| ExecutorError::Io {
             path: std::env::temp_dir(),
             source,
@@ -349,7 +399,7 @@ impl CodeExecutor {
             .builder
             .tool_env
             .clone()
-            .unwrap_or_else(|| std::env::vars().collect())
+            .unwrap_or_else(|| self.host_env().vars().clone())
     }
 
     fn registry(&self) -> Result<Arc<Registry>, ExecutorError> {
@@ -357,7 +407,7 @@ impl CodeExecutor {
             return Ok(r.clone());
         }
         let workspace = self.workspace()?;
-        let registry = match pyenv::data_dir() {
+        let registry = match pyenv::data_dir(self.host_env()) {
             Ok(dir) => Registry::for_workspace(&dir, &workspace),
             Err(_) => Registry::in_memory(),
         };
@@ -538,14 +588,15 @@ impl CodeExecutor {
         self.start().await?;
         let python = self.python().await.ok_or(KernelError::Stopped)?;
         let owned = spec.to_string();
-        let summary =
-            tokio::task::spawn_blocking(move || crate::pyenv::install_package(&python, &owned))
-                .await
-                .map_err(|e| PyEnvError::InstallFailed {
-                    spec: spec.to_string(),
-                    command: "the installer task".into(),
-                    output: e.to_string(),
-                })??;
+        let host = self.host_env().clone();
+        let summary = tokio::task::spawn_blocking(move || {
+            crate::pyenv::install_package(&python, &owned, &host)
+        })
+        .await
+        .map_err(|source| ExecutorError::Task {
+            what: "installing a package",
+            source,
+        })??;
         // New distributions become importable once the import system's caches are fresh.
         let refresh = "import importlib as _i; _i.invalidate_caches(); del _i";
         if let Err(e) = self.execute(refresh, Some(Duration::from_secs(30))).await {

@@ -13,7 +13,10 @@ mod terminal_approval;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ipybox::CodeExecutor;
-use ipybox::executor::ExecutionEvent;
+use ipybox::executor::{ExecutionEvent, ExecutorError};
+use ipybox::host_env::HostEnv;
+use ipybox::pyenv::{Progress, PyEnvError};
+use std::sync::Arc;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -141,10 +144,11 @@ fn main() -> ExitCode {
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     use ipybox::mcp_server::{self, IpyboxServer};
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
-    let process_env: std::collections::HashMap<String, String> = std::env::vars().collect();
-    let env = dotenv::WorkspaceEnv::load(&workspace, process_env)?;
+    let host = HostEnv::from_process();
+    let env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;
     let mut builder = CodeExecutor::builder()
         .workspace(&workspace)
+        .host_env(host)
         .kernel_env(env.kernel_env.clone())
         .tool_env(env.tool_env);
     if let Some(python) = args.python {
@@ -167,9 +171,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Setup { python } => {
-            let env =
-                tokio::task::spawn_blocking(move || ipybox::pyenv::resolve(python.as_deref()))
-                    .await??;
+            let host = HostEnv::from_process();
+            let env = tokio::task::spawn_blocking(move || {
+                ipybox::pyenv::resolve(python.as_deref(), &host, &print_progress())
+            })
+            .await?
+            .map_err(with_cli_help)?;
             match &env.managed_dir {
                 Some(dir) => println!(
                     "kernel environment: {}\npython: {}",
@@ -211,12 +218,16 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             let mut builder = CodeExecutor::builder()
                 .workspace(workspace)
+                .progress(print_progress())
                 .without_spare_kernel();
             if let Some(p) = python {
                 builder = builder.python(p);
             }
             let executor = builder.build();
-            executor.start().await?;
+            executor.start().await.map_err(|e| match e {
+                ExecutorError::PythonEnv(e) => with_cli_help(e),
+                other => anyhow::Error::new(other),
+            })?;
             let timeout = timeout.map(Duration::from_secs_f64);
             let mut execution = executor.stream(&code, timeout);
             let mut approver = terminal_approval::TerminalApprover::new(yes);
@@ -248,6 +259,21 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
         }
     }
+}
+
+/// Provisioning progress on stderr, as `ipybox: <line>`.
+fn print_progress() -> Progress {
+    Arc::new(|line: &str| eprintln!("ipybox: {line}"))
+}
+
+/// Adds where the interpreter comes from on the command line to errors about it.
+fn with_cli_help(e: PyEnvError) -> anyhow::Error {
+    let hint = matches!(
+        e,
+        PyEnvError::NotRunnable { .. } | PyEnvError::MissingPackages { .. }
+    )
+    .then_some("\n  help: the interpreter comes from --python PATH or IPYBOX_PYTHON");
+    anyhow::anyhow!("{e}{}", hint.unwrap_or(""))
 }
 
 fn read_code(code: Option<String>, file: Option<PathBuf>) -> anyhow::Result<String> {

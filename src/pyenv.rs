@@ -2,20 +2,23 @@
 //!
 //! The kernel needs a Python with `ipykernel` and `pydantic`, nothing else. Order of resolution:
 //!
-//! 1. an explicit interpreter (`--python PATH` / `IPYBOX_PYTHON`): used as is; if it lacks a
+//! 1. an explicit interpreter (the caller's, else `IPYBOX_PYTHON`): used as is; if it lacks a
 //!    package the error names it and the command that installs it;
 //! 2. the managed environment at [`managed_env_dir`] (`$IPYBOX_HOME/kernel-env`, by default
 //!    `$XDG_DATA_HOME/ipybox/kernel-env` or `~/.local/share/ipybox/kernel-env`), created on first
-//!    use with `uv` when it is on `PATH`, else with `python3 -m venv` + pip, with progress on
-//!    stderr. An exclusive file lock makes concurrent ipybox processes wait for one another
+//!    use with `uv` when it is on `PATH`, else with `python3 -m venv` + pip, reporting progress
+//!    line by line to a [`Progress`] callback (the CLI prints it, the library logs it). An exclusive file lock makes concurrent ipybox processes wait for one another
 //!    instead of corrupting the environment; a marker file written last says it is complete.
 //!
-//! This module does not start kernels; it only hands out an interpreter path.
+//! This module does not start kernels; it only hands out an interpreter path. It reads no
+//! environment variables itself: the caller passes a [`HostEnv`].
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Instant;
+
+use crate::host_env::HostEnv;
 
 /// Packages the kernel environment must hold (what is installed into a managed environment).
 pub const KERNEL_PACKAGES: &[&str] = &["ipykernel>=6.29", "pydantic>=2.7"];
@@ -26,11 +29,11 @@ const MARKER: &str = ".ipybox-ready";
 #[derive(Debug, thiserror::Error)]
 pub enum PyEnvError {
     #[error(
-        "python interpreter `{python}` cannot be run: {reason}\n  help: pass an existing interpreter with --python PATH (or IPYBOX_PYTHON), or unset it to use the managed environment"
+        "python interpreter `{python}` cannot be run: {reason}\n  help: choose an existing interpreter, or set none (and no IPYBOX_PYTHON) to use the managed environment"
     )]
     NotRunnable { python: PathBuf, reason: String },
     #[error(
-        "python interpreter `{python}` lacks {missing}\n  help: run `{python} -m pip install {missing}` (or `uv pip install --python {python} {missing}`), or unset --python/IPYBOX_PYTHON to let ipybox manage an environment"
+        "python interpreter `{python}` lacks {missing}\n  help: run `{python} -m pip install {missing}` (or `uv pip install --python {python} {missing}`), or set no interpreter (and no IPYBOX_PYTHON) to let ipybox manage an environment"
     )]
     MissingPackages { python: PathBuf, missing: String },
     #[error(
@@ -89,36 +92,38 @@ pub struct PythonEnv {
 
 /// Directory holding ipybox's per-user data (`$IPYBOX_HOME`, else `$XDG_DATA_HOME/ipybox`,
 /// else `~/.local/share/ipybox`).
-pub fn data_dir() -> Result<PathBuf, PyEnvError> {
-    if let Some(dir) = std::env::var_os("IPYBOX_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(dir));
-    }
-    if let Some(dir) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(dir).join("ipybox"));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|v| !v.is_empty())
-        .ok_or(PyEnvError::NoHome)?;
-    Ok(PathBuf::from(home).join(".local/share/ipybox"))
+pub fn data_dir(host: &HostEnv) -> Result<PathBuf, PyEnvError> {
+    host.data_dir().ok_or(PyEnvError::NoHome)
 }
 
 /// Where the managed kernel environment lives.
-pub fn managed_env_dir() -> Result<PathBuf, PyEnvError> {
-    Ok(data_dir()?.join("kernel-env"))
+pub fn managed_env_dir(host: &HostEnv) -> Result<PathBuf, PyEnvError> {
+    Ok(data_dir(host)?.join("kernel-env"))
+}
+
+/// Where provisioning reports what it does (one line per call): the CLI prints it, the library
+/// default ([`log_progress`]) logs it.
+pub type Progress = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Progress as `tracing` events (target `ipybox::pyenv`, level info).
+pub fn log_progress() -> Progress {
+    Arc::new(|line: &str| tracing::info!("{line}"))
 }
 
 /// Resolves the kernel's interpreter: `explicit` (or `IPYBOX_PYTHON`) if given, else the managed
-/// environment, provisioning it on first use (progress goes to stderr).
-pub fn resolve(explicit: Option<&Path>) -> Result<PythonEnv, PyEnvError> {
-    let from_env = std::env::var_os("IPYBOX_PYTHON")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from);
+/// environment, provisioning it on first use (reporting to `progress`).
+pub fn resolve(
+    explicit: Option<&Path>,
+    host: &HostEnv,
+    progress: &Progress,
+) -> Result<PythonEnv, PyEnvError> {
+    let from_env = host.get("IPYBOX_PYTHON").map(PathBuf::from);
     match explicit.map(Path::to_path_buf).or(from_env) {
         Some(python) => check_interpreter(&python).map(|()| PythonEnv {
             python,
             managed_dir: None,
         }),
-        None => ensure_managed(&managed_env_dir()?),
+        None => ensure_managed(&managed_env_dir(host)?, host, progress),
     }
 }
 
@@ -166,7 +171,11 @@ fn is_ready(dir: &Path) -> bool {
 }
 
 /// Returns the managed environment at `dir`, creating it first if it is missing or incomplete.
-pub fn ensure_managed(dir: &Path) -> Result<PythonEnv, PyEnvError> {
+pub fn ensure_managed(
+    dir: &Path,
+    host: &HostEnv,
+    progress: &Progress,
+) -> Result<PythonEnv, PyEnvError> {
     let env = PythonEnv {
         python: env_python(dir),
         managed_dir: Some(dir.to_path_buf()),
@@ -193,23 +202,11 @@ pub fn ensure_managed(dir: &Path) -> Result<PythonEnv, PyEnvError> {
     if is_ready(dir) {
         return Ok(env);
     }
-    provision(dir)?;
+    provision(dir, host, progress)?;
     Ok(env)
 }
 
-fn progress(msg: &str) {
-    let mut err = std::io::stderr().lock();
-    let _ = writeln!(err, "ipybox: {msg}");
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-fn provision(dir: &Path) -> Result<(), PyEnvError> {
+fn provision(dir: &Path, host: &HostEnv, progress: &Progress) -> Result<(), PyEnvError> {
     let started = Instant::now();
     if dir.exists() {
         progress(&format!(
@@ -220,12 +217,14 @@ fn provision(dir: &Path) -> Result<(), PyEnvError> {
     }
     let python = env_python(dir);
     let packages = KERNEL_PACKAGES.iter().map(|s| s.to_string());
-    let steps: Vec<(PathBuf, Vec<String>)> = if let Some(uv) = find_on_path("uv") {
+    let steps: Vec<(PathBuf, Vec<String>)> = if let Some(uv) = host.find_on_path("uv") {
         progress(&format!(
             "creating the kernel environment at {} with uv",
             dir.display()
         ));
-        let base = find_on_path("python3").map(|p| p.display().to_string());
+        let base = host
+            .find_on_path("python3")
+            .map(|p| p.display().to_string());
         let mut venv = vec!["venv".to_string(), "--quiet".into(), "--seed".into()];
         if let Some(base) = base {
             venv.extend(["--python".to_string(), base]);
@@ -239,7 +238,7 @@ fn provision(dir: &Path) -> Result<(), PyEnvError> {
         ];
         install.extend(packages);
         vec![(uv.clone(), venv), (uv, install)]
-    } else if let Some(python3) = find_on_path("python3") {
+    } else if let Some(python3) = host.find_on_path("python3") {
         progress(&format!(
             "creating the kernel environment at {} with python3 -m venv + pip (install uv to make this ~10x faster)",
             dir.display()
@@ -264,23 +263,14 @@ fn provision(dir: &Path) -> Result<(), PyEnvError> {
     for (program, args) in steps {
         let command = format!("{} {}", program.display(), args.join(" "));
         progress(&format!("running {command}"));
-        // The installer's own progress goes to our stderr; its stdout too (ours may be a protocol).
-        let stderr_fd = std::io::stderr();
-        let out = Command::new(&program)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(stdio_to_stderr(&stderr_fd))
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(io_err(&program))?;
-        let _ = std::io::stderr().write_all(&out.stderr);
+        let out = run_reporting(&program, &args, progress).map_err(io_err(&program))?;
         if !out.status.success() {
             let _ = std::fs::remove_dir_all(dir);
             return Err(PyEnvError::ProvisionFailed {
                 dir: dir.to_path_buf(),
                 command,
                 status: out.status.to_string(),
-                stderr_tail: tail(&out.stderr),
+                stderr_tail: tail(out.stderr.as_bytes()),
             });
         }
     }
@@ -295,26 +285,64 @@ fn provision(dir: &Path) -> Result<(), PyEnvError> {
     Ok(())
 }
 
-fn stdio_to_stderr(stderr: &std::io::Stderr) -> Stdio {
-    use std::os::fd::AsFd;
-    stderr
-        .as_fd()
-        .try_clone_to_owned()
-        .map(Stdio::from)
-        .unwrap_or_else(|_| Stdio::null())
+/// What an installer step printed.
+struct StepOutput {
+    status: std::process::ExitStatus,
+    stderr: String,
+}
+
+/// Runs an installer step, passing each line it prints (stdout and stderr) to `progress` as it
+/// comes; stderr is also kept for the error message.
+fn run_reporting(
+    program: &Path,
+    args: &[String],
+    progress: &Progress,
+) -> std::io::Result<StepOutput> {
+    use std::io::BufRead;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let out_progress = progress.clone();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            out_progress(&line);
+        }
+    });
+    let mut kept = String::new();
+    for line in std::io::BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+    {
+        progress(&line);
+        kept.push_str(&line);
+        kept.push('\n');
+    }
+    let _ = reader.join();
+    Ok(StepOutput {
+        status: child.wait()?,
+        stderr: kept,
+    })
 }
 
 /// Installs `spec` (a requirement such as `numpy`, `numpy>=2`, or a `git+https://…` URL) into the
 /// environment of `python`, with uv when it is on PATH, else pip. Returns the installer's summary
 /// (the last lines of its output). Runs on the host, also when the kernel is sandboxed.
-pub fn install_package(python: &Path, spec: &str) -> Result<String, PyEnvError> {
+pub fn install_package(python: &Path, spec: &str, host: &HostEnv) -> Result<String, PyEnvError> {
     let spec = spec.trim();
     if spec.is_empty() || spec.starts_with('-') {
         return Err(PyEnvError::InvalidRequirement {
             spec: spec.to_string(),
         });
     }
-    let (program, args): (PathBuf, Vec<String>) = match find_on_path("uv") {
+    let (program, args): (PathBuf, Vec<String>) = match host.find_on_path("uv") {
         Some(uv) => (
             uv,
             vec![

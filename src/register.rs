@@ -32,12 +32,12 @@ pub async fn generate_mcp_sources(
     server_params: &Value,
     root_dir: &Path,
 ) -> Result<Vec<String>, RegisterError> {
-    let env: HashMap<String, String> = std::env::vars().collect();
+    let host = crate::host_env::HostEnv::from_process();
     generate_mcp_sources_with(
         server_name,
         server_params,
         root_dir,
-        &env,
+        host.vars(),
         DEFAULT_CONNECT_TIMEOUT,
     )
     .await

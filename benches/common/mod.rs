@@ -20,9 +20,13 @@ pub(crate) fn run<F: std::future::Future<Output = ()>>(bench: impl FnOnce() -> F
         .build()
         .unwrap();
     rt.block_on(async {
-        tokio::task::spawn_blocking(|| ipybox::pyenv::resolve(None).expect("kernel environment"))
-            .await
-            .unwrap();
+        tokio::task::spawn_blocking(|| {
+            let host = ipybox::host_env::HostEnv::from_process();
+            ipybox::pyenv::resolve(None, &host, &ipybox::pyenv::log_progress())
+                .expect("kernel environment")
+        })
+        .await
+        .unwrap();
         bench().await
     });
 }

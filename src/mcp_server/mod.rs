@@ -204,7 +204,7 @@ impl IpyboxServer {
                     text.push_str("Generated images:");
                     for path in &result.images {
                         text.push_str(&format!("\n- {}", path.display()));
-                        match std::fs::read(path) {
+                        match tokio::fs::read(path).await {
                             Ok(bytes) => content.push(ContentBlock::image(
                                 base64::engine::general_purpose::STANDARD.encode(bytes),
                                 "image/png",

@@ -113,7 +113,9 @@ async fn finish(
         .await
         .is_err()
     {
-        tracing::warn!("shutdown took longer than 2 s; exiting anyway (kernels exit when ipybox does)");
+        tracing::warn!(
+            "shutdown took longer than 2 s; exiting anyway (kernels exit when ipybox does)"
+        );
     }
     outcome
 }

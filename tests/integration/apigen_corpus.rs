@@ -29,7 +29,12 @@ pub(crate) fn load_corpus_file(file: &str) -> (String, Vec<ToolSpec>) {
 fn load_corpus() -> Vec<(String, Vec<ToolSpec>)> {
     let mut files: Vec<String> = std::fs::read_dir(corpus_dir())
         .expect("read corpus dir")
-        .map(|e| e.expect("dir entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|name| name.ends_with(".json"))
         .collect();
     files.sort();

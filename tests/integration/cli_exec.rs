@@ -107,7 +107,7 @@ fn explicit_python_without_ipykernel_is_a_clear_error() {
     assert_eq!(
         stderr,
         format!(
-            "error: python interpreter `{p}` lacks ipykernel pydantic\n  help: run `{p} -m pip install ipykernel pydantic` (or `uv pip install --python {p} ipykernel pydantic`), or unset --python/IPYBOX_PYTHON to let ipybox manage an environment\n"
+            "error: python interpreter `{p}` lacks ipykernel pydantic\n  help: run `{p} -m pip install ipykernel pydantic` (or `uv pip install --python {p} ipykernel pydantic`), or set no interpreter (and no IPYBOX_PYTHON) to let ipybox manage an environment\n  help: the interpreter comes from --python PATH or IPYBOX_PYTHON\n"
         )
     );
     let out = ipybox()

@@ -12,13 +12,11 @@
 //! `npx -y PKG ARGS...` in the page becomes the package's binary from `target/test-env`
 //! (`scripts/test-env.sh`): no network at test time.
 
-
 use std::path::PathBuf;
 
-use ipybox::tools::{McpSession, tool_output};
 use crate::support::{self, connect_ipybox, require, root};
+use ipybox::tools::{McpSession, tool_output};
 use serde_json::{Value, json};
-
 
 /// What a step does.
 #[derive(Debug, Clone, PartialEq)]

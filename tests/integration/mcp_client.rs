@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use base64::Engine;
 use ipybox::tools::{
     McpSession, ServerParams, SessionCache, ToolsError, TransportKind, tool_output,
 };
-use crate::support::*;
 use serde_json::{Map, Value, json};
 
 const T: Duration = Duration::from_secs(30);

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ipybox::tools::{McpSession, tool_output};
 use crate::support::*;
+use ipybox::tools::{McpSession, tool_output};
 use rmcp::model::ContentBlock;
 use serde_json::{Value, json};
 
@@ -79,7 +79,7 @@ async fn server_identity_and_tool_schemas() {
 async fn initialize_does_not_wait_for_the_kernel() {
     // An interpreter that takes 3 s to start: initialize must still answer at once.
     let ws = tempfile::tempdir().unwrap();
-    let python = ipybox::pyenv::resolve(None).unwrap().python;
+    let python = kernel_python();
     let slow = ws.path().join("slow-python");
     std::fs::write(
         &slow,
@@ -580,7 +580,12 @@ fn descendants(pid: u32) -> Vec<u32> {
     let mut i = 0;
     while i < found.len() {
         let parent = found[i];
-        found.extend(parent_of.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        found.extend(
+            parent_of
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
         i += 1;
     }
     found.remove(0);
@@ -607,7 +612,10 @@ fn shutdown_with_calls_in_flight(trigger: Trigger) {
         json!({"server_name": "fx", "server_params": params}),
     );
     assert_eq!(
-        raw.call("execute_ipython_cell", json!({"code": "from mcptools.fx import sleep\n6 * 7"})),
+        raw.call(
+            "execute_ipython_cell",
+            json!({"code": "from mcptools.fx import sleep\n6 * 7"})
+        ),
         "42"
     );
     // 1: a cell whose tool call sleeps in the fixture server; 2: a cell queued behind it;
@@ -619,7 +627,10 @@ fn shutdown_with_calls_in_flight(trigger: Trigger) {
     std::thread::sleep(Duration::from_millis(1500));
     let children = descendants(raw.child.id());
     // kernel (+ spare), the fixture server, the hanging server, at least.
-    assert!(children.len() >= 3, "expected ipybox's children, found {children:?}");
+    assert!(
+        children.len() >= 3,
+        "expected ipybox's children, found {children:?}"
+    );
     let start = Instant::now();
     match trigger {
         Trigger::StdinEof => drop(raw.stdin.take()),
@@ -684,7 +695,10 @@ fn stdin_eof_when_idle_exits_at_once() {
     raw.wait_exit(Duration::from_secs(2))
         .expect("ipybox exits within 2 s of stdin EOF");
     assert_eq!(
-        gone_within(&children, Duration::from_secs(2).saturating_sub(start.elapsed())),
+        gone_within(
+            &children,
+            Duration::from_secs(2).saturating_sub(start.elapsed())
+        ),
         Vec::<u32>::new()
     );
 }

@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use ipybox::CodeExecutor;
 use ipybox::executor::ExecutorError;
 use ipybox::kernel::KernelError;
 use ipybox::sandbox::{SandboxError, SandboxOptions};
-use crate::support::*;
 use serde_json::json;
 
 /// srt as `scripts/sandbox-deps.sh` installs it; passed like a user's `IPYBOX_SRT`.

@@ -55,12 +55,19 @@ impl Need {
 /// (set by `scripts/test.sh`) it panics; else it prints one `skipped` line saying what to run,
 /// straight to stderr (libtest does not capture that), and returns false.
 pub(crate) fn ready(needs: &[Need]) -> bool {
-    let missing: Vec<Need> = needs.iter().copied().filter(|n| !n.marker().exists()).collect();
+    let missing: Vec<Need> = needs
+        .iter()
+        .copied()
+        .filter(|n| !n.marker().exists())
+        .collect();
     if missing.is_empty() {
         return true;
     }
     let scripts: Vec<&str> = missing.iter().map(|n| n.script()).collect();
-    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
     let line = format!(
         "skipped {test}: needs {} (run `bash scripts/test.sh`, or `bash {}` first)",
         scripts.join(" and "),
@@ -281,4 +288,12 @@ pub(crate) async fn ok_text(s: &McpSession, tool: &str, arguments: Value) -> Str
         "no structuredContent expected"
     );
     out.text
+}
+
+/// The kernel's interpreter, as ipybox resolves it from this process's environment.
+pub(crate) fn kernel_python() -> PathBuf {
+    let host = ipybox::host_env::HostEnv::from_process();
+    ipybox::pyenv::resolve(None, &host, &ipybox::pyenv::log_progress())
+        .expect("kernel environment")
+        .python
 }

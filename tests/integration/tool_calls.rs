@@ -4,10 +4,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use ipybox::CodeExecutor;
 use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::kernel::KernelError;
-use crate::support::*;
 use serde_json::{Value, json};
 
 async fn register(ws: &Path, name: &str, params: &Value) -> Vec<String> {
