@@ -8,7 +8,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="$root/target/test-env"
 mkdir -p "$dir"
 
-PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.* hypothesis-jsonschema==0.23.1)
+# hypothesis is pinned below 6.170: 6.170 changed the internal `many()` API that
+# hypothesis-jsonschema 0.23.1 drives.
+PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.169.4 hypothesis-jsonschema==0.23.1)
 NPM_PKGS=(@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31)
 
 stamp="$dir/.stamp"

@@ -31,46 +31,12 @@ class Mismatch(Exception):
     pass
 
 
-def _patch_hypothesis_jsonschema():
-    """hypothesis-jsonschema 0.23 drives ``many`` with ``.more()``, which newer Hypothesis
-    replaced by a context manager + iterator. Adapt the old protocol onto the new one."""
-    from hypothesis.internal.conjecture import utils as cu
-    import hypothesis_jsonschema._from_schema as fs
-
-    if hasattr(cu.many, "more"):
-        return
-
-    class _Many:
-        def __init__(self, data, **kwargs):
-            self._many = cu.many(data, **kwargs)
-            self._many.__enter__()
-            self._iter = iter(self._many)
-
-        def more(self):
-            if next(self._iter, StopIteration) is StopIteration:
-                self._many.__exit__(None, None, None)
-                return False
-            return True
-
-        def reject(self, why=None):
-            self._many.reject(why)
-
-    class _Utils:
-        def __getattr__(self, name):
-            return getattr(cu, name)
-
-        many = _Many
-
-    fs.cu = _Utils()
-
-
 def check_model(model, schema, label):
     """Returns None if ok, 'skip: why' if hypothesis can't generate, else raises Mismatch."""
     import jsonschema
     from hypothesis import HealthCheck, assume, given, settings
     from hypothesis_jsonschema import from_schema
 
-    _patch_hypothesis_jsonschema()
     validator = jsonschema.validators.validator_for(schema)(schema)
     try:
         strategy = from_schema(schema)
