@@ -20,11 +20,11 @@ fn builder(ws: &std::path::Path, sandbox: bool) -> CodeExecutor {
     let b = CodeExecutor::builder().workspace(ws);
     let b = if sandbox {
         b.sandbox(SandboxOptions {
-            config_file: None,
             srt: Some(
                 PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                     .join("target/sandbox-deps/node_modules/.bin/srt"),
             ),
+            ..Default::default()
         })
     } else {
         b

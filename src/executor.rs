@@ -379,11 +379,17 @@ impl CodeExecutor {
             .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
         config.python_path = vec![python_dir];
         if let Some(options) = &b.sandbox {
-            config.wrapper = Some(crate::sandbox::prepare(
-                options,
-                &workspace,
-                runtime.path(),
-            )?);
+            let python = config.python.clone();
+            config.wrapper = Some(
+                crate::sandbox::prepare(
+                    options,
+                    self.host_env(),
+                    &workspace,
+                    runtime.path(),
+                    &python,
+                )
+                .await?,
+            );
         }
         let pool = KernelPool::start(Arc::new(config), runtime.clone(), !b.no_spare).await?;
         *state = Some(Running {

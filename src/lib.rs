@@ -6,6 +6,7 @@
 //! See `docs/architecture.md` for the map.
 
 pub mod apigen;
+mod child_process;
 pub mod executor;
 pub mod host_env;
 mod json_kind;

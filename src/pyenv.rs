@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::child_process::tail;
 use crate::host_env::HostEnv;
 
 /// Packages the kernel environment must hold (what is installed into a managed environment).
@@ -380,11 +381,4 @@ pub fn install_package(python: &Path, spec: &str, host: &HostEnv) -> Result<Stri
         });
     }
     Ok(tail(text.as_bytes()))
-}
-
-/// The last few lines of a process's output, for error messages.
-pub(crate) fn tail(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let lines: Vec<&str> = text.trim_end().lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
 }

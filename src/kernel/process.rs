@@ -90,7 +90,7 @@ impl Process {
         let (a, b) = t.as_slices();
         let mut bytes = a.to_vec();
         bytes.extend_from_slice(b);
-        crate::pyenv::tail(&bytes)
+        crate::child_process::tail(&bytes)
     }
 
     fn stderr_suffix(&self) -> String {

@@ -33,6 +33,7 @@ fn options(config_file: Option<&Path>) -> SandboxOptions {
     SandboxOptions {
         config_file: config_file.map(Path::to_path_buf),
         srt: Some(srt()),
+        ..Default::default()
     }
 }
 
@@ -123,7 +124,22 @@ async fn default_policy_confines_the_kernel_and_ipybox_keeps_working() {
     let _run_listener = std::os::unix::net::UnixListener::bind(&run_sock).unwrap();
     let tmp_marker = PathBuf::from(format!("/tmp/ipybox-test-marker-{}", std::process::id()));
     std::fs::write(&tmp_marker, "host tmp").unwrap();
-    let home_target = format!("/root/ipybox-sandbox-escape-{}", std::process::id());
+    // Outside the workspace: a file in HOME and one beside the checkout. Where either lives
+    // below a directory the sandbox hides (/tmp, ...), the kernel sees an empty writable tmpfs
+    // there instead: the write "works" but never reaches the host. Either way, nothing appears.
+    let home = PathBuf::from(std::env::var("HOME").expect("HOME is set"));
+    let home_target = home.join(format!("ipybox-sandbox-escape-{}", std::process::id()));
+    let outside_target = root()
+        .join("target")
+        .join(format!("ipybox-sandbox-escape-{}", std::process::id()));
+    let hidden = |p: &Path| {
+        ipybox::sandbox::policy::HIDDEN_SOCKET_DIRS
+            .iter()
+            .any(|d| p.starts_with(d))
+    };
+    let refused = |p: &Path| if hidden(p) { "ok" } else { "OSError" };
+    let write_home = format!("write home {}", refused(&home_target));
+    let write_outside = format!("write outside {}", refused(&outside_target));
 
     let ex = sandboxed(ws, options(None), true).await;
     let rt = ex.runtime_dir().await.unwrap();
@@ -144,8 +160,8 @@ print("env", attempt(lambda: open(".env").read()))
 print("nested env", attempt(lambda: open("sub/.env").read()))
 print("data", open("data.txt").read().strip())
 print("write ws", attempt(lambda: open("out.txt", "w").write("x")))
-print("write home", attempt(lambda: open(os.path.expanduser("~/ipybox-sandbox-escape"), "w").write("x")))
-print("write root", attempt(lambda: open("{home_target}", "w").write("x")))
+print("write home", attempt(lambda: open("{home_target}", "w").write("x")))
+print("write outside", attempt(lambda: open("{outside_target}", "w").write("x")))
 print("write usr", attempt(lambda: open("/usr/ipybox-escape", "w").write("x")))
 print("tcp", attempt(lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3)))
 print("run sock", os.path.exists("{run_sock}"), sorted(os.listdir("/run")))
@@ -161,6 +177,8 @@ import stat
 print("stdin is ipybox's pipe", stat.S_ISFIFO(os.fstat(0).st_mode))
 "#,
             rt = rt.display(),
+            home_target = home_target.display(),
+            outside_target = outside_target.display(),
             run_sock = run_sock.display(),
             tmp_marker = tmp_marker.display(),
         ),
@@ -187,8 +205,8 @@ print("stdin is ipybox's pipe", stat.S_ISFIFO(os.fstat(0).st_mode))
             "nested env PermissionError",
             "data visible",
             "write ws ok",
-            "write home OSError",
-            "write root OSError",
+            write_home.as_str(),
+            write_outside.as_str(),
             "write usr OSError",
             "tcp ConnectionRefusedError",
             run_listing.as_str(),
@@ -200,8 +218,16 @@ print("stdin is ipybox's pipe", stat.S_ISFIFO(os.fstat(0).st_mode))
         "{out}"
     );
     assert_eq!(std::fs::read_to_string(ws.join("out.txt")).unwrap(), "x");
-    assert!(!Path::new(&home_target).exists());
-    assert!(!Path::new("/root/ipybox-sandbox-escape").exists());
+    assert!(
+        !home_target.exists(),
+        "{} reached the host",
+        home_target.display()
+    );
+    assert!(
+        !outside_target.exists(),
+        "{} reached the host",
+        outside_target.display()
+    );
 
     // Images are still written (by the host, from the kernel's display data).
     let r = ex
@@ -397,7 +423,7 @@ async fn broken_configs_and_missing_srt_fail_clearly() {
     .unwrap();
     for (file, expect) in [
         ("bad.json", "not valid JSON"),
-        ("typo.json", "unknown key `filesystem.denyRaed`"),
+        ("typo.json", "unknown field `denyRaed`"),
     ] {
         let ex = CodeExecutor::builder()
             .workspace(ws)
@@ -418,8 +444,8 @@ async fn broken_configs_and_missing_srt_fail_clearly() {
     let ex = CodeExecutor::builder()
         .workspace(ws)
         .sandbox(SandboxOptions {
-            config_file: None,
             srt: Some("/nonexistent/srt".into()),
+            ..Default::default()
         })
         .build();
     let msg = ex.start().await.unwrap_err().to_string();

@@ -1,0 +1,368 @@
+//! The sandbox policy: srt's settings format as typed structs, the default policy, loading a
+//! settings file, and the overrides ipybox adds under any policy.
+//!
+//! Unknown keys are errors (`deny_unknown_fields`): srt's own schema silently drops them, so a
+//! typo such as `denyRaed` would weaken the policy without a word. A section (`network`,
+//! `filesystem`) a policy leaves out is taken from the default policy; a list its section leaves
+//! out is empty. Keys srt knows but ipybox does not interpret are kept as written.
+//!
+//! Not here: checking that srt can run ([`super::platform`]) and building the kernel command
+//! ([`super::wrap`]).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::SandboxError;
+
+/// Host directories that hold other programs' Unix sockets (Linux). With `allowAllUnixSockets`
+/// the kernel could connect to any socket it can see, so these are hidden (a `denyRead`
+/// directory is an empty tmpfs inside srt's bubblewrap sandbox); the runtime directory, the
+/// workspace and the interpreter are bound back when they live below one of them.
+pub const HIDDEN_SOCKET_DIRS: &[&str] = &["/run", "/var/run", "/tmp", "/var/tmp"];
+
+/// An srt settings document (srt 0.0.78).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SandboxPolicy {
+    /// Network rules; missing: the default policy's (no network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
+    /// Filesystem rules; missing: the default policy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FilesystemPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_violations: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_weaker_nested_sandbox: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_weaker_network_isolation: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_apple_events: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ripgrep: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mandatory_deny_search_depth: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_pty: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seccomp: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bwrap_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socat_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub java_agent_jar_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<Map<String, Value>>,
+}
+
+/// srt's `network` section.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct NetworkPolicy {
+    /// Domains the kernel may reach through srt's proxy (empty: none).
+    #[serde(default)]
+    pub allowed_domains: Vec<String>,
+    #[serde(default)]
+    pub denied_domains: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied_domain_reasons: Option<Map<String, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_allowlist: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied_resolved_addresses: Option<Vec<String>>,
+    /// macOS: Unix socket paths the kernel may use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_unix_sockets: Option<Vec<String>>,
+    /// Linux: lift srt's seccomp filter on `socket(AF_UNIX)` (ipybox always sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_all_unix_sockets: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_local_binding: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_mach_lookup: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_proxy_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socks_proxy_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mitm_proxy: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter_request: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_terminate: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_proxy: Option<Value>,
+}
+
+/// srt's `filesystem` section. Relative paths are taken from the workspace (srt resolves them
+/// against its working directory, which is the workspace); `~` is the user's home.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FilesystemPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disabled: Option<bool>,
+    #[serde(default)]
+    pub deny_read: Vec<String>,
+    #[serde(default)]
+    pub allow_read: Vec<String>,
+    #[serde(default)]
+    pub allow_write: Vec<String>,
+    #[serde(default)]
+    pub deny_write: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_git_config: Option<bool>,
+}
+
+impl SandboxPolicy {
+    /// The default policy (the seed's): read everything except `.env` files, write only the
+    /// workspace and IPython's own directories, no network.
+    pub fn default_policy() -> Self {
+        let jupyter_data = if cfg!(target_os = "macos") {
+            "~/Library/Jupyter"
+        } else {
+            "~/.local/share/jupyter"
+        };
+        Self {
+            network: Some(NetworkPolicy::default()),
+            filesystem: Some(FilesystemPolicy {
+                deny_read: vec![".env".into(), "**/.env".into()],
+                allow_write: vec![".".into(), "~/.ipython".into(), jupyter_data.into()],
+                ..FilesystemPolicy::default()
+            }),
+            ..Self::default()
+        }
+    }
+
+    /// This policy with its missing sections taken from the default policy.
+    pub fn with_defaults(mut self) -> Self {
+        let default = Self::default_policy();
+        if self.network.is_none() {
+            self.network = default.network;
+        }
+        if self.filesystem.is_none() {
+            self.filesystem = default.filesystem;
+        }
+        self
+    }
+
+    /// Parses an srt settings document; `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, SandboxError> {
+        let doc: Value = serde_json::from_str(text).map_err(|source| SandboxError::Config {
+            path: path.to_path_buf(),
+            reason: "not valid JSON".into(),
+            help: "fix the JSON syntax (see docs/sandbox.md for an example)".into(),
+            source: Some(source),
+        })?;
+        if !doc.is_object() {
+            return Err(SandboxError::Config {
+                path: path.to_path_buf(),
+                reason: "the top level must be a JSON object".into(),
+                help: "write {\"filesystem\": {...}, \"network\": {...}}".into(),
+                source: None,
+            });
+        }
+        Self::from_value(doc).map_err(|source| SandboxError::Config {
+            path: path.to_path_buf(),
+            reason: "not a valid srt policy".into(),
+            help:
+                "remove or correct the key; the format is srt's settings file (see docs/sandbox.md)"
+                    .into(),
+            source: Some(source),
+        })
+    }
+
+    /// A policy from a JSON value (as a caller of the library may hold it); unknown keys and
+    /// wrong types are errors naming the key.
+    pub fn from_value(value: Value) -> Result<Self, serde_json::Error> {
+        serde_json::from_value(value)
+    }
+
+    /// The settings srt gets: this policy (missing sections from the default policy) plus what
+    /// ipybox needs under any policy (each override is explained in `docs/sandbox.md`):
+    ///
+    /// - Linux: `network.allowAllUnixSockets = true` (srt's seccomp filter otherwise makes
+    ///   `socket(AF_UNIX)` fail, and the kernel's ZMQ IPC sockets and the tool socket are Unix
+    ///   sockets); in exchange [`HIDDEN_SOCKET_DIRS`] are added to `filesystem.denyRead`, so
+    ///   host sockets are not even visible (the network namespace already hides abstract ones).
+    /// - macOS: `network.allowUnixSockets += [runtime_dir]` (Seatbelt filters them by path).
+    /// - `filesystem.allowRead += [workspace, runtime_dir, python dirs]` and
+    ///   `filesystem.allowWrite += [runtime_dir]`.
+    pub fn effective(&self, paths: &SandboxPaths) -> Self {
+        let mut s = self.clone().with_defaults();
+        let disp = |p: &Path| p.display().to_string();
+        let fs = s.filesystem.get_or_insert_with(FilesystemPolicy::default);
+        push(&mut fs.allow_read, disp(&paths.workspace));
+        push(&mut fs.allow_read, disp(&paths.runtime_dir));
+        for dir in &paths.python_dirs {
+            push(&mut fs.allow_read, disp(dir));
+        }
+        push(&mut fs.allow_write, disp(&paths.runtime_dir));
+        if cfg!(target_os = "linux") {
+            for dir in HIDDEN_SOCKET_DIRS {
+                if Path::new(dir).exists() {
+                    push(&mut fs.deny_read, (*dir).to_string());
+                }
+            }
+        }
+        let net = s.network.get_or_insert_with(NetworkPolicy::default);
+        if cfg!(target_os = "linux") {
+            net.allow_all_unix_sockets = Some(true);
+        } else {
+            push(
+                net.allow_unix_sockets.get_or_insert_with(Vec::new),
+                disp(&paths.runtime_dir),
+            );
+        }
+        s
+    }
+}
+
+fn push(list: &mut Vec<String>, item: String) {
+    if !list.contains(&item) {
+        list.push(item);
+    }
+}
+
+/// Paths the effective settings must keep working for ipybox.
+#[derive(Debug, Clone)]
+pub struct SandboxPaths {
+    /// The kernel's working directory (readable: cwd and `PYTHONPATH`).
+    pub workspace: PathBuf,
+    /// The private runtime directory (IPC sockets, connection files, embedded Python, tool
+    /// socket, srt's bridge sockets and the kernel's TMPDIR): readable and writable.
+    pub runtime_dir: PathBuf,
+    /// Directories of the kernel's interpreter and its environment (readable).
+    pub python_dirs: Vec<PathBuf>,
+}
+
+/// Loads the policy: `config_file` if given and present (relative to the workspace), else the
+/// default policy (a missing file logs a warning).
+pub(crate) async fn load(
+    config_file: Option<&Path>,
+    workspace: &Path,
+) -> Result<SandboxPolicy, SandboxError> {
+    let Some(file) = config_file else {
+        return Ok(SandboxPolicy::default_policy());
+    };
+    let path = if file.is_absolute() {
+        file.to_path_buf()
+    } else {
+        workspace.join(file)
+    };
+    match tokio::fs::read_to_string(&path).await {
+        Ok(text) => SandboxPolicy::parse(&text, &path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!(
+                "sandbox config {} not found: using the default policy (read all but .env, \
+                 write the workspace, no network)",
+                path.display()
+            );
+            Ok(SandboxPolicy::default_policy())
+        }
+        Err(source) => Err(SandboxError::Io { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(text: &str) -> Result<SandboxPolicy, String> {
+        SandboxPolicy::parse(text, Path::new("/x/s.json")).map_err(|e| {
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(" | {s}"));
+                source = s.source();
+            }
+            msg
+        })
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_named() {
+        let msg = parse(r#"{"filesystem": {"denyRaed": []}}"#).unwrap_err();
+        assert!(
+            msg.contains("unknown field `denyRaed`") && msg.contains("/x/s.json"),
+            "{msg}"
+        );
+        let msg = parse(r#"{"netwrk": {}}"#).unwrap_err();
+        assert!(msg.contains("unknown field `netwrk`"), "{msg}");
+        let msg = parse(r#"{"filesystem": {"allowWrite": "."}}"#).unwrap_err();
+        assert!(
+            msg.contains("invalid type: string \".\", expected a sequence"),
+            "{msg}"
+        );
+        let msg = parse(r#"{"network": {"allowLocalBinding": "yes"}}"#).unwrap_err();
+        assert!(msg.contains("expected a boolean"), "{msg}");
+        let msg = parse("{").unwrap_err();
+        assert!(msg.contains("not valid JSON"), "{msg}");
+        let msg = parse("[]").unwrap_err();
+        assert!(msg.contains("top level must be a JSON object"), "{msg}");
+    }
+
+    #[test]
+    fn empty_and_partial_policies_take_the_defaults() {
+        let empty = parse("{}").unwrap().with_defaults();
+        assert_eq!(empty, SandboxPolicy::default_policy());
+        let p = parse(r#"{"network": {"allowedDomains": ["example.com"]}}"#)
+            .unwrap()
+            .with_defaults();
+        assert_eq!(p.filesystem, SandboxPolicy::default_policy().filesystem);
+        let net = p.network.unwrap();
+        assert_eq!(net.allowed_domains, vec!["example.com"]);
+        assert!(net.denied_domains.is_empty());
+        // A section given without some lists: those lists are empty (not the defaults').
+        let p = parse(r#"{"filesystem": {"allowWrite": ["out"]}}"#).unwrap();
+        let fs = p.filesystem.unwrap();
+        assert_eq!(fs.allow_write, vec!["out"]);
+        assert!(fs.deny_read.is_empty());
+    }
+
+    #[test]
+    fn keys_ipybox_does_not_interpret_are_kept() {
+        let text = r#"{"allowPty": true, "ripgrep": {"command": "rg"}, "network": {"httpProxyPort": 3128}}"#;
+        let p = parse(text).unwrap();
+        let v = serde_json::to_value(&p).unwrap();
+        assert_eq!(v["allowPty"], json!(true));
+        assert_eq!(v["ripgrep"], json!({"command": "rg"}));
+        assert_eq!(v["network"]["httpProxyPort"], json!(3128));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn overrides_keep_ipybox_working_even_for_an_empty_policy() {
+        let paths = SandboxPaths {
+            workspace: "/w".into(),
+            runtime_dir: "/tmp/ipybox-1-abc".into(),
+            python_dirs: vec!["/opt/py".into()],
+        };
+        let s = serde_json::to_value(SandboxPolicy::default().effective(&paths)).unwrap();
+        assert_eq!(s["network"]["allowAllUnixSockets"], json!(true));
+        assert_eq!(s["network"]["allowedDomains"], json!([]));
+        let read = s["filesystem"]["allowRead"].as_array().unwrap();
+        for p in ["/w", "/tmp/ipybox-1-abc", "/opt/py"] {
+            assert!(read.contains(&json!(p)), "{read:?}");
+        }
+        assert_eq!(
+            s["filesystem"]["allowWrite"],
+            json!([
+                ".",
+                "~/.ipython",
+                "~/.local/share/jupyter",
+                "/tmp/ipybox-1-abc"
+            ])
+        );
+        let deny = s["filesystem"]["denyRead"].as_array().unwrap();
+        assert!(deny.contains(&json!("/run")) && deny.contains(&json!("/tmp")));
+        assert!(deny.contains(&json!(".env")));
+    }
+}

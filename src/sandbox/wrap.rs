@@ -1,0 +1,233 @@
+//! The kernel command under srt: `env TMPDIR=… srt --settings FILE -c 'exec COMMAND'`, the
+//! interpreter directories the policy must keep readable, POSIX shell quoting, and the sweeper
+//! that removes the mount points srt's bubblewrap backend leaves in the workspace when a kernel
+//! is killed.
+//!
+//! Not here: the policy itself ([`super::policy`]) and the platform checks ([`super::platform`]).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::host_env::HostEnv;
+use crate::kernel::CommandWrapper;
+
+use super::platform::find_in_path;
+
+/// Workspace entries srt (on Linux) creates as mount points so the sandbox cannot create them.
+/// srt removes them when its command exits normally; a killed kernel leaves them behind.
+const SRT_MOUNT_POINTS: &[&str] = &[
+    ".gitconfig",
+    ".gitmodules",
+    ".bashrc",
+    ".bash_profile",
+    ".zshrc",
+    ".zprofile",
+    ".profile",
+    ".ripgreprc",
+    ".mcp.json",
+    ".vscode",
+    ".idea",
+    ".claude/commands",
+    ".claude/agents",
+    ".claude",
+];
+
+/// The wrapper that runs a kernel argv under srt with the settings at `settings`. srt's own temp
+/// files (its proxy bridge sockets, bound into the sandbox) and the kernel's TMPDIR (srt sets it
+/// from `CLAUDE_CODE_TMPDIR`) live in `tmp`, because the host's /tmp is hidden in the sandbox.
+/// The sweeper lives as long as the wrapper (the executor's running state).
+pub(crate) fn wrapper(
+    srt: &Path,
+    settings: &Path,
+    tmp: &Path,
+    host: &HostEnv,
+    sweeper: ArtifactSweeper,
+) -> CommandWrapper {
+    let env = find_in_path(host, "env").unwrap_or_else(|| PathBuf::from("/usr/bin/env"));
+    let prefix = vec![
+        env.display().to_string(),
+        format!("TMPDIR={}", tmp.display()),
+        format!("CLAUDE_CODE_TMPDIR={}", tmp.display()),
+        srt.display().to_string(),
+        "--settings".into(),
+        settings.display().to_string(),
+        "-c".into(),
+    ];
+    let sweeper = Arc::new(sweeper);
+    CommandWrapper(Arc::new(move |argv: Vec<String>| {
+        let _keep = &sweeper;
+        let mut wrapped = prefix.clone();
+        wrapped.push(format!("exec {}", shell_join(&argv)));
+        wrapped
+    }))
+}
+
+/// Directories the interpreter needs to be readable: its environment (a venv's root), the
+/// installation it links to (`home` in `pyvenv.cfg`), and the real interpreter's prefix.
+pub fn python_dirs(python: &Path, host: &HostEnv) -> Vec<PathBuf> {
+    let mut dirs = BTreeSet::new();
+    let prefix = |p: &Path| p.parent().and_then(Path::parent).map(Path::to_path_buf);
+    let abs = if python.is_absolute() {
+        Some(python.to_path_buf())
+    } else {
+        find_in_path(host, &python.display().to_string())
+    };
+    let Some(python) = abs else {
+        return Vec::new();
+    };
+    if let Some(root) = prefix(&python) {
+        if let Ok(cfg) = std::fs::read_to_string(root.join("pyvenv.cfg")) {
+            for line in cfg.lines() {
+                if let Some((k, v)) = line.split_once('=')
+                    && k.trim() == "home"
+                    && let Some(home) = Path::new(v.trim()).parent()
+                {
+                    dirs.insert(home.to_path_buf());
+                }
+            }
+        }
+        dirs.insert(root);
+    }
+    if let Some(real) = std::fs::canonicalize(&python).ok().and_then(|p| prefix(&p)) {
+        dirs.insert(real);
+    }
+    // "/" or "/usr" would re-open everything the policy hides.
+    dirs.retain(|d| d.components().count() > 2);
+    dirs.into_iter().collect()
+}
+
+/// Quotes one word for a POSIX shell.
+pub fn shell_quote(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+    {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// Joins an argv into one shell command line.
+pub fn shell_join(argv: &[String]) -> String {
+    argv.iter()
+        .map(|w| shell_quote(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Removes, when dropped (the executor stopped), the mount points srt's bubblewrap backend left
+/// in the workspace. Only entries that did not exist when the sandbox was prepared are
+/// candidates, and of those only what srt makes:
+/// - a file: empty, no write permission bits, one link — bubblewrap's mount-point file, the
+///   same test srt itself uses (`isStaleBwrapMountPoint`); a file the user created (`touch`,
+///   an editor) has write bits and is kept, empty or not;
+/// - a directory (`.claude`, the parent of srt's `.claude/commands`): only while empty.
+pub(crate) struct ArtifactSweeper {
+    workspace: PathBuf,
+    absent: Vec<&'static str>,
+}
+
+impl ArtifactSweeper {
+    pub(crate) fn new(workspace: &Path) -> Self {
+        let absent = SRT_MOUNT_POINTS
+            .iter()
+            .copied()
+            .filter(|name| std::fs::symlink_metadata(workspace.join(name)).is_err())
+            .collect();
+        Self {
+            workspace: workspace.to_path_buf(),
+            absent,
+        }
+    }
+}
+
+/// bubblewrap's mount-point file: regular, empty, no write bits, one link.
+fn is_mount_point_file(m: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    m.is_file() && m.len() == 0 && m.mode() & 0o222 == 0 && m.nlink() == 1
+}
+
+impl Drop for ArtifactSweeper {
+    fn drop(&mut self) {
+        // Deepest first, so `.claude` is empty once its children are gone.
+        for name in &self.absent {
+            let path = self.workspace.join(name);
+            match std::fs::symlink_metadata(&path) {
+                Ok(m) if is_mount_point_file(&m) => {
+                    let _ = std::fs::remove_file(&path);
+                }
+                // remove_dir only removes empty directories.
+                Ok(m) if m.is_dir() => {
+                    let _ = std::fs::remove_dir(&path);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_round_trips_through_sh() {
+        let argv: Vec<String> = [
+            "python",
+            "-c",
+            "print('a b')\nx = \"$HOME\"",
+            "",
+            "plain-1.0",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "for a in {}; do printf '<%s>' \"$a\"; done",
+                shell_join(&argv)
+            ))
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out.stdout).unwrap(),
+            "<python><-c><print('a b')\nx = \"$HOME\"><><plain-1.0>"
+        );
+    }
+
+    #[test]
+    fn sweeper_removes_only_what_bubblewrap_made() {
+        use std::os::unix::fs::PermissionsExt;
+        let ws = tempfile::tempdir().unwrap();
+        let w = ws.path();
+        std::fs::write(w.join(".profile"), "mine").unwrap(); // existed before: never touched
+        let sweeper = ArtifactSweeper::new(w);
+        // What bubblewrap leaves after a killed kernel: 0444 empty files and an empty .claude.
+        for name in [".bashrc", ".gitconfig"] {
+            std::fs::write(w.join(name), "").unwrap();
+            std::fs::set_permissions(w.join(name), std::fs::Permissions::from_mode(0o444)).unwrap();
+        }
+        std::fs::create_dir(w.join(".claude")).unwrap();
+        // What the user made during the session: an empty .mcp.json, an empty .vscode file,
+        // a read-only but non-empty .zshrc.
+        std::fs::write(w.join(".mcp.json"), "").unwrap();
+        std::fs::write(w.join(".vscode"), "").unwrap();
+        std::fs::write(w.join(".zshrc"), "x").unwrap();
+        std::fs::set_permissions(w.join(".zshrc"), std::fs::Permissions::from_mode(0o444)).unwrap();
+        drop(sweeper);
+        let left: BTreeSet<String> = std::fs::read_dir(w)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            left,
+            [".mcp.json", ".profile", ".vscode", ".zshrc"]
+                .map(String::from)
+                .into()
+        );
+    }
+}
