@@ -28,9 +28,8 @@ use tokio::sync::{Mutex, mpsc};
 
 use crate::host_env::HostEnv;
 use crate::kernel::runtime_dir::RuntimeDir;
-use crate::kernel::{
-    ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, TimeoutPause,
-};
+use crate::kernel::{ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool};
+use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::{RegisterError, generate_mcp_sources_with};
 use crate::sandbox::{SandboxError, SandboxOptions};

@@ -12,6 +12,7 @@ pub mod host_env;
 mod json_kind;
 pub mod kernel;
 pub mod mcp_server;
+pub mod pause;
 pub mod pyenv;
 pub mod register;
 pub mod sandbox;

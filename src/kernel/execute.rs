@@ -5,20 +5,21 @@
 //! arrived. Output that arrives before idle is therefore never dropped, whatever its size.
 //! On timeout the kernel is interrupted over the control channel; if it does not come back within
 //! the grace period, the caller must replace it (see [`super::pool`]). The timeout can be paused
-//! (while a tool call waits for an approval decision) through [`TimeoutPause`].
+//! (while a tool call waits for an approval decision) through [`TimeoutPause`]. Completion is
+//! decided by [`Completion`] (idle AND reply).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use jupyter_protocol::{
-    ExecuteRequest, ExecutionState, JupyterMessage, JupyterMessageContent, ReplyStatus,
-};
+use jupyter_protocol::{ExecuteRequest, JupyterMessage, JupyterMessageContent, ReplyStatus};
 use tokio::sync::{mpsc, watch};
 
+use super::completion::Completion;
 use super::output::{OutputCollector, strip_ansi};
 use super::process::{Kernel, proto};
 use super::{KernelConfig, KernelError};
+use crate::pause::TimeoutPause;
 
 /// Something an execution produced while it runs, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,47 +37,6 @@ pub struct ExecutionOutput {
     pub text: String,
     /// Images written by the execution (`<images_dir>/<8 hex>.png`).
     pub images: Vec<PathBuf>,
-}
-
-/// Pauses execution timeouts while held: time spent waiting for an approval decision does not
-/// count against the timeout. Cheap to clone; every clone controls the same executions.
-#[derive(Debug, Clone)]
-pub struct TimeoutPause {
-    tx: Arc<watch::Sender<usize>>,
-}
-
-impl Default for TimeoutPause {
-    fn default() -> Self {
-        Self {
-            tx: Arc::new(watch::channel(0).0),
-        }
-    }
-}
-
-impl TimeoutPause {
-    /// Stops the clock until the returned guard is dropped.
-    pub fn pause(&self) -> PauseGuard {
-        self.tx.send_modify(|n| *n += 1);
-        PauseGuard {
-            tx: self.tx.clone(),
-        }
-    }
-
-    fn subscribe(&self) -> watch::Receiver<usize> {
-        self.tx.subscribe()
-    }
-}
-
-/// See [`TimeoutPause::pause`].
-#[derive(Debug)]
-pub struct PauseGuard {
-    tx: Arc<watch::Sender<usize>>,
-}
-
-impl Drop for PauseGuard {
-    fn drop(&mut self) {
-        self.tx.send_modify(|n| *n = n.saturating_sub(1));
-    }
 }
 
 /// A timeout budget that only runs while not paused.
@@ -145,11 +105,12 @@ pub(crate) async fn run(
     }
     .into();
     let msg_id = request.header.msg_id.clone();
+    let mut done = Completion::new(msg_id.clone());
     // If the caller drops this future before the execution completes, the kernel is still
     // running the code: record it so the next use of the kernel interrupts it first.
     let mut guard = AbandonGuard {
         slot: kernel.abandoned.clone(),
-        msg_id: Some(msg_id.clone()),
+        msg_id: Some(msg_id),
     };
     if let Err(e) = kernel.shell_tx.send(request).await {
         guard.msg_id = None;
@@ -166,22 +127,18 @@ pub(crate) async fn run(
     };
     let mut exit = kernel.exit_watch();
     let mut clock = Clock::new(timeout, pause.subscribe());
-    let mut idle = false;
-    let mut reply: Option<(ReplyStatus, Option<ErrorParts>)> = None;
     let mut error: Option<ErrorParts> = None;
     let mut interrupted_at: Option<Instant> = None;
-    let far = Duration::from_secs(86_400 * 365);
 
-    while !(idle && reply.is_some()) {
-        let deadline = if interrupted_at.is_some() {
-            None
-        } else {
-            clock.deadline()
+    while !done.is_complete() {
+        // One timer: the (pausable) timeout, then, once it fired, the interrupt's grace period.
+        let timer = match interrupted_at {
+            None => clock.deadline(),
+            Some(at) => Some(at + config.interrupt_grace),
         };
-        let grace_end = interrupted_at.map(|t| t + config.interrupt_grace);
         tokio::select! {
             Some(msg) = kernel.iopub_rx.recv() => {
-                if !is_child_of(&msg, &msg_id) {
+                if !done.on_iopub(&msg) {
                     continue;
                 }
                 match msg.content {
@@ -195,21 +152,15 @@ pub(crate) async fn run(
                     JupyterMessageContent::DisplayData(d) => emit_media(&mut out, &d.data, &emit),
                     JupyterMessageContent::UpdateDisplayData(d) => emit_media(&mut out, &d.data, &emit),
                     JupyterMessageContent::ErrorOutput(e) => error = Some((e.ename, e.evalue, e.traceback)),
-                    JupyterMessageContent::Status(s) => idle |= s.execution_state == ExecutionState::Idle,
                     _ => {}
                 }
             }
-            Some(msg) = kernel.shell_rx.recv() => {
-                if let (true, JupyterMessageContent::ExecuteReply(r)) = (is_child_of(&msg, &msg_id), msg.content) {
-                    let err = r.error.map(|e| (e.ename, e.evalue, e.traceback));
-                    reply = Some((r.status, err));
-                }
-            }
+            Some(msg) = kernel.shell_rx.recv() => done.on_shell(msg),
             _ = exit.changed() => {
                 // Collect what already arrived, then report the death.
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 while let Ok(msg) = kernel.iopub_rx.try_recv() {
-                    if let (true, JupyterMessageContent::StreamContent(s)) = (is_child_of(&msg, &msg_id), &msg.content) {
+                    if let (true, JupyterMessageContent::StreamContent(s)) = (done.is_ours(&msg), &msg.content) {
                         out.push_stream(&s.text);
                     }
                 }
@@ -222,20 +173,21 @@ pub(crate) async fn run(
                     clock.update();
                 }
             }
-            _ = tokio::time::sleep_until(deadline.map_or_else(|| tokio::time::Instant::now() + far, Into::into)), if deadline.is_some() => {
-                tracing::info!("execution timed out; interrupting the kernel");
-                interrupted_at = Some(Instant::now());
-                if let Err(e) = kernel.interrupt().await {
-                    tracing::warn!("interrupt failed: {e}");
+            () = sleep_until(timer) => {
+                if interrupted_at.is_none() {
+                    tracing::info!("execution timed out; interrupting the kernel");
+                    interrupted_at = Some(Instant::now());
+                    if let Err(e) = kernel.interrupt().await {
+                        tracing::warn!("interrupt failed: {e}");
+                    }
+                } else {
+                    tracing::warn!("kernel did not stop after an interrupt; it will be restarted");
+                    guard.msg_id = None;
+                    return Outcome {
+                        result: Err(KernelError::Timeout { seconds: secs(timeout), state_kept: false, output: out.text() }),
+                        replace_kernel: true,
+                    };
                 }
-            }
-            _ = tokio::time::sleep_until(grace_end.map_or_else(|| tokio::time::Instant::now() + far, Into::into)), if grace_end.is_some() => {
-                tracing::warn!("kernel did not stop after an interrupt; it will be restarted");
-                guard.msg_id = None;
-                return Outcome {
-                    result: Err(KernelError::Timeout { seconds: secs(timeout), state_kept: false, output: out.text() }),
-                    replace_kernel: true,
-                };
             }
         }
     }
@@ -252,7 +204,16 @@ pub(crate) async fn run(
             replace_kernel: false,
         };
     }
-    let (status, reply_error) = reply.expect("loop ends with a reply");
+    let (status, reply_error) = match done.reply() {
+        Some(JupyterMessageContent::ExecuteReply(r)) => (
+            r.status.clone(),
+            r.error
+                .as_ref()
+                .map(|e| (e.ename.clone(), e.evalue.clone(), e.traceback.clone())),
+        ),
+        // A reply of another type for an execute request: a broken kernel.
+        _ => (ReplyStatus::Error, None),
+    };
     let failure = match status {
         ReplyStatus::Ok => None,
         ReplyStatus::Error => {
@@ -278,6 +239,14 @@ pub(crate) async fn run(
     Outcome {
         result,
         replace_kernel: false,
+    }
+}
+
+/// Sleeps until `deadline`; without one, never wakes.
+pub(crate) async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -310,20 +279,16 @@ pub(crate) async fn settle_abandoned(kernel: &mut Kernel, config: &KernelConfig)
     if kernel.exited().is_some() || kernel.interrupt().await.is_err() {
         return false;
     }
-    let (mut idle, mut replied) = (false, false);
+    let mut done = Completion::new(msg_id);
     let grace = tokio::time::sleep(config.interrupt_grace);
     tokio::pin!(grace);
     let mut exit = kernel.exit_watch();
-    while !(idle && replied) {
+    while !done.is_complete() {
         tokio::select! {
             Some(msg) = kernel.iopub_rx.recv() => {
-                if is_child_of(&msg, &msg_id) {
-                    idle |= matches!(msg.content, JupyterMessageContent::Status(ref s) if s.execution_state == ExecutionState::Idle);
-                }
+                done.on_iopub(&msg);
             }
-            Some(msg) = kernel.shell_rx.recv() => {
-                replied |= is_child_of(&msg, &msg_id) && matches!(msg.content, JupyterMessageContent::ExecuteReply(_));
-            }
+            Some(msg) = kernel.shell_rx.recv() => done.on_shell(msg),
             _ = exit.changed() => return false,
             _ = &mut grace => return false,
         }
@@ -343,12 +308,6 @@ fn emit_media(
     if let Some(path) = image {
         emit(ExecEvent::Image(path));
     }
-}
-
-fn is_child_of(msg: &JupyterMessage, msg_id: &str) -> bool {
-    msg.parent_header
-        .as_ref()
-        .is_some_and(|h| h.msg_id == msg_id)
 }
 
 fn secs(timeout: Option<Duration>) -> f64 {

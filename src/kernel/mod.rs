@@ -10,6 +10,7 @@
 //! The kernel knows nothing of MCP: tool calls reach the host through a socket whose path is just
 //! another environment variable here.
 
+mod completion;
 pub mod execute;
 pub mod output;
 pub mod pool;
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use execute::{ExecEvent, ExecutionOutput, TimeoutPause};
+pub use execute::{ExecEvent, ExecutionOutput};
 pub use pool::KernelPool;
 
 /// How kernels are launched. One config serves the current kernel and its spares.

@@ -11,10 +11,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::execute::{self, ExecEvent, ExecutionOutput, TimeoutPause};
+use super::execute::{self, ExecEvent, ExecutionOutput};
 use super::process::Kernel;
 use super::runtime_dir::RuntimeDir;
 use super::{KernelConfig, KernelError};
+use crate::pause::TimeoutPause;
 
 /// Owns the kernels of one executor. Not shared: callers serialize access (one execution at a
 /// time), which is what makes executions on an executor queue rather than collide.

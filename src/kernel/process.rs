@@ -16,12 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jupyter_protocol::connection_info::Transport;
-use jupyter_protocol::{ConnectionInfo, JupyterMessage, JupyterMessageContent, KernelInfoRequest};
+use jupyter_protocol::{ConnectionInfo, JupyterMessage, KernelInfoRequest};
 use jupyter_zmq_client::{ClientControlConnection, DealerSendConnection};
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
+use super::completion::Completion;
 use super::{KernelConfig, KernelError};
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), then the kernel app.
@@ -331,22 +332,25 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
         process,
     };
 
-    let mut sent: Vec<String> = Vec::new();
-    let (mut got_reply, mut got_status) = (false, false);
-    while !(got_reply && got_status) {
+    // kernel_info, resent every 200 ms until its reply AND its idle status arrived: iopub is a
+    // PUB/SUB socket, so messages published before the subscription took hold are lost (the
+    // slow joiner); an idle status seen means iopub is connected.
+    let mut ready: Option<Completion> = None;
+    while !ready.as_ref().is_some_and(Completion::is_complete) {
         let req: JupyterMessage = KernelInfoRequest {}.into();
-        sent.push(req.header.msg_id.clone());
+        match ready.as_mut() {
+            Some(r) => r.also(req.header.msg_id.clone()),
+            None => ready = Some(Completion::new(req.header.msg_id.clone())),
+        }
+        let Some(done) = ready.as_mut() else { break };
         kernel.shell_tx.send(req).await.map_err(proto)?;
         let round = tokio::time::sleep(Duration::from_millis(200));
         tokio::pin!(round);
-        while !(got_reply && got_status) {
+        while !done.is_complete() {
             tokio::select! {
-                Some(msg) = kernel.shell_rx.recv() => {
-                    got_reply |= matches!(msg.content, JupyterMessageContent::KernelInfoReply(_));
-                }
+                Some(msg) = kernel.shell_rx.recv() => done.on_shell(msg),
                 Some(msg) = kernel.iopub_rx.recv() => {
-                    let ours = msg.parent_header.as_ref().is_some_and(|h| sent.contains(&h.msg_id));
-                    got_status |= ours && matches!(msg.content, JupyterMessageContent::Status(_));
+                    done.on_iopub(&msg);
                 }
                 _ = exit.changed() => return Err(kernel.process.exited_err()),
                 _ = &mut round => break,

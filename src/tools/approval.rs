@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::kernel::TimeoutPause;
+use crate::pause::TimeoutPause;
 
 /// Default time a tool call waits for an approval decision.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);

@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use super::approval::{self, ApprovalPolicy, Decision};
 use super::registry::Registry;
 use super::{SessionCache, tool_output};
-use crate::kernel::TimeoutPause;
+use crate::pause::TimeoutPause;
 
 /// Shared state of the tool server; the executor keeps a handle to change the policy.
 pub struct ToolServerState {
