@@ -9,8 +9,8 @@
 #      `claude mcp list` shows the plugin's ipybox server `✔ Connected`, started by the plugin
 #      launcher with the project directory as workspace. The binary is found the documented way
 #      for a local checkout (target/{release,debug}/ipybox; this script runs `cargo build`).
-#      codeact-docker runs a stand-in `docker` (FAKE: no Docker engine here) that logs its
-#      arguments and starts ipybox itself.
+#      codeact-docker runs the real image (scripts/docker-check.sh builds it) with Docker or
+#      podman; without the image it is skipped, or fails under IPYBOX_TEST_STRICT=1.
 #   3. Install from git (a local clone served over HTTP on 127.0.0.1): the launcher is copied
 #      into the plugin cache, finds `ipybox` on PATH, and without one fails with the `cargo
 #      install` command to run.
@@ -128,23 +128,12 @@ if [ $launchers_ok = 1 ]; then ok; else fail "plugins/*/scripts/ipybox-mcp must 
 project=$(mktemp -d "${TMPDIR:-/tmp}/ipybox-plugin-project.XXXXXX")
 expect_ok "claude plugin marketplace add ./" plugin marketplace add ./
 
-# A stand-in for docker (FAKE: no Docker engine here): logs its arguments, then serves MCP
-# with the real binary on the host path that was mounted at /app/workspace.
-fake_bin="$work/fake-docker-bin"
-mkdir -p "$fake_bin"
-cat >"$fake_bin/docker" <<EOF
-#!/bin/sh
-# FAKE docker for plugin-check.sh: no Docker engine runs here.
-printf 'fake-docker %s\n' "\$*" >>"$work/launch.log"
-mount=""
-prev=""
-for a in "\$@"; do
-  [ "\$prev" = "-v" ] && mount="\${a%:/app/workspace}"
-  prev="\$a"
-done
-exec "$root/target/debug/ipybox" --workspace "\$mount"
-EOF
-chmod +x "$fake_bin/docker"
+# codeact-docker runs the real image (built by scripts/docker-check.sh) with the engine
+# scripts/docker-engine.sh picks (Docker, else podman with this machine's flags).
+# shellcheck source=scripts/docker-engine.sh
+. "$root/scripts/docker-engine.sh"
+have_image=0
+"$ENGINE" image inspect "${IPYBOX_DOCKER_IMAGE:-ipybox}" >/dev/null 2>&1 && have_image=1
 
 previous=""
 for plugin in codeact-default codeact-sandbox codeact-docker; do
@@ -155,9 +144,16 @@ for plugin in codeact-default codeact-sandbox codeact-docker; do
   check "claude plugin details codeact@ipybox: skill codeact installed"
   out=$(run_claude plugin details codeact@ipybox)
   if grep -q "Skills (1) *codeact" <<<"$out"; then ok; else fail "$out"; fi
-  if [ "$plugin" = codeact-docker ]; then
-    EXTRA_PATH="$fake_bin" expect_connected "$plugin" "$project"
-    expect_launch "docker run -i --rm -v $project:/app/workspace ipybox"
+  if [ "$plugin" = codeact-docker ] && [ "$have_image" = 0 ]; then
+    check "codeact-docker: the ipybox image exists"
+    if [ -n "${IPYBOX_TEST_STRICT:-}" ]; then
+      fail "no image ${IPYBOX_DOCKER_IMAGE:-ipybox}: run scripts/docker-check.sh first"
+    else
+      echo "skipped (no image ${IPYBOX_DOCKER_IMAGE:-ipybox}: run scripts/docker-check.sh first)"
+    fi
+  elif [ "$plugin" = codeact-docker ]; then
+    expect_connected "$plugin" "$project"
+    expect_launch "$ENGINE run -i --rm -v $project:/app/workspace"
   else
     expect_connected "$plugin" "$project"
     expect_launch "$root/target/"

@@ -3,6 +3,8 @@
 # components — a real ipykernel, real MCP servers, real MCP clients, real srt + bubblewrap.
 #   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
 #   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
+#   scripts/docker-check.sh  the ipybox image (Docker, else podman) built and driven by an MCP client
+#   scripts/plugin-check.sh  the Claude Code marketplace and its three plugins, ✔ Connected
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh kernel::` for one module).
 # Plain `cargo test` skips tests whose components are missing (one line each); here nothing is
@@ -16,7 +18,8 @@ bash scripts/sandbox-deps.sh
 export IPYBOX_SRT="$root/target/sandbox-deps/node_modules/.bin/srt"
 cargo build --bin ipybox
 "$root/target/debug/ipybox" setup     # provision the kernel environment once, before tests race
-if [ -x scripts/plugin-check.sh ]; then bash scripts/plugin-check.sh; fi
+bash scripts/docker-check.sh         # builds the image codeact-docker runs in plugin-check.sh
+IPYBOX_TEST_STRICT=1 bash scripts/plugin-check.sh
 bash scripts/smoke-clients.sh
 # 2 test threads on 2 cores: each test starts real kernels and servers.
 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2

@@ -1,0 +1,88 @@
+"""Drives an ipybox MCP server with the Python `mcp` SDK's stdio client (a real MCP client) and
+checks the main job end to end: the tool list, stateful execution, registering an MCP server, a
+tool call from kernel code through the generated API, and reset.
+
+Usage: mcp_server_check.py FIXTURE_URL -- COMMAND [ARGS...]
+  FIXTURE_URL  streamable-HTTP URL of tests/fixtures/mcp_fixture.py, reachable from the server
+  COMMAND      how to start the ipybox MCP server (e.g. the codeact-docker plugin launcher)
+
+Prints one line per check and a final `N passed, M failed`; exits 1 if any check failed.
+"""
+
+import os
+import sys
+
+import anyio
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+results = []
+
+
+def check(name, actual, expected):
+    ok = actual == expected
+    results.append(ok)
+    print(f"check: {name} ... {'ok' if ok else 'FAIL'}")
+    if not ok:
+        print(f"    expected: {expected!r}\n    actual:   {actual!r}")
+
+
+def text(result):
+    return "\n".join(c.text for c in result.content if c.type == "text")
+
+
+async def main(url, command):
+    # The whole environment: the SDK passes only a few variables by default, and the launcher
+    # reads IPYBOX_* ones.
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            init = await session.initialize()
+            check("server name", init.server_info.name, "ipybox")
+            tools = await session.list_tools()
+            check(
+                "tools",
+                sorted(t.name for t in tools.tools),
+                ["execute_ipython_cell", "install_package", "register_mcp_server", "reset"],
+            )
+
+            async def run(code):
+                r = await session.call_tool("execute_ipython_cell", {"code": code})
+                return r.is_error, text(r)
+
+            check("execute: assignment", await run("x = 21"), (False, ""))
+            check("execute: state kept", await run("x * 2"), (False, "42"))
+            check(
+                "execute: runs in the container's workspace",
+                await run("import os; os.getcwd()"),
+                (False, "'/app/workspace'"),
+            )
+            r = await session.call_tool(
+                "register_mcp_server", {"server_name": "fx", "server_params": {"url": url}}
+            )
+            check(
+                "register_mcp_server (streamable HTTP)",
+                (r.is_error, "greet" in text(r).split("\n")),
+                (False, True),
+            )
+            check(
+                "tool call from kernel code",
+                await run(
+                    "from mcptools.fx import add, greet\n"
+                    "print(add.run(add.Params(a=2, b=40)).sum)\n"
+                    "print(greet.run(greet.Params(name='container')))"
+                ),
+                (False, "42\nHello, container!"),
+            )
+            r = await session.call_tool("reset", {})
+            check("reset", r.is_error, False)
+            err, out = await run("x")
+            check("reset cleared the state", (err, "NameError" in out), (True, True))
+    failed = results.count(False)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return failed
+
+
+if __name__ == "__main__":
+    sep = sys.argv.index("--")
+    sys.exit(1 if anyio.run(main, sys.argv[1], sys.argv[sep + 1 :]) else 0)
