@@ -1,11 +1,137 @@
-//! What every child process ipybox starts shares: the tail of its stderr for error messages.
+//! What every long-running child ipybox starts shares: it leads its own process group (so what
+//! it starts dies with it), its stderr is kept as a bounded tail for error messages, and the
+//! group is signalled as a whole. Kernels (`kernel/process.rs`) and stdio MCP servers
+//! (`tools/client.rs`) are started this way; short-lived commands (installers, probes) only use
+//! [`tail`] on their collected output.
 //!
-//! Not here: how each kind of child is started and stopped (`kernel/process.rs`,
-//! `tools/client.rs`).
+//! Not here: how each kind of child is started, watched and stopped.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::task::JoinHandle;
+
+/// How much of a child's stderr is kept.
+pub(crate) const STDERR_TAIL_BYTES: usize = 8 * 1024;
 
 /// The last 15 lines of a child's output, for error messages.
 pub(crate) fn tail(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
     let lines: Vec<&str> = text.trim_end().lines().collect();
     lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// Makes the command's child the leader of a new process group, killed (the leader) when its
+/// handle is dropped. Stdout/stderr/stdin wiring stays with the caller.
+pub(crate) fn own_group(cmd: &mut tokio::process::Command) -> &mut tokio::process::Command {
+    cmd.kill_on_drop(true).process_group(0)
+}
+
+/// Sends `sig` to the process group `pgid` (a child started with [`own_group`]; its pid).
+/// Errors (the group is gone: ESRCH) are ignored.
+pub(crate) fn signal_group(pgid: u32, sig: i32) {
+    let Ok(pgid) = i32::try_from(pgid) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: killpg has no memory-safety preconditions. The group id cannot be reused while
+    // any member lives, and callers stop signalling once they have reaped the whole group.
+    unsafe {
+        libc::killpg(pgid, sig);
+    }
+}
+
+/// The last [`STDERR_TAIL_BYTES`] of a child's stderr. Cheap to clone; clones share the buffer.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StderrTail {
+    buf: Arc<Mutex<VecDeque<u8>>>,
+}
+
+impl StderrTail {
+    /// Reads `stderr` to its end on a task, keeping the tail.
+    pub(crate) fn capture(
+        mut stderr: impl AsyncRead + Unpin + Send + 'static,
+    ) -> (Self, JoinHandle<()>) {
+        let tail = Self::default();
+        let sink = tail.clone();
+        let reader = tokio::spawn(async move {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                sink.push(&chunk[..n]);
+            }
+        });
+        (tail, reader)
+    }
+
+    fn push(&self, bytes: &[u8]) {
+        let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+        buf.extend(bytes);
+        let excess = buf.len().saturating_sub(STDERR_TAIL_BYTES);
+        buf.drain(..excess);
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+        let (a, b) = buf.as_slices();
+        [a, b].concat()
+    }
+
+    /// Everything kept, as text.
+    pub(crate) fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+
+    /// The last lines kept (see [`tail`]).
+    pub(crate) fn last_lines(&self) -> String {
+        tail(&self.bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keeps_only_the_end_of_stderr() {
+        let input: Vec<u8> = (0..3000)
+            .flat_map(|i| format!("line {i}\n").into_bytes())
+            .collect();
+        let (tail, reader) = StderrTail::capture(std::io::Cursor::new(input));
+        reader.await.unwrap();
+        let text = tail.text();
+        assert_eq!(text.len(), STDERR_TAIL_BYTES);
+        assert!(text.ends_with("line 2999\n"));
+        let last = tail.last_lines();
+        assert_eq!(last.lines().count(), 15);
+        assert!(last.starts_with("line 2985\n"));
+    }
+
+    #[tokio::test]
+    async fn group_signal_reaches_grandchildren() {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", "sleep 30 & wait"]);
+        let mut child = own_group(&mut cmd).spawn().unwrap();
+        let pid = child.id().unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        signal_group(pid, libc::SIGKILL);
+        let status = child.wait().await.unwrap();
+        assert!(!status.success());
+        // The background `sleep` was in the group: nothing of it is left once its orphan is
+        // reaped (by init or a subreaper, not us).
+        let gone = || {
+            // SAFETY: probing a process group with signal 0.
+            unsafe { libc::killpg(pid as i32, 0) != 0 }
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !gone() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(gone(), "the group survived");
+    }
 }

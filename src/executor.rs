@@ -224,10 +224,10 @@ impl CodeExecutorBuilder {
                 host,
                 builder: self,
                 state: Mutex::new(None),
-                pause: TimeoutPause::default(),
                 stopping: tokio::sync::watch::channel(false).0,
                 registry: std::sync::OnceLock::new(),
                 python: std::sync::OnceLock::new(),
+                live: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -244,13 +244,22 @@ struct Inner {
     /// The builder's host environment, else the process environment read at `build()`.
     host: HostEnv,
     state: Mutex<Option<Running>>,
-    pause: TimeoutPause,
     /// Set by `stop()`: a running execution is abandoned so stopping never waits for it.
     stopping: tokio::sync::watch::Sender<bool>,
     /// Servers registered through this executor (enforced for sandboxed kernels).
     registry: std::sync::OnceLock<Arc<Registry>>,
     /// The kernel's interpreter, known after the first successful start.
     python: std::sync::OnceLock<PathBuf>,
+    /// What diagnostics read while an execution holds `state`; set by start, cleared by stop.
+    live: std::sync::Mutex<Option<Live>>,
+}
+
+/// Read-only views of a started executor, shared with its [`Running`] parts.
+#[derive(Clone)]
+struct Live {
+    runtime: PathBuf,
+    kernel_pid: Arc<std::sync::atomic::AtomicU32>,
+    tools: Arc<ToolServerState>,
 }
 
 /// Armed while an `execute()` runs; if that future is dropped, settles the abandoned execution
@@ -304,11 +313,11 @@ impl CodeExecutor {
         CodeExecutorBuilder::default()
     }
 
-    /// The workspace as an absolute path (created if missing).
     fn host_env(&self) -> &HostEnv {
         &self.inner.host
     }
 
+    /// The workspace as an absolute path (created if missing).
     pub fn workspace(&self) -> Result<PathBuf, ExecutorError> {
         resolve_workspace(self.inner.builder.workspace.as_deref())
     }
@@ -359,7 +368,6 @@ impl CodeExecutor {
         let mut tool_state = ToolServerState::new(
             sessions,
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
-            self.inner.pause.clone(),
         );
         if b.sandbox.is_some() {
             // A sandboxed kernel is not trusted with server params: see tools::registry.
@@ -391,6 +399,11 @@ impl CodeExecutor {
             );
         }
         let pool = KernelPool::start(Arc::new(config), runtime.clone(), !b.no_spare).await?;
+        *self.inner.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(Live {
+            runtime: runtime.path().to_path_buf(),
+            kernel_pid: pool.current_pid(),
+            tools: tools.state().clone(),
+        });
         *state = Some(Running {
             pool,
             tools,
@@ -460,6 +473,11 @@ impl CodeExecutor {
         self.inner.stopping.send_replace(true);
         let running = self.inner.state.lock().await.take();
         self.inner.stopping.send_replace(false);
+        self.inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(Running {
             pool,
             tools,
@@ -480,11 +498,16 @@ impl CodeExecutor {
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        running.tools.state().set_policy(ApprovalPolicy::AcceptAll);
+        // This execution's own clock: only its calls' approval waits pause it.
+        let pause = TimeoutPause::default();
+        running
+            .tools
+            .state()
+            .set_policy(ApprovalPolicy::AcceptAll, pause.clone());
         // If our caller drops this future mid-execution, interrupt the code right away instead
         // of letting it run on (the next execution would otherwise wait behind it).
         let mut settle = SettleOnDrop(Some(self.inner.clone()));
-        let run = running.pool.execute(code, timeout, None, &self.inner.pause);
+        let run = running.pool.execute(code, timeout, None, &pause);
         let result = self.inner.unless_stopping(run).await;
         settle.0 = None;
         Ok(result?)
@@ -525,16 +548,19 @@ impl CodeExecutor {
                 let mut state = inner.state.lock().await;
                 match state.as_mut() {
                     Some(running) => {
-                        running.tools.state().set_policy(ApprovalPolicy::Ask(ap_tx));
-                        let run = running
-                            .pool
-                            .execute(&code, timeout, Some(&ev_tx), &inner.pause);
-                        let result = inner.unless_stopping(run).await;
-                        // Calls made after this execution (leftover threads) have no one to ask.
+                        // This execution's own clock: only its calls' approval waits pause it.
+                        let pause = TimeoutPause::default();
                         running
                             .tools
                             .state()
-                            .set_policy(ApprovalPolicy::Ask(mpsc::unbounded_channel().0));
+                            .set_policy(ApprovalPolicy::Ask(ap_tx), pause.clone());
+                        let run = running.pool.execute(&code, timeout, Some(&ev_tx), &pause);
+                        let result = inner.unless_stopping(run).await;
+                        // Calls made after this execution (leftover threads) have no one to ask.
+                        running.tools.state().set_policy(
+                            ApprovalPolicy::Ask(mpsc::unbounded_channel().0),
+                            TimeoutPause::default(),
+                        );
                         result.map_err(ExecutorError::from)
                     }
                     None => Err(KernelError::Stopped.into()),
@@ -552,31 +578,34 @@ impl CodeExecutor {
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        let (kernel, ()) = tokio::join!(
-            running.pool.reset(),
-            running.tools.state().sessions().close_all()
-        );
+        let sessions = running.tools.state().sessions();
+        let (kernel, ()) = tokio::join!(running.pool.reset(), sessions.close_all());
+        // The old kernel is gone now; a leftover thread of it may have called a tool while it
+        // was being replaced. Close what that opened, and void such calls still in flight.
+        sessions.close_all().await;
         Ok(kernel?)
     }
 
-    /// How many MCP sessions are open (they open on a tool's first call and close on reset).
-    pub async fn mcp_sessions(&self) -> usize {
+    fn live(&self) -> Option<Live> {
         self.inner
-            .state
+            .live
             .lock()
-            .await
-            .as_ref()
-            .map_or(0, |r| r.tools.state().sessions().len())
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    /// The current kernel's process id, if started.
+    /// How many MCP sessions are open (they open on a tool's first call and close on reset).
+    /// Does not wait for a running execution.
+    pub async fn mcp_sessions(&self) -> usize {
+        self.live().map_or(0, |l| l.tools.sessions().len())
+    }
+
+    /// The current kernel's process id, if started (None while a kernel is being replaced).
+    /// Does not wait for a running execution.
     pub async fn kernel_pid(&self) -> Option<u32> {
-        self.inner
-            .state
-            .lock()
-            .await
-            .as_ref()
-            .and_then(|r| r.pool.kernel_pid())
+        self.live()
+            .map(|l| l.kernel_pid.load(std::sync::atomic::Ordering::SeqCst))
+            .filter(|pid| *pid != 0)
     }
 
     /// The kernel's Python interpreter, if started.
@@ -610,14 +639,10 @@ impl CodeExecutor {
         Ok(summary)
     }
 
-    /// The private runtime directory (sockets, connection files), if started.
+    /// The private runtime directory (sockets, connection files), if started. Does not wait
+    /// for a running execution.
     pub async fn runtime_dir(&self) -> Option<PathBuf> {
-        self.inner
-            .state
-            .lock()
-            .await
-            .as_ref()
-            .map(|r| r.runtime.path().to_path_buf())
+        self.live().map(|l| l.runtime)
     }
 }
 

@@ -6,7 +6,9 @@ and call :meth:`ToolRunner.run`. Standard library only.
 
 The tool server speaks HTTP/1.1 on a Unix socket whose path is in ``IPYBOX_TOOL_SOCKET``.
 ``POST /run`` takes ``{"server_name", "server_params", "tool_name", "arguments"}`` and answers
-``{"structured": <object or null>, "text": <str>}`` or ``{"error": {"kind", "message"}}``.
+``{"structured": <object or null>, "text": <str>}`` or ``{"error": {"kind", "message"}}``; the kind
+selects the exception (``_ERRORS``). The host side is ``src/tools/protocol.rs``; a round-trip test
+there runs this module on the replies it serializes.
 """
 
 from __future__ import annotations
@@ -43,11 +45,25 @@ class ApprovalTimeout(ToolRunnerError):
     """No approval decision arrived in time; the call was not made."""
 
 
+# Error kinds on the wire -> the exception raised in the kernel (kept in step with ErrorKind in
+# src/tools/protocol.rs by its tests). An unknown kind raises the base class.
 _ERRORS = {
     "tool_error": ToolError,
     "rejected": ApprovalRejected,
     "approval_timeout": ApprovalTimeout,
+    "bad_request": ToolRunnerError,
 }
+
+
+def _result(reply: dict) -> dict[str, Any] | str:
+    """The value of a ``/run`` reply: structured content if any, else text; raises for errors."""
+    error = reply.get("error")
+    if error is not None:
+        raise _ERRORS.get(error.get("kind"), ToolRunnerError)(error.get("message", "tool call failed"))
+    structured = reply.get("structured")
+    if structured is not None:
+        return structured
+    return reply.get("text", "")
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -127,20 +143,12 @@ class ToolRunner:
 
     def run(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
         """Call ``tool_name`` with ``arguments``; returns structured content if any, else text."""
-        reply = _request(
-            "POST",
-            "/run",
-            {
-                "server_name": self.server_name,
-                "server_params": self.server_params,
-                "tool_name": tool_name,
-                "arguments": arguments,
-            },
-        )
-        error = reply.get("error")
-        if error is not None:
-            raise _ERRORS.get(error.get("kind"), ToolRunnerError)(error.get("message", "tool call failed"))
-        structured = reply.get("structured")
-        if structured is not None:
-            return structured
-        return reply.get("text", "")
+        return _result(_request("POST", "/run", self._request_body(tool_name, arguments)))
+
+    def _request_body(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "server_name": self.server_name,
+            "server_params": self.server_params,
+            "tool_name": tool_name,
+            "arguments": arguments,
+        }

@@ -6,6 +6,7 @@
 //! [`super::process`], running code is [`super::execute`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -23,6 +24,8 @@ pub struct KernelPool {
     config: Arc<KernelConfig>,
     runtime: Arc<RuntimeDir>,
     current: Option<Kernel>,
+    /// The current kernel's pid (0: none), readable without access to the pool.
+    current_pid: Arc<AtomicU32>,
     spare: Option<JoinHandle<Result<Kernel, KernelError>>>,
     launched: u32,
     use_spare: bool,
@@ -48,24 +51,32 @@ impl KernelPool {
             config,
             runtime,
             current: None,
+            current_pid: Arc::new(AtomicU32::new(0)),
             spare: None,
             launched: 0,
             use_spare,
         };
         let kernel = pool.launch().await?;
-        pool.current = Some(kernel);
+        pool.set_current(Some(kernel));
         pool.refill_spare();
         Ok(pool)
     }
 
-    /// The current kernel's pid (for diagnostics and tests).
-    pub fn kernel_pid(&self) -> Option<u32> {
-        self.current.as_ref().map(Kernel::pid)
+    /// The current kernel's pid (0 while there is none), kept up to date as kernels are
+    /// replaced: diagnostics read it while an execution holds the pool.
+    pub(crate) fn current_pid(&self) -> Arc<AtomicU32> {
+        self.current_pid.clone()
     }
 
-    /// The spare's pid if it is ready.
-    pub fn spare_ready(&self) -> bool {
-        self.spare.as_ref().is_some_and(|h| h.is_finished())
+    fn set_current(&mut self, kernel: Option<Kernel>) {
+        self.current_pid
+            .store(kernel.as_ref().map_or(0, Kernel::pid), Ordering::SeqCst);
+        self.current = kernel;
+    }
+
+    fn take_current(&mut self) -> Option<Kernel> {
+        self.current_pid.store(0, Ordering::SeqCst);
+        self.current.take()
     }
 
     fn next_dir(&mut self) -> Result<std::path::PathBuf, KernelError> {
@@ -126,10 +137,11 @@ impl KernelPool {
 
     /// Replaces the current kernel with a fresh one (state is lost).
     pub async fn reset(&mut self) -> Result<(), KernelError> {
-        if let Some(old) = self.current.take() {
+        if let Some(old) = self.take_current() {
             tokio::spawn(old.shutdown());
         }
-        self.current = Some(self.take_fresh().await?);
+        let fresh = self.take_fresh().await?;
+        self.set_current(Some(fresh));
         Ok(())
     }
 
@@ -146,7 +158,7 @@ impl KernelPool {
         if self.current.is_none() {
             // A previous replacement failed; try again now.
             let fresh = self.take_fresh().await?;
-            self.current = Some(fresh);
+            self.set_current(Some(fresh));
         }
         let Some(kernel) = self.current.as_mut() else {
             return Err(KernelError::Stopped);
@@ -173,17 +185,9 @@ impl KernelPool {
         }
     }
 
-    /// Interrupts the current execution, if any (over the control channel).
-    pub async fn interrupt(&mut self) -> Result<(), KernelError> {
-        match self.current.as_mut() {
-            Some(k) => k.interrupt().await,
-            None => Ok(()),
-        }
-    }
-
     /// Stops every kernel and waits until they are gone.
     pub async fn shutdown(mut self) {
-        if let Some(k) = self.current.take() {
+        if let Some(k) = self.take_current() {
             k.shutdown().await;
         }
         if let Some(handle) = self.spare.take() {

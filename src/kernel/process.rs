@@ -9,7 +9,6 @@
 //!
 //! What an execution does with these connections is in [`super::execute`].
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -18,12 +17,12 @@ use std::time::{Duration, Instant};
 use jupyter_protocol::connection_info::Transport;
 use jupyter_protocol::{ConnectionInfo, JupyterMessage, KernelInfoRequest};
 use jupyter_zmq_client::{ClientControlConnection, DealerSendConnection};
-use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::completion::Completion;
 use super::{KernelConfig, KernelError};
+use crate::child_process::{StderrTail, own_group, signal_group};
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), then the kernel app.
 const LAUNCHER: &str = r#"import os, sys, threading
@@ -63,8 +62,6 @@ from ipykernel import kernelapp
 kernelapp.launch_new_instance()
 "#;
 
-const STDERR_TAIL: usize = 8 * 1024;
-
 /// How a kernel process ended.
 #[derive(Debug, Clone)]
 pub struct ExitInfo(pub String);
@@ -74,7 +71,7 @@ pub struct ExitInfo(pub String);
 struct Process {
     pid: u32,
     exit: watch::Receiver<Option<ExitInfo>>,
-    stderr_tail: Arc<Mutex<VecDeque<u8>>>,
+    stderr_tail: StderrTail,
     tasks: Vec<JoinHandle<()>>,
     /// Held open: the kernel exits when this pipe closes (ipybox gone).
     _stdin: Option<tokio::process::ChildStdin>,
@@ -87,11 +84,7 @@ impl Process {
     }
 
     fn stderr_tail(&self) -> String {
-        let t = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner());
-        let (a, b) = t.as_slices();
-        let mut bytes = a.to_vec();
-        bytes.extend_from_slice(b);
-        crate::child_process::tail(&bytes)
+        self.stderr_tail.last_lines()
     }
 
     fn stderr_suffix(&self) -> String {
@@ -115,15 +108,10 @@ impl Process {
         if self.pid == 0 {
             return;
         }
-        // SAFETY: plain syscalls on the kernel's own process group and pid. The group is killed
-        // even after the kernel itself died (segfault, OOM): what its code started lives on in
-        // the group. The group id cannot be reused while any member lives.
-        unsafe {
-            libc::kill(-(self.pid as i32), libc::SIGKILL);
-            if self.exited().is_none() {
-                libc::kill(self.pid as i32, libc::SIGKILL);
-            }
-        }
+        // The group is killed even after the kernel itself died (segfault, OOM): what its code
+        // started lives on in the group. (A sandboxed kernel's group is led by the sandbox
+        // wrapper, which is our child; the kernel is in it.)
+        signal_group(self.pid, libc::SIGKILL);
     }
 }
 
@@ -185,25 +173,15 @@ impl Kernel {
         let mut process = Process {
             pid: child.id().unwrap_or(0),
             exit: watch::channel(None).1,
-            stderr_tail: Arc::new(Mutex::new(VecDeque::new())),
+            stderr_tail: StderrTail::default(),
             tasks: Vec::new(),
             _stdin: child.stdin.take(),
             dir,
         };
-        if let Some(mut stderr) = child.stderr.take() {
-            let tail = process.stderr_tail.clone();
-            process.tasks.push(tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = stderr.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
-                    t.extend(&buf[..n]);
-                    let excess = t.len().saturating_sub(STDERR_TAIL);
-                    t.drain(..excess);
-                }
-            }));
+        if let Some(stderr) = child.stderr.take() {
+            let (tail, reader) = StderrTail::capture(stderr);
+            process.stderr_tail = tail;
+            process.tasks.push(reader);
         }
         let (exit_tx, exit_rx) = watch::channel(None);
         process.exit = exit_rx;
@@ -385,9 +363,8 @@ fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Chil
         .current_dir(&config.workspace)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .process_group(0);
+        .stderr(Stdio::piped());
+    own_group(&mut cmd);
     #[cfg(target_os = "linux")]
     // SAFETY: prctl is async-signal-safe; runs in the child between fork and exec.
     unsafe {

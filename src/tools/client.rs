@@ -5,7 +5,8 @@
 //! stdio servers run as children with a minimal environment: the variables in
 //! [`STDIO_BASE_ENV`] copied from the caller's env map, then the params' `env`. The child's stdout
 //! is the protocol pipe (never ours); its stderr is captured and the last
-//! [`STDERR_TAIL_BYTES`] are kept for error messages. Each child leads its own process group;
+//! [`crate::child_process::STDERR_TAIL_BYTES`] are kept for error messages. Each child leads its
+//! own process group ([`crate::child_process`]);
 //! the group is terminated when the session is closed and killed when it is dropped. (If the
 //! ipybox process itself is SIGKILLed, children notice only through stdin EOF.)
 //!
@@ -13,7 +14,7 @@
 //! from error text. Logs show the params as written. Not here: caching sessions
 //! ([`super::sessions`]), approvals, and the tool server the kernel talks to.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -26,13 +27,13 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, serve_client};
 use serde_json::{Map, Value};
-use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 
 use super::ToolsError;
 use super::env_subst::{Redactor, substitute_str};
 use super::params::{ServerParams, TransportKind, TransportParams};
 use super::sse_transport::SseClientTransport;
+use crate::child_process::{StderrTail, own_group, signal_group};
 
 /// Environment variables passed from the caller's env map to stdio servers (when set), with
 /// [`crate::host_env::NETWORK`], before the params' own `env`. Everything else (API keys, cloud credentials, ...) stays out unless the
@@ -42,15 +43,12 @@ pub const STDIO_BASE_ENV: &[&str] = &[
     "TZ",
 ];
 
-/// How much of a stdio server's stderr is kept for error messages.
-pub const STDERR_TAIL_BYTES: usize = 8 * 1024;
-
 /// A connected MCP client session.
 pub struct McpSession {
     running: RunningService<RoleClient, ClientConfig>,
     child: Mutex<Option<ChildProc>>,
     pid: Option<u32>,
-    stderr: Option<Arc<StderrTail>>,
+    stderr: Option<StderrTail>,
     target: String,
     kind: TransportKind,
     redactor: Redactor,
@@ -234,47 +232,21 @@ impl McpSession {
 // ---------------------------------------------------------------------------------------------
 // stdio
 
-/// Bounded tail of a child's stderr.
-#[derive(Default)]
-struct StderrTail {
-    buf: Mutex<VecDeque<u8>>,
-}
-
-impl StderrTail {
-    fn push(&self, bytes: &[u8]) {
-        let mut buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
-        buf.extend(bytes);
-        let excess = buf.len().saturating_sub(STDERR_TAIL_BYTES);
-        buf.drain(..excess);
-    }
-
-    fn text(&self) -> String {
-        let buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
-        let (a, b) = buf.as_slices();
-        let mut v = Vec::with_capacity(buf.len());
-        v.extend_from_slice(a);
-        v.extend_from_slice(b);
-        String::from_utf8_lossy(&v).into_owned()
-    }
-}
-
 /// A spawned stdio server, leader of its own process group.
 struct ChildProc {
     child: Child,
-    pgid: Option<i32>,
+    /// The group to signal; None once the group was killed and the leader reaped.
+    pgid: Option<u32>,
     reader: Option<tokio::task::JoinHandle<()>>,
 }
 
-fn signal_group(pgid: Option<i32>, sig: i32) {
-    if let Some(pgid) = pgid {
-        // SAFETY: killpg has no memory-safety preconditions; errors (ESRCH) are ignored.
-        unsafe {
-            libc::killpg(pgid, sig);
+impl ChildProc {
+    fn signal(&self, sig: i32) {
+        if let Some(pgid) = self.pgid {
+            signal_group(pgid, sig);
         }
     }
-}
 
-impl ChildProc {
     /// Waits up to `d` for the child to exit.
     async fn wait_for(&mut self, d: Duration) -> Option<std::process::ExitStatus> {
         tokio::time::timeout(d, self.child.wait()).await.ok()?.ok()
@@ -283,14 +255,14 @@ impl ChildProc {
     /// Graceful-then-forceful termination of the whole group; reaps the child.
     async fn terminate(&mut self) {
         if self.wait_for(Duration::from_millis(500)).await.is_none() {
-            signal_group(self.pgid, libc::SIGTERM);
+            self.signal(libc::SIGTERM);
             if self.wait_for(Duration::from_secs(1)).await.is_none() {
-                signal_group(self.pgid, libc::SIGKILL);
+                self.signal(libc::SIGKILL);
                 let _ = self.child.kill().await;
             }
         }
         // Grandchildren that outlived the leader.
-        signal_group(self.pgid, libc::SIGKILL);
+        self.signal(libc::SIGKILL);
         self.pgid = None;
         if let Some(r) = self.reader.take() {
             let _ = tokio::time::timeout(Duration::from_secs(1), r).await;
@@ -301,7 +273,7 @@ impl ChildProc {
     async fn kill_and_collect(&mut self) -> Option<std::process::ExitStatus> {
         // Give a crashing server a moment to finish exiting so its status is known.
         let status = self.wait_for(Duration::from_millis(200)).await;
-        signal_group(self.pgid, libc::SIGKILL);
+        self.signal(libc::SIGKILL);
         let _ = self.child.kill().await;
         self.pgid = None;
         if let Some(r) = self.reader.take() {
@@ -314,7 +286,7 @@ impl ChildProc {
 impl Drop for ChildProc {
     fn drop(&mut self) {
         // `kill_on_drop` covers the leader; this covers the rest of its group.
-        signal_group(self.pgid, libc::SIGKILL);
+        self.signal(libc::SIGKILL);
     }
 }
 
@@ -378,9 +350,8 @@ async fn connect_stdio(
     }
     cmd.stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .process_group(0);
+        .stderr(std::process::Stdio::piped());
+    own_group(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| {
         let help = if e.kind() == std::io::ErrorKind::NotFound {
             "check that the command is installed and on PATH (the server sees PATH from ipybox's environment unless `env` sets it)"
@@ -390,7 +361,7 @@ async fn connect_stdio(
         fail(format!("cannot start `{command_r}`: {e}"), None, help)
     })?;
     let pid = child.id();
-    let (Some(stdout), Some(stdin), Some(mut stderr)) =
+    let (Some(stdout), Some(stdin), Some(stderr)) =
         (child.stdout.take(), child.stdin.take(), child.stderr.take())
     else {
         return Err(fail(
@@ -399,22 +370,10 @@ async fn connect_stdio(
             "report this bug",
         ));
     };
-    let tail = Arc::new(StderrTail::default());
-    let reader = {
-        let tail = tail.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 4096];
-            loop {
-                match stderr.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => tail.push(&buf[..n]),
-                }
-            }
-        })
-    };
+    let (tail, reader) = StderrTail::capture(stderr);
     let mut proc = ChildProc {
         child,
-        pgid: pid.map(|p| p as i32),
+        pgid: pid,
         reader: Some(reader),
     };
     tracing::debug!(pid, "spawned stdio MCP server");

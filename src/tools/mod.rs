@@ -12,6 +12,7 @@ pub mod approval;
 pub mod client;
 pub mod env_subst;
 pub mod params;
+pub(crate) mod protocol;
 pub mod registry;
 pub mod server;
 pub mod sessions;
@@ -78,6 +79,12 @@ pub enum ToolsError {
         timeout: Duration,
         stderr: Option<String>,
     },
+
+    /// The sessions were closed (reset or stop) after the call began; it was not made.
+    #[error(
+        "the call to MCP server {target} was not made: ipybox was reset or stopped while it waited\n  help: run the code again (calls from threads of a previous kernel end here)"
+    )]
+    Closed { target: String },
 
     /// A request on an established session failed (transport closed, protocol error, ...).
     #[error("MCP request `{method}` to server {target} failed: {reason}{}", stderr_section(.stderr))]

@@ -5,14 +5,13 @@
 //! is not the host's. Keep-alive connections, one task per connection, any number of concurrent
 //! calls. Endpoints:
 //!
-//! - `POST /run` `{"server_name", "server_params", "tool_name", "arguments"}` ->
-//!   `{"structured": object|null, "text": str}` or `{"error": {"kind", "message"}}` where kind is
-//!   `tool_error`, `rejected`, `approval_timeout` or `bad_request`;
-//! - `PUT /reset` closes all MCP sessions -> `{"closed": n}`;
-//! - `GET /status` -> `{"sessions": n}`.
+//! - `POST /run` runs a tool call (after approval);
+//! - `PUT /reset` closes all MCP sessions;
+//! - `GET /status` counts them.
 //!
-//! The kernel-side client is `python/ipybox_runtime`. Not here: connecting to MCP servers
-//! ([`super::sessions`]) or deciding approvals ([`super::approval`]).
+//! The bodies are typed in [`super::protocol`]; the kernel-side client is `python/ipybox_runtime`.
+//! Not here: connecting to MCP servers ([`super::sessions`]) or deciding approvals
+//! ([`super::approval`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -22,12 +21,12 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
-use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
 use super::approval::{self, ApprovalPolicy, Decision};
+use super::protocol::{ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
 use super::registry::Registry;
 use super::{SessionCache, tool_output};
 use crate::pause::TimeoutPause;
@@ -35,20 +34,21 @@ use crate::pause::TimeoutPause;
 /// Shared state of the tool server; the executor keeps a handle to change the policy.
 pub struct ToolServerState {
     sessions: SessionCache,
-    policy: Mutex<ApprovalPolicy>,
+    /// Who approves calls, and the clock of the execution they belong to (paused while a call
+    /// waits): a call keeps the pair it found when it began, so a leftover call of an earlier
+    /// execution never pauses a later one.
+    policy: Mutex<(ApprovalPolicy, TimeoutPause)>,
     approval_timeout: Duration,
-    pause: TimeoutPause,
     /// When set (sandboxed kernels), only servers recorded here are called, with these params.
     registry: Option<Arc<Registry>>,
 }
 
 impl ToolServerState {
-    pub fn new(sessions: SessionCache, approval_timeout: Duration, pause: TimeoutPause) -> Self {
+    pub fn new(sessions: SessionCache, approval_timeout: Duration) -> Self {
         Self {
             sessions,
-            policy: Mutex::new(ApprovalPolicy::AcceptAll),
+            policy: Mutex::new((ApprovalPolicy::AcceptAll, TimeoutPause::default())),
             approval_timeout,
-            pause,
             registry: None,
         }
     }
@@ -60,12 +60,13 @@ impl ToolServerState {
         self
     }
 
-    /// Sets who approves the next tool calls.
-    pub fn set_policy(&self, policy: ApprovalPolicy) {
-        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
+    /// Sets who approves the next tool calls, and the execution clock their approval waits
+    /// pause.
+    pub fn set_policy(&self, policy: ApprovalPolicy, pause: TimeoutPause) {
+        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = (policy, pause);
     }
 
-    fn policy(&self) -> ApprovalPolicy {
+    fn policy(&self) -> (ApprovalPolicy, TimeoutPause) {
         self.policy
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -83,15 +84,6 @@ pub struct ToolServer {
     path: PathBuf,
     state: Arc<ToolServerState>,
     task: JoinHandle<()>,
-}
-
-#[derive(Deserialize)]
-struct RunRequest {
-    server_name: String,
-    server_params: Value,
-    tool_name: String,
-    #[serde(default)]
-    arguments: Map<String, Value>,
 }
 
 impl ToolServer {
@@ -157,18 +149,16 @@ impl Drop for ToolServer {
 
 type Reply = Result<Response<Full<Bytes>>, std::convert::Infallible>;
 
-fn json_response(status: StatusCode, body: Value) -> Reply {
-    let mut response = Response::new(Full::new(Bytes::from(body.to_string())));
+fn json_response(status: StatusCode, body: &impl Serialize) -> Reply {
+    // The protocol types serialize infallibly (strings, numbers and JSON values only).
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut response = Response::new(Full::new(Bytes::from(bytes)));
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),
     );
     Ok(response)
-}
-
-fn error(kind: &str, message: impl Into<String>) -> Value {
-    json!({"error": {"kind": kind, "message": message.into()}})
 }
 
 async fn handle(state: Arc<ToolServerState>, req: Request<Incoming>) -> Reply {
@@ -179,7 +169,7 @@ async fn handle(state: Arc<ToolServerState>, req: Request<Incoming>) -> Reply {
                 Err(e) => {
                     return json_response(
                         StatusCode::BAD_REQUEST,
-                        error("bad_request", e.to_string()),
+                        &RunReply::error(ErrorKind::BadRequest, e.to_string()),
                     );
                 }
             };
@@ -188,31 +178,39 @@ async fn handle(state: Arc<ToolServerState>, req: Request<Incoming>) -> Reply {
                 Err(e) => {
                     return json_response(
                         StatusCode::BAD_REQUEST,
-                        error("bad_request", format!("invalid /run request: {e}")),
+                        &RunReply::error(
+                            ErrorKind::BadRequest,
+                            format!("invalid /run request: {e}"),
+                        ),
                     );
                 }
             };
-            json_response(StatusCode::OK, run_tool(&state, run).await)
+            json_response(StatusCode::OK, &run_tool(&state, run).await)
         }
         (&Method::PUT, "/reset") => {
             let closed = state.sessions.len();
             state.sessions.close_all().await;
-            json_response(StatusCode::OK, json!({"closed": closed}))
+            json_response(StatusCode::OK, &ResetReply { closed })
         }
-        (&Method::GET, "/status") => {
-            json_response(StatusCode::OK, json!({"sessions": state.sessions.len()}))
-        }
+        (&Method::GET, "/status") => json_response(
+            StatusCode::OK,
+            &StatusReply {
+                sessions: state.sessions.len(),
+            },
+        ),
         (method, path) => json_response(
             StatusCode::NOT_FOUND,
-            error(
-                "bad_request",
+            &RunReply::error(
+                ErrorKind::BadRequest,
                 format!("no endpoint {method} {path}: use POST /run, PUT /reset or GET /status"),
             ),
         ),
     }
 }
 
-async fn run_tool(state: &ToolServerState, run: RunRequest) -> Value {
+async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunReply {
+    // Taken before anything can wait (approval): a reset after this point voids the call.
+    let epoch = state.sessions.epoch();
     let RunRequest {
         server_name,
         server_params,
@@ -224,8 +222,8 @@ async fn run_tool(state: &ToolServerState, run: RunRequest) -> Value {
         Some(registry) => match registry.get(&server_name) {
             Some(recorded) => recorded,
             None => {
-                return error(
-                    "tool_error",
+                return RunReply::error(
+                    ErrorKind::ToolError,
                     format!(
                         "MCP server `{server_name}` is not registered with this ipybox (a sandboxed kernel can only call servers the host registered)\n  help: call register_mcp_server for `{server_name}` again"
                     ),
@@ -233,26 +231,27 @@ async fn run_tool(state: &ToolServerState, run: RunRequest) -> Value {
             }
         },
     };
+    let (policy, pause) = state.policy();
     let decision = approval::decide(
-        &state.policy(),
+        &policy,
         &server_name,
         &tool_name,
         &arguments,
         state.approval_timeout,
-        &state.pause,
+        &pause,
     )
     .await;
     match decision {
         Decision::Accepted => {}
         Decision::Rejected => {
-            return error(
-                "rejected",
+            return RunReply::error(
+                ErrorKind::Rejected,
                 format!("tool call {server_name}.{tool_name} was rejected by the application"),
             );
         }
         Decision::TimedOut => {
-            return error(
-                "approval_timeout",
+            return RunReply::error(
+                ErrorKind::ApprovalTimeout,
                 format!(
                     "tool call {server_name}.{tool_name} was not approved within {} s, so it was not made",
                     state.approval_timeout.as_secs_f64()
@@ -263,24 +262,27 @@ async fn run_tool(state: &ToolServerState, run: RunRequest) -> Value {
     tracing::info!(server = %server_name, tool = %tool_name, "tool call");
     let session = match state
         .sessions
-        .get_or_connect(&server_name, &server_params)
+        .get_or_connect_since(&server_name, &server_params, epoch)
         .await
     {
         Ok(s) => s,
-        Err(e) => return error("tool_error", e.to_string()),
+        Err(e) => return RunReply::error(ErrorKind::ToolError, e.to_string()),
     };
     match session.call_tool(&tool_name, arguments).await {
         Ok(result) => {
             let out = tool_output(&result);
             if out.is_error {
-                error(
-                    "tool_error",
+                RunReply::error(
+                    ErrorKind::ToolError,
                     format!("{server_name}.{tool_name} failed: {}", out.text),
                 )
             } else {
-                json!({"structured": out.structured, "text": out.text})
+                RunReply::Done {
+                    structured: out.structured,
+                    text: out.text,
+                }
             }
         }
-        Err(e) => error("tool_error", e.to_string()),
+        Err(e) => RunReply::error(ErrorKind::ToolError, e.to_string()),
     }
 }

@@ -5,12 +5,14 @@
 //! connect attempt, which runs in its own task (a caller giving up does not abort it for the
 //! others). A failed connect is reported to everyone waiting for it and then forgotten, so the
 //! next call tries again; a session whose connection has died is replaced on the next call.
-//! [`SessionCache::close_all`] (reset/stop) closes every session and reaps stdio children.
+//! [`SessionCache::close_all`] (reset/stop) closes every session and reaps stdio children, and
+//! starts a new epoch: a call that began before it (a leftover thread of the old kernel, a call
+//! that waited for approval) cannot open a session afterwards, so nothing outlives a reset.
 //!
 //! Not here: connecting itself ([`super::client`]) and deciding when to reset.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,7 +27,6 @@ use super::params::ServerParams;
 type Pending = Shared<BoxFuture<'static, Result<Arc<McpSession>, ToolsError>>>;
 
 struct Slot {
-    name: String,
     fut: Pending,
 }
 
@@ -34,6 +35,8 @@ pub struct SessionCache {
     env: Arc<HashMap<String, String>>,
     timeout: Duration,
     slots: Mutex<HashMap<String, Slot>>,
+    /// Bumped by every [`SessionCache::close_all`].
+    epoch: AtomicU64,
     connects: AtomicUsize,
 }
 
@@ -59,6 +62,7 @@ impl SessionCache {
             env: Arc::new(env),
             timeout,
             slots: Mutex::new(HashMap::new()),
+            epoch: AtomicU64::new(0),
             connects: AtomicUsize::new(0),
         }
     }
@@ -67,28 +71,45 @@ impl SessionCache {
         self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The current epoch: taken when a call begins, passed to
+    /// [`SessionCache::get_or_connect_since`].
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
     /// Returns the cached session for this server, connecting first if needed.
     pub async fn get_or_connect(
         &self,
         name: &str,
         params: &Value,
     ) -> Result<Arc<McpSession>, ToolsError> {
+        self.get_or_connect_since(name, params, self.epoch()).await
+    }
+
+    /// [`SessionCache::get_or_connect`] for a call that began at `epoch`: fails with
+    /// [`ToolsError::Closed`] when the sessions were closed since.
+    pub(crate) async fn get_or_connect_since(
+        &self,
+        name: &str,
+        params: &Value,
+        epoch: u64,
+    ) -> Result<Arc<McpSession>, ToolsError> {
         let parsed = ServerParams::parse(params)?;
         let key = cache_key(name, params);
         for _attempt in 0..2 {
             let fut = {
                 let mut slots = self.lock();
+                // Checked under the lock that close_all drains with: no slot is added after it.
+                if self.epoch() != epoch {
+                    return Err(ToolsError::Closed {
+                        target: format!("`{name}`"),
+                    });
+                }
                 match slots.get(&key) {
                     Some(slot) => slot.fut.clone(),
                     None => {
                         let fut = self.spawn_connect(name, parsed.clone());
-                        slots.insert(
-                            key.clone(),
-                            Slot {
-                                name: name.to_string(),
-                                fut: fut.clone(),
-                            },
-                        );
+                        slots.insert(key.clone(), Slot { fut: fut.clone() });
                         fut
                     }
                 }
@@ -146,23 +167,14 @@ impl SessionCache {
         .shared()
     }
 
-    /// Closes and forgets every session whose server name is `name`.
-    pub async fn close_server(&self, name: &str) {
+    /// Closes and forgets every session (connects in progress are awaited, then closed) and
+    /// starts a new epoch.
+    pub async fn close_all(&self) {
         let taken: Vec<Slot> = {
             let mut slots = self.lock();
-            let keys: Vec<String> = slots
-                .iter()
-                .filter(|(_, s)| s.name == name)
-                .map(|(k, _)| k.clone())
-                .collect();
-            keys.iter().filter_map(|k| slots.remove(k)).collect()
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+            slots.drain().map(|(_, s)| s).collect()
         };
-        close_slots(taken).await;
-    }
-
-    /// Closes and forgets every session (connects in progress are awaited, then closed).
-    pub async fn close_all(&self) {
-        let taken: Vec<Slot> = self.lock().drain().map(|(_, s)| s).collect();
         close_slots(taken).await;
     }
 
@@ -176,7 +188,7 @@ impl SessionCache {
         self.len() == 0
     }
 
-    /// How many connects this cache has started (for diagnostics and tests).
+    /// How many connects this cache has started (sharing and reconnects are visible in it).
     pub fn connect_count(&self) -> usize {
         self.connects.load(Ordering::SeqCst)
     }
@@ -189,4 +201,24 @@ async fn close_slots(slots: Vec<Slot>) {
         }
     }))
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_call_from_before_close_all_opens_nothing() {
+        let cache = SessionCache::new(HashMap::new(), Duration::from_secs(5));
+        let params = serde_json::json!({"command": "does-not-matter"});
+        let before = cache.epoch();
+        cache.close_all().await;
+        let err = cache
+            .get_or_connect_since("fx", &params, before)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, ToolsError::Closed { .. }), "{err}");
+        assert_eq!(cache.connect_count(), 0, "nothing was started");
+        assert!(cache.is_empty());
+    }
 }

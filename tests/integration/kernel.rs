@@ -352,6 +352,35 @@ async fn reset_gives_a_fresh_kernel_quickly() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn diagnostics_answer_while_a_cell_runs() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = executor(ws.path()).await;
+    let pid = ex.kernel_pid().await.unwrap();
+    let runtime = ex.runtime_dir().await.unwrap();
+    let cell = {
+        let ex = ex.clone();
+        tokio::spawn(async move { ex.execute("import time; time.sleep(5); 'done'", None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // None of these waits for the 5 s cell (they used to wait for the execution lock).
+    let quick = Duration::from_secs(1);
+    assert_eq!(
+        tokio::time::timeout(quick, ex.kernel_pid()).await,
+        Ok(Some(pid))
+    );
+    assert_eq!(
+        tokio::time::timeout(quick, ex.runtime_dir()).await,
+        Ok(Some(runtime))
+    );
+    assert_eq!(tokio::time::timeout(quick, ex.mcp_sessions()).await, Ok(0));
+    assert!(!cell.is_finished());
+    assert_eq!(cell.await.unwrap().unwrap().text, "'done'");
+    ex.stop().await;
+    assert_eq!(ex.kernel_pid().await, None);
+    assert_eq!(ex.runtime_dir().await, None);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn concurrent_callers_are_serialized() {
     let ws = tempfile::tempdir().unwrap();
     let ex = executor(ws.path()).await;

@@ -303,6 +303,55 @@ async fn waiting_for_approval_does_not_count_against_the_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_leftover_approval_wait_does_not_pause_the_next_execution() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .approval_timeout(Duration::from_secs(30))
+        .build();
+    ex.start().await.unwrap();
+    // A background thread of the first execution asks for approval; the execution ends while
+    // the request is still held, undecided.
+    let mut first = ex.stream(
+        "import threading, time
+from mcptools.fx import greet
+threading.Thread(target=lambda: greet.run(greet.Params(name='bg')), daemon=True).start()
+time.sleep(0.5)
+'first'",
+        None,
+    );
+    let mut held = None;
+    let mut first_out = None;
+    while let Some(ev) = first.next().await {
+        match ev {
+            ExecutionEvent::Approval(request) => held = Some(request),
+            ExecutionEvent::Result(r) => first_out = Some(r.unwrap().text),
+            _ => {}
+        }
+    }
+    assert_eq!(first_out.as_deref(), Some("'first'"));
+    let held = held.expect("the background call asked for approval");
+    // The next execution's timeout runs: the held request belongs to the first one's clock.
+    let err = ex
+        .execute(
+            "import time
+time.sleep(5)",
+            Some(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ExecutorError::Kernel(KernelError::Timeout { .. })),
+        "{err}"
+    );
+    held.reject();
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn hundred_concurrent_calls_from_threads() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();

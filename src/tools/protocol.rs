@@ -1,0 +1,210 @@
+//! The wire protocol between generated code in the kernel (`python/ipybox_runtime`, stdlib-only
+//! Python) and the tool server ([`super::server`]): JSON bodies over HTTP/1.1 on a Unix socket.
+//!
+//! - `POST /run` [`RunRequest`] -> [`RunReply`]: a result, or an error whose [`ErrorKind`]
+//!   selects the exception the kernel raises (`ToolError`, `ApprovalRejected`,
+//!   `ApprovalTimeout`, the base `ToolRunnerError` for a malformed request);
+//! - `PUT /reset` -> [`ResetReply`] (closes all MCP sessions);
+//! - `GET /status` -> [`StatusReply`].
+//!
+//! Both sides are checked against each other by a round-trip test (below) that runs the Python
+//! runtime on replies serialized here and parses the requests it builds.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// `POST /run`: call `tool_name` of the server with these params.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RunRequest {
+    pub(crate) server_name: String,
+    /// As written at registration (`${VAR}` unresolved); ignored for sandboxed kernels, whose
+    /// calls use the params the host recorded.
+    pub(crate) server_params: Value,
+    pub(crate) tool_name: String,
+    #[serde(default)]
+    pub(crate) arguments: Map<String, Value>,
+}
+
+/// The answer to `POST /run` (and the error body of any failed request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum RunReply {
+    Failed {
+        error: WireError,
+    },
+    Done {
+        /// The tool's structured content, if it returned any; the kernel then returns this.
+        structured: Option<Value>,
+        /// The tool's text content, returned when there is no structured content.
+        text: String,
+    },
+}
+
+impl RunReply {
+    pub(crate) fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self::Failed {
+            error: WireError {
+                kind,
+                message: message.into(),
+            },
+        }
+    }
+}
+
+/// Why a request failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WireError {
+    pub(crate) kind: ErrorKind,
+    pub(crate) message: String,
+}
+
+/// The failure classes the kernel tells apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ErrorKind {
+    /// The MCP server reported an error, or could not be reached -> `ToolError`.
+    ToolError,
+    /// The application rejected the call -> `ApprovalRejected`.
+    Rejected,
+    /// No decision within the approval timeout; the call was not made -> `ApprovalTimeout`.
+    ApprovalTimeout,
+    /// The request itself was malformed -> `ToolRunnerError`.
+    BadRequest,
+}
+
+/// `PUT /reset`: how many MCP sessions were closed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ResetReply {
+    pub(crate) closed: usize,
+}
+
+/// `GET /status`: how many MCP sessions are open.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct StatusReply {
+    pub(crate) sessions: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Runs `script` with `python3` and the repository's `python/` on `sys.path`; returns stdout.
+    fn python(script: &str, stdin: &str) -> String {
+        use std::io::Write;
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", script])
+            .env("PYTHONPATH", dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs (a prerequisite of ipybox's tests)");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "python failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    #[test]
+    fn replies_round_trip_through_the_python_runtime() {
+        let replies = [
+            RunReply::Done {
+                structured: Some(json!({"result": 5})),
+                text: "5".into(),
+            },
+            RunReply::Done {
+                structured: None,
+                text: "Hello".into(),
+            },
+            RunReply::error(ErrorKind::ToolError, "fx.fail failed: it broke"),
+            RunReply::error(ErrorKind::Rejected, "rejected by the application"),
+            RunReply::error(ErrorKind::ApprovalTimeout, "not approved within 1 s"),
+            RunReply::error(ErrorKind::BadRequest, "invalid /run request"),
+        ];
+        let lines: Vec<String> = replies
+            .iter()
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect();
+        // Each reply parses back into the same value on this side...
+        for (line, reply) in lines.iter().zip(&replies) {
+            assert_eq!(&serde_json::from_str::<RunReply>(line).unwrap(), reply);
+        }
+        // ...and the runtime turns it into the promised value or exception.
+        let script = r#"
+import json, sys
+import ipybox_runtime as rt
+for line in sys.stdin:
+    try:
+        print("value", json.dumps(rt._result(json.loads(line))))
+    except rt.ToolRunnerError as e:
+        print(type(e).__name__, e)
+"#;
+        let out = python(script, &(lines.join("\n") + "\n"));
+        assert_eq!(
+            out,
+            "value {\"result\": 5}\n\
+             value \"Hello\"\n\
+             ToolError fx.fail failed: it broke\n\
+             ApprovalRejected rejected by the application\n\
+             ApprovalTimeout not approved within 1 s\n\
+             ToolRunnerError invalid /run request\n"
+        );
+    }
+
+    #[test]
+    fn the_runtime_builds_requests_the_server_reads() {
+        let script = r#"
+import json
+import ipybox_runtime as rt
+runner = rt.ToolRunner("fx", {"command": "python3", "env": {"KEY": "${KEY}"}})
+print(json.dumps(runner._request_body("add", {"a": 2, "b": [3]})))
+"#;
+        let out = python(script, "");
+        let request: RunRequest = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(
+            request,
+            RunRequest {
+                server_name: "fx".into(),
+                server_params: json!({"command": "python3", "env": {"KEY": "${KEY}"}}),
+                tool_name: "add".into(),
+                arguments: json!({"a": 2, "b": [3]}).as_object().unwrap().clone(),
+            }
+        );
+    }
+
+    #[test]
+    fn the_runtime_knows_every_error_kind() {
+        // A kind the runtime does not map would surface as the base class: list them all.
+        let kinds = [
+            (ErrorKind::ToolError, "ToolError"),
+            (ErrorKind::Rejected, "ApprovalRejected"),
+            (ErrorKind::ApprovalTimeout, "ApprovalTimeout"),
+            (ErrorKind::BadRequest, "ToolRunnerError"),
+        ];
+        let script = r#"
+import ipybox_runtime as rt
+for kind, cls in sorted(rt._ERRORS.items()):
+    print(kind, cls.__name__)
+"#;
+        let mut expected: Vec<String> = kinds
+            .iter()
+            .map(|(k, cls)| {
+                let wire = serde_json::to_value(k).unwrap();
+                format!("{} {cls}", wire.as_str().unwrap())
+            })
+            .collect();
+        expected.sort();
+        assert_eq!(python(script, ""), expected.join("\n") + "\n");
+    }
+}
