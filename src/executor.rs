@@ -345,17 +345,20 @@ impl CodeExecutor {
             what: "finding the Python environment",
             source,
         })??;
-        let runtime = Arc::new(RuntimeDir::create().map_err(|source| ExecutorError::Io {
-            path: std::env::temp_dir(),
-            source,
-        })?);
+        let runtime =
+            Arc::new(
+                RuntimeDir::create(self.host_env()).map_err(|source| ExecutorError::Io {
+                    path: RuntimeDir::base_dir(self.host_env()),
+                    source,
+                })?,
+            );
         let python_dir = runtime.path().join("python");
         extract(&KERNEL_PYTHON, &python_dir).map_err(|source| ExecutorError::Io {
             path: python_dir.clone(),
             source,
         })?;
         let _ = self.inner.python.set(env.python.clone());
-        let mut config = KernelConfig::new(env.python, workspace.clone());
+        let mut config = KernelConfig::new(env.python, workspace.clone(), self.host_env().clone());
         config.images_dir = match &b.images_dir {
             Some(d) if d.is_absolute() => d.clone(),
             Some(d) => workspace.join(d),
@@ -448,7 +451,7 @@ impl CodeExecutor {
     ) -> Result<Vec<String>, RegisterError> {
         let root = self
             .workspace()
-            .map_err(|e| RegisterError::Workspace(e.to_string()))?
+            .map_err(|e| RegisterError::Workspace(e.into()))?
             .join("mcptools");
         let timeout = self
             .inner
@@ -460,10 +463,10 @@ impl CodeExecutor {
                 .await?;
         let registry = self
             .registry()
-            .map_err(|e| RegisterError::Workspace(e.to_string()))?;
-        registry.record(server_name, server_params).map_err(|e| {
-            RegisterError::Workspace(format!("cannot record the registration: {e}"))
-        })?;
+            .map_err(|e| RegisterError::Workspace(e.into()))?;
+        registry
+            .record(server_name, server_params)
+            .map_err(RegisterError::Record)?;
         Ok(modules)
     }
 

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod dotenv;
+mod mcp_server;
 mod terminal_approval;
 
 use anyhow::Context;
@@ -142,7 +143,7 @@ fn main() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    use ipybox::mcp_server::{self, IpyboxServer};
+    use crate::mcp_server::{self, IpyboxServer};
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
     let host = HostEnv::from_process();
     let env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;

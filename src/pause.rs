@@ -9,7 +9,7 @@ use tokio::sync::watch;
 /// Pauses execution timeouts while held: time spent waiting for an approval decision does not
 /// count against the timeout. Cheap to clone; every clone controls the same executions.
 #[derive(Debug, Clone)]
-pub struct TimeoutPause {
+pub(crate) struct TimeoutPause {
     tx: Arc<watch::Sender<usize>>,
 }
 
@@ -23,7 +23,7 @@ impl Default for TimeoutPause {
 
 impl TimeoutPause {
     /// Stops the clock until the returned guard is dropped.
-    pub fn pause(&self) -> PauseGuard {
+    pub(crate) fn pause(&self) -> PauseGuard {
         self.tx.send_modify(|n| *n += 1);
         PauseGuard {
             tx: self.tx.clone(),
@@ -37,7 +37,7 @@ impl TimeoutPause {
 
 /// See [`TimeoutPause::pause`].
 #[derive(Debug)]
-pub struct PauseGuard {
+pub(crate) struct PauseGuard {
     tx: Arc<watch::Sender<usize>>,
 }
 

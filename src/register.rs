@@ -21,8 +21,11 @@ pub enum RegisterError {
     #[error(transparent)]
     Apigen(#[from] ApigenError),
     /// The workspace (or the host-side record of registrations) could not be prepared.
-    #[error("{0}")]
-    Workspace(String),
+    #[error(transparent)]
+    Workspace(Box<dyn std::error::Error + Send + Sync>),
+    /// The registration could not be recorded on the host (see `tools::registry`).
+    #[error("cannot record the registration: {0}")]
+    Record(#[source] std::io::Error),
 }
 
 /// Generates `<root_dir>/<server_name>/` from the tools of the server at `server_params`, with

@@ -23,7 +23,7 @@ use crate::pause::TimeoutPause;
 
 /// Something an execution produced while it runs, in order.
 #[derive(Debug, Clone, PartialEq)]
-pub enum ExecEvent {
+pub(crate) enum ExecEvent {
     /// Text output: stdout, stderr, or the text/plain of a result or display.
     Output(String),
     /// An image written to the images directory.
@@ -93,6 +93,7 @@ pub(crate) async fn run(
 ) -> Outcome {
     let mut out = OutputCollector::new(&config.images_dir);
     if let Some(status) = kernel.exited() {
+        log_death(kernel, &status);
         return died(status, out, false);
     }
     let request: JupyterMessage = ExecuteRequest {
@@ -165,6 +166,7 @@ pub(crate) async fn run(
                     }
                 }
                 let status = kernel.exited().unwrap_or_else(|| "exited".into());
+                log_death(kernel, &status);
                 guard.msg_id = None;
                 return died(status, out, true);
             }
@@ -312,6 +314,12 @@ fn emit_media(
 
 fn secs(timeout: Option<Duration>) -> f64 {
     timeout.map_or(0.0, |t| t.as_secs_f64())
+}
+
+/// The kernel's last stderr lines go to the log: a crash (a segfault in an extension, a fatal
+/// Python error) explains itself there, not in the cell's output.
+fn log_death(kernel: &Kernel, status: &str) {
+    tracing::warn!(status, stderr = %kernel.stderr_tail(), "the kernel died");
 }
 
 fn died(status: String, out: OutputCollector, ran: bool) -> Outcome {

@@ -11,28 +11,34 @@
 //! another environment variable here.
 
 mod completion;
-pub mod execute;
-pub mod output;
-pub mod pool;
-pub mod process;
-pub mod runtime_dir;
+pub(crate) mod execute;
+pub(crate) mod output;
+pub(crate) mod pool;
+pub(crate) mod process;
+pub(crate) mod runtime_dir;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use execute::{ExecEvent, ExecutionOutput};
-pub use pool::KernelPool;
+use crate::host_env::HostEnv;
+
+pub(crate) use execute::ExecEvent;
+pub use execute::ExecutionOutput;
+pub(crate) use pool::KernelPool;
 
 /// How kernels are launched. One config serves the current kernel and its spares.
 #[derive(Debug, Clone)]
-pub struct KernelConfig {
+pub(crate) struct KernelConfig {
     /// Interpreter with `ipykernel` (see [`crate::pyenv`]).
     pub python: PathBuf,
     /// The kernel's working directory; also put on `PYTHONPATH` so `import mcptools.x` works.
     pub workspace: PathBuf,
     /// Where `image/png` outputs are written.
     pub images_dir: PathBuf,
+    /// The host environment the kernel's base environment is taken from (PATH, identity,
+    /// locale, proxy and CA variables; see [`crate::host_env`]).
+    pub host: HostEnv,
     /// Variables the caller adds to the kernel's minimal base environment (they win).
     pub env: BTreeMap<String, String>,
     /// Extra directories prepended to `PYTHONPATH` (ipybox's embedded kernel-side Python).
@@ -46,12 +52,13 @@ pub struct KernelConfig {
 }
 
 impl KernelConfig {
-    pub fn new(python: PathBuf, workspace: PathBuf) -> Self {
+    pub(crate) fn new(python: PathBuf, workspace: PathBuf, host: HostEnv) -> Self {
         let images_dir = workspace.join("images");
         Self {
             python,
             workspace,
             images_dir,
+            host,
             env: BTreeMap::new(),
             python_path: Vec::new(),
             wrapper: None,
@@ -63,7 +70,9 @@ impl KernelConfig {
 
 /// Rewrites the kernel's argv (e.g. to run it inside a sandbox).
 #[derive(Clone)]
-pub struct CommandWrapper(pub std::sync::Arc<dyn Fn(Vec<String>) -> Vec<String> + Send + Sync>);
+pub(crate) struct CommandWrapper(
+    pub(crate) std::sync::Arc<dyn Fn(Vec<String>) -> Vec<String> + Send + Sync>,
+);
 
 impl std::fmt::Debug for CommandWrapper {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -106,7 +115,7 @@ pub enum KernelError {
     Start { reason: String, help: String },
     /// Talking to the kernel failed (a ZMQ or protocol error).
     #[error("kernel communication failed: {0}")]
-    Protocol(String),
+    Protocol(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The executor was stopped.
     #[error("the code executor is stopped\n  help: call start() before executing code")]
     Stopped,

@@ -101,7 +101,7 @@ impl OutputCollector {
 }
 
 /// Removes ANSI escape sequences (CSI `ESC [ … final`, OSC `ESC ] … BEL/ST`, and two-byte escapes).
-pub fn strip_ansi(s: &str) -> String {
+pub(crate) fn strip_ansi(s: &str) -> String {
     if !s.contains('\u{1b}') {
         return s.to_string();
     }

@@ -20,7 +20,7 @@ use crate::pause::TimeoutPause;
 
 /// Owns the kernels of one executor. Not shared: callers serialize access (one execution at a
 /// time), which is what makes executions on an executor queue rather than collide.
-pub struct KernelPool {
+pub(crate) struct KernelPool {
     config: Arc<KernelConfig>,
     runtime: Arc<RuntimeDir>,
     current: Option<Kernel>,
@@ -42,7 +42,7 @@ impl std::fmt::Debug for KernelPool {
 
 impl KernelPool {
     /// Launches the first kernel (and, once it is ready, a spare in the background).
-    pub async fn start(
+    pub(crate) async fn start(
         config: Arc<KernelConfig>,
         runtime: Arc<RuntimeDir>,
         use_spare: bool,
@@ -136,7 +136,7 @@ impl KernelPool {
     }
 
     /// Replaces the current kernel with a fresh one (state is lost).
-    pub async fn reset(&mut self) -> Result<(), KernelError> {
+    pub(crate) async fn reset(&mut self) -> Result<(), KernelError> {
         if let Some(old) = self.take_current() {
             tokio::spawn(old.shutdown());
         }
@@ -147,7 +147,7 @@ impl KernelPool {
 
     /// Runs `code` on the current kernel. After a timeout the kernel ignored, or a kernel death,
     /// the kernel is replaced before this returns, so the next execution runs.
-    pub async fn execute(
+    pub(crate) async fn execute(
         &mut self,
         code: &str,
         timeout: Option<Duration>,
@@ -174,7 +174,7 @@ impl KernelPool {
 
     /// Stops an execution whose caller went away (interrupt; replace the kernel if it does not
     /// stop). Called before every execution, and by the executor right after a caller drops one.
-    pub async fn settle(&mut self) {
+    pub(crate) async fn settle(&mut self) {
         let Some(kernel) = self.current.as_mut() else {
             return;
         };
@@ -186,7 +186,7 @@ impl KernelPool {
     }
 
     /// Stops every kernel and waits until they are gone.
-    pub async fn shutdown(mut self) {
+    pub(crate) async fn shutdown(mut self) {
         if let Some(k) = self.take_current() {
             k.shutdown().await;
         }

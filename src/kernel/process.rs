@@ -64,7 +64,7 @@ kernelapp.launch_new_instance()
 
 /// How a kernel process ended.
 #[derive(Debug, Clone)]
-pub struct ExitInfo(pub String);
+pub(crate) struct ExitInfo(pub String);
 
 /// The kernel process and what watches it. Dropping it kills the process group, stops the
 /// watcher tasks and removes the kernel's directory (connection file and IPC socket files).
@@ -126,7 +126,7 @@ impl Drop for Process {
 }
 
 /// A running, ready kernel and its connections.
-pub struct Kernel {
+pub(crate) struct Kernel {
     pub(crate) shell_tx: DealerSendConnection,
     pub(crate) control: ClientControlConnection,
     pub(crate) shell_rx: mpsc::UnboundedReceiver<JupyterMessage>,
@@ -149,7 +149,7 @@ impl std::fmt::Debug for Kernel {
 
 impl Kernel {
     /// Launches a kernel in `dir` (created if missing) and waits until it is ready.
-    pub async fn launch(config: &KernelConfig, dir: PathBuf) -> Result<Kernel, KernelError> {
+    pub(crate) async fn launch(config: &KernelConfig, dir: PathBuf) -> Result<Kernel, KernelError> {
         let started = Instant::now();
         std::fs::create_dir_all(&dir)
             .map_err(|e| start_err(format!("cannot create {}: {e}", dir.display())))?;
@@ -212,12 +212,12 @@ impl Kernel {
         }
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.process.pid
     }
 
     /// The process's exit status if it has exited.
-    pub fn exited(&self) -> Option<String> {
+    pub(crate) fn exited(&self) -> Option<String> {
         self.process.exited()
     }
 
@@ -227,20 +227,20 @@ impl Kernel {
     }
 
     /// The kernel's recent stderr, for diagnostics.
-    pub fn stderr_tail(&self) -> String {
+    pub(crate) fn stderr_tail(&self) -> String {
         self.process.stderr_tail()
     }
 
     /// Sends `interrupt_request` over the control channel (works inside a sandbox, where a host
     /// signal would reach the sandbox wrapper instead of the kernel).
-    pub async fn interrupt(&mut self) -> Result<(), KernelError> {
+    pub(crate) async fn interrupt(&mut self) -> Result<(), KernelError> {
         let msg: JupyterMessage = jupyter_protocol::InterruptRequest {}.into();
         self.control.send(msg).await.map_err(proto)
     }
 
     /// Stops the kernel: kills its process group (there is no state worth a graceful shutdown, and
     /// ipykernel's own shutdown sometimes takes ~10 s), waits until it is gone, removes its files.
-    pub async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.process.kill();
         let mut exit = self.process.exit.clone();
         let _ = tokio::time::timeout(Duration::from_secs(2), exit.wait_for(|e| e.is_some())).await;
@@ -384,7 +384,7 @@ fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Chil
 /// The kernel's environment: a minimal base, then the caller's variables (which win).
 pub(crate) fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
     let mut env: std::collections::BTreeMap<String, String> = Default::default();
-    let host = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let host = |k: &str| config.host.get(k).map(str::to_string);
     let venv_bin = config.python.parent().map(|p| p.display().to_string());
     let path = match (venv_bin, host("PATH")) {
         (Some(bin), Some(p)) => format!("{bin}:{p}"),
@@ -404,7 +404,9 @@ pub(crate) fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
     env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
     env.insert(
         "TMPDIR".into(),
-        host("TMPDIR").unwrap_or_else(|| std::env::temp_dir().display().to_string()),
+        super::runtime_dir::temp_dir(&config.host)
+            .display()
+            .to_string(),
     );
     let mut py_path: Vec<String> = config
         .python_path
@@ -461,8 +463,8 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)
 }
 
-pub(crate) fn proto(e: impl std::fmt::Display) -> KernelError {
-    KernelError::Protocol(e.to_string())
+pub(crate) fn proto(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> KernelError {
+    KernelError::Protocol(e.into())
 }
 
 fn start_err(reason: String) -> KernelError {

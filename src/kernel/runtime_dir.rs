@@ -7,18 +7,30 @@
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::host_env::HostEnv;
+
 const PREFIX: &str = "ipybox-";
 
 /// A private directory removed (with everything in it) on drop.
 #[derive(Debug)]
-pub struct RuntimeDir {
+pub(crate) struct RuntimeDir {
     path: PathBuf,
 }
 
 impl RuntimeDir {
-    /// Creates a fresh private directory, sweeping stale ones first.
-    pub fn create() -> std::io::Result<Self> {
-        let base = base_dir();
+    /// Where runtime directories go: `$XDG_RUNTIME_DIR` when it is a directory, else `$TMPDIR`,
+    /// else `/tmp`.
+    pub(crate) fn base_dir(host: &HostEnv) -> PathBuf {
+        host.get("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(|| temp_dir(host))
+    }
+
+    /// Creates a fresh private directory under [`RuntimeDir::base_dir`], sweeping stale ones
+    /// first.
+    pub(crate) fn create(host: &HostEnv) -> std::io::Result<Self> {
+        let base = Self::base_dir(host);
         sweep_stale(&base);
         loop {
             let path = base.join(format!(
@@ -38,12 +50,12 @@ impl RuntimeDir {
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Creates a private subdirectory (e.g. one per kernel).
-    pub fn subdir(&self, name: &str) -> std::io::Result<PathBuf> {
+    pub(crate) fn subdir(&self, name: &str) -> std::io::Result<PathBuf> {
         let path = self.path.join(name);
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -59,11 +71,10 @@ impl Drop for RuntimeDir {
     }
 }
 
-fn base_dir() -> PathBuf {
-    std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_dir())
-        .unwrap_or_else(std::env::temp_dir)
+/// `$TMPDIR`, else `/tmp` (what `std::env::temp_dir` does, from the given environment).
+pub(crate) fn temp_dir(host: &HostEnv) -> PathBuf {
+    host.get("TMPDIR")
+        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
 }
 
 /// Removes `ipybox-<pid>-*` directories whose process no longer exists.

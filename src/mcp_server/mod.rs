@@ -12,7 +12,7 @@
 
 mod stdio;
 
-pub use stdio::serve_stdio;
+pub(crate) use stdio::serve_stdio;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,12 +27,12 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, t
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::CodeExecutor;
-use crate::executor::ExecutorError;
+use ipybox::CodeExecutor;
+use ipybox::executor::ExecutorError;
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]
-pub struct ServerConfig {
+pub(crate) struct ServerConfig {
     /// Absolute workspace path: the kernel's cwd; `mcptools/` is generated here.
     pub workspace: PathBuf,
 }
@@ -50,7 +50,7 @@ packages to the kernel's environment.";
 
 /// Arguments of `register_mcp_server`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct RegisterParams {
+pub(crate) struct RegisterParams {
     /// Name for the server; must be a Python identifier. Its tools become `mcptools.<server_name>.<tool>`.
     pub server_name: String,
     /// How to reach the server. stdio: {"command": "...", "args": [...], "env": {...}, "cwd": "..."}.
@@ -63,7 +63,7 @@ pub struct RegisterParams {
 
 /// Arguments of `execute_ipython_cell`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct ExecuteParams {
+pub(crate) struct ExecuteParams {
     /// Python code to execute.
     pub code: String,
     /// Maximum execution time in seconds; the kernel is interrupted after it (state is kept).
@@ -86,7 +86,7 @@ fn default_max_output_chars() -> usize {
 
 /// Arguments of `install_package`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct InstallParams {
+pub(crate) struct InstallParams {
     /// Package name with optional version specifier (e.g. "numpy", "numpy>=1.20") or a
     /// "git+https://..." URL.
     pub package_name: String,
@@ -94,7 +94,7 @@ pub struct InstallParams {
 
 /// The MCP server handler.
 #[derive(Clone)]
-pub struct IpyboxServer {
+pub(crate) struct IpyboxServer {
     executor: CodeExecutor,
     config: Arc<ServerConfig>,
     tool_router: ToolRouter<Self>,
@@ -113,7 +113,7 @@ fn text_error(text: String) -> CallToolResult {
 }
 
 /// Keeps the first `max` characters, appending the truncation notice.
-pub fn truncate_output(text: &str, max: usize) -> String {
+pub(crate) fn truncate_output(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         None => text.to_string(),
         Some((cut, _)) => {
@@ -128,7 +128,7 @@ pub fn truncate_output(text: &str, max: usize) -> String {
 #[tool_router]
 impl IpyboxServer {
     /// Creates the server and starts the kernel in the background.
-    pub fn new(executor: CodeExecutor, config: ServerConfig) -> Self {
+    pub(crate) fn new(executor: CodeExecutor, config: ServerConfig) -> Self {
         let background = executor.clone();
         tokio::spawn(async move {
             if let Err(e) = background.start().await {
@@ -143,7 +143,7 @@ impl IpyboxServer {
     }
 
     /// The executor behind the server (to stop it on shutdown).
-    pub fn executor(&self) -> &CodeExecutor {
+    pub(crate) fn executor(&self) -> &CodeExecutor {
         &self.executor
     }
 

@@ -55,7 +55,7 @@ enum End {
 
 /// Serves `server` on stdio until the client closes stdin, the session ends, or SIGTERM/SIGINT
 /// arrives; then stops the kernels, MCP child servers and sockets, all within 2 s.
-pub async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Error> {
+pub(crate) async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Error> {
     use rmcp::ServiceExt;
     use tokio::signal::unix::{SignalKind, signal};
     let executor = server.executor().clone();
@@ -104,7 +104,7 @@ pub async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Error> {
 
 /// Stops the executor, bounded by `deadline` (default: the budget from now), and returns `outcome`.
 async fn finish(
-    executor: crate::CodeExecutor,
+    executor: ipybox::CodeExecutor,
     deadline: Option<Instant>,
     outcome: Result<(), std::io::Error>,
 ) -> Result<(), std::io::Error> {

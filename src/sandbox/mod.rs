@@ -11,9 +11,9 @@
 //! as their command, see `docs/sandbox.md`). It never falls back to running unsandboxed: when
 //! something is missing, [`prepare`] fails and says what to install.
 
-pub mod platform;
+pub(crate) mod platform;
 pub mod policy;
-pub mod wrap;
+pub(crate) mod wrap;
 
 use std::path::{Path, PathBuf};
 
@@ -79,7 +79,7 @@ pub enum SandboxError {
 
 /// Checks the sandbox, builds the effective policy for a kernel run by `python`, writes it into
 /// `runtime_dir` and returns the wrapper that runs kernel commands under srt.
-pub async fn prepare(
+pub(crate) async fn prepare(
     options: &SandboxOptions,
     host: &HostEnv,
     workspace: &Path,

@@ -21,7 +21,7 @@ pub const SRT_VERSION: &str = "0.0.78";
 pub const SRT_ENV: &str = "IPYBOX_SRT";
 
 /// Finds srt: the explicit path, then `$IPYBOX_SRT`, then `srt` on `PATH`.
-pub fn find_srt(explicit: Option<&Path>, host: &HostEnv) -> Result<PathBuf, SandboxError> {
+pub(crate) fn find_srt(explicit: Option<&Path>, host: &HostEnv) -> Result<PathBuf, SandboxError> {
     let from_env = host.get(SRT_ENV).map(PathBuf::from);
     let (path, source) = match (explicit, from_env) {
         (Some(p), _) => (p.to_path_buf(), "the sandbox options"),
@@ -66,7 +66,7 @@ pub fn find_srt(explicit: Option<&Path>, host: &HostEnv) -> Result<PathBuf, Sand
 /// Checks the platform's sandbox prerequisites, once per srt path per process (the checks cost
 /// ~0.3 s, mostly Node starting for `srt --version`). Concurrent first calls may both probe;
 /// the probes have no side effects.
-pub async fn check(srt: &Path, host: &HostEnv) -> Result<(), SandboxError> {
+pub(crate) async fn check(srt: &Path, host: &HostEnv) -> Result<(), SandboxError> {
     static CHECKED: std::sync::Mutex<BTreeSet<PathBuf>> = std::sync::Mutex::new(BTreeSet::new());
     let checked = |srt: &Path| {
         CHECKED

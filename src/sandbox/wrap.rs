@@ -65,7 +65,7 @@ pub(crate) fn wrapper(
 
 /// Directories the interpreter needs to be readable: its environment (a venv's root), the
 /// installation it links to (`home` in `pyvenv.cfg`), and the real interpreter's prefix.
-pub fn python_dirs(python: &Path, host: &HostEnv) -> Vec<PathBuf> {
+pub(crate) fn python_dirs(python: &Path, host: &HostEnv) -> Vec<PathBuf> {
     let mut dirs = BTreeSet::new();
     let prefix = |p: &Path| p.parent().and_then(Path::parent).map(Path::to_path_buf);
     let abs = if python.is_absolute() {
@@ -98,7 +98,7 @@ pub fn python_dirs(python: &Path, host: &HostEnv) -> Vec<PathBuf> {
 }
 
 /// Quotes one word for a POSIX shell.
-pub fn shell_quote(word: &str) -> String {
+pub(crate) fn shell_quote(word: &str) -> String {
     if !word.is_empty()
         && word
             .bytes()
@@ -111,7 +111,7 @@ pub fn shell_quote(word: &str) -> String {
 }
 
 /// Joins an argv into one shell command line.
-pub fn shell_join(argv: &[String]) -> String {
+pub(crate) fn shell_join(argv: &[String]) -> String {
     argv.iter()
         .map(|w| shell_quote(w))
         .collect::<Vec<_>>()

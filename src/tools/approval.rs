@@ -55,7 +55,7 @@ impl ApprovalRequest {
 
 /// Who decides about tool calls.
 #[derive(Debug, Clone)]
-pub enum ApprovalPolicy {
+pub(crate) enum ApprovalPolicy {
     /// Every call is approved (the `execute()` and MCP-server behaviour).
     AcceptAll,
     /// Each call is sent to this channel and waits for `accept()` / `reject()`.
@@ -64,7 +64,7 @@ pub enum ApprovalPolicy {
 
 /// What became of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     Accepted,
     Rejected,
     TimedOut,

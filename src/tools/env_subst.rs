@@ -25,17 +25,6 @@ pub fn substitute(value: &Value, env: &HashMap<String, String>) -> Result<Value,
     substitute_value(value, env, "", &mut secrets)
 }
 
-/// Like [`substitute`], and also returns every value that a placeholder expanded to (so that it
-/// can be redacted from errors and logs).
-pub fn substitute_tracked(
-    value: &Value,
-    env: &HashMap<String, String>,
-) -> Result<(Value, Vec<String>), ToolsError> {
-    let mut secrets = Vec::new();
-    let v = substitute_value(value, env, "", &mut secrets)?;
-    Ok((v, secrets))
-}
-
 fn join(at: &str, key: &str) -> String {
     if at.is_empty() {
         key.to_string()
@@ -70,7 +59,7 @@ fn substitute_value(
 
 /// Substitutes placeholders in one string. `at` names the location for error messages;
 /// expanded values are appended to `secrets`.
-pub fn substitute_str(
+pub(crate) fn substitute_str(
     s: &str,
     env: &HashMap<String, String>,
     at: &str,
@@ -118,7 +107,7 @@ pub fn substitute_str(
 }
 
 /// True when `s` contains a `${` placeholder (escaped `$${` does not count).
-pub fn has_placeholder(s: &str) -> bool {
+pub(crate) fn has_placeholder(s: &str) -> bool {
     let mut rest = s;
     while let Some(pos) = rest.find('$') {
         let tail = &rest[pos..];
@@ -144,7 +133,7 @@ fn is_valid_name(name: &str) -> bool {
 /// Values shorter than 4 characters are not redacted: they would mangle unrelated text and
 /// are not credible secrets.
 #[derive(Clone, Default)]
-pub struct Redactor {
+pub(crate) struct Redactor {
     secrets: Vec<String>,
 }
 
@@ -155,14 +144,14 @@ impl std::fmt::Debug for Redactor {
 }
 
 impl Redactor {
-    pub fn new(mut secrets: Vec<String>) -> Self {
+    pub(crate) fn new(mut secrets: Vec<String>) -> Self {
         secrets.retain(|s| s.chars().count() >= 4);
         secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
         secrets.dedup();
         Self { secrets }
     }
 
-    pub fn redact(&self, text: &str) -> String {
+    pub(crate) fn redact(&self, text: &str) -> String {
         let mut out = text.to_string();
         for s in &self.secrets {
             if out.contains(s.as_str()) {
@@ -188,7 +177,8 @@ mod tests {
     #[test]
     fn substitutes_recursively_in_strings_only() {
         let v = json!({"a": "Bearer ${TOKEN}", "b": ["${_X1}${_X1}", 3, {"c": "${TOKEN}"}], "${TOKEN}": true});
-        let (out, secrets) = substitute_tracked(&v, &env()).unwrap();
+        let mut secrets = Vec::new();
+        let out = substitute_value(&v, &env(), "", &mut secrets).unwrap();
         assert_eq!(
             out,
             json!({"a": "Bearer s3cr3t-value", "b": ["xx", 3, {"c": "s3cr3t-value"}], "${TOKEN}": true})

@@ -8,20 +8,21 @@
 //! It is not the MCP server ipybox itself exposes (that is `mcp_server`), and it does not
 //! generate Python code from tool schemas (that is `apigen`).
 
-pub mod approval;
-pub mod client;
-pub mod env_subst;
+pub(crate) mod approval;
+pub(crate) mod client;
+pub(crate) mod env_subst;
 pub mod params;
 pub(crate) mod protocol;
-pub mod registry;
-pub mod server;
+pub(crate) mod registry;
+pub(crate) mod server;
 pub mod sessions;
-pub mod sse_transport;
+pub(crate) mod sse_transport;
 
 use std::time::Duration;
 
-pub use approval::{ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT};
-pub use client::{McpSession, ToolOutput, tool_output};
+pub(crate) use approval::ApprovalPolicy;
+pub use approval::{ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT};
+pub use client::{McpSession, STDIO_BASE_ENV, ToolOutput, tool_output};
 pub use env_subst::substitute;
 pub use params::{ServerParams, TransportKind, TransportParams};
 pub use sessions::SessionCache;

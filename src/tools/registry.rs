@@ -17,14 +17,14 @@ use serde_json::Value;
 
 /// Registered servers of one workspace.
 #[derive(Debug)]
-pub struct Registry {
+pub(crate) struct Registry {
     file: Option<PathBuf>,
     servers: Mutex<BTreeMap<String, Value>>,
 }
 
 impl Registry {
     /// A registry kept in memory only.
-    pub fn in_memory() -> Self {
+    pub(crate) fn in_memory() -> Self {
         Self {
             file: None,
             servers: Mutex::new(BTreeMap::new()),
@@ -32,7 +32,7 @@ impl Registry {
     }
 
     /// The registry of `workspace`, persisted under `data_dir/registrations/`.
-    pub fn for_workspace(data_dir: &Path, workspace: &Path) -> Self {
+    pub(crate) fn for_workspace(data_dir: &Path, workspace: &Path) -> Self {
         let file = data_dir.join("registrations").join(format!(
             "{:016x}.json",
             fnv1a(workspace.to_string_lossy().as_bytes())
@@ -52,7 +52,7 @@ impl Registry {
     }
 
     /// Records (or replaces) a server's params and persists the registry.
-    pub fn record(&self, name: &str, params: &Value) -> std::io::Result<()> {
+    pub(crate) fn record(&self, name: &str, params: &Value) -> std::io::Result<()> {
         let snapshot = {
             let mut servers = self.lock();
             servers.insert(name.to_string(), params.clone());
@@ -70,7 +70,7 @@ impl Registry {
     }
 
     /// The recorded params of `name`.
-    pub fn get(&self, name: &str) -> Option<Value> {
+    pub(crate) fn get(&self, name: &str) -> Option<Value> {
         self.lock().get(name).cloned()
     }
 }

@@ -32,7 +32,7 @@ use super::{SessionCache, tool_output};
 use crate::pause::TimeoutPause;
 
 /// Shared state of the tool server; the executor keeps a handle to change the policy.
-pub struct ToolServerState {
+pub(crate) struct ToolServerState {
     sessions: SessionCache,
     /// Who approves calls, and the clock of the execution they belong to (paused while a call
     /// waits): a call keeps the pair it found when it began, so a leftover call of an earlier
@@ -44,7 +44,7 @@ pub struct ToolServerState {
 }
 
 impl ToolServerState {
-    pub fn new(sessions: SessionCache, approval_timeout: Duration) -> Self {
+    pub(crate) fn new(sessions: SessionCache, approval_timeout: Duration) -> Self {
         Self {
             sessions,
             policy: Mutex::new((ApprovalPolicy::AcceptAll, TimeoutPause::default())),
@@ -55,14 +55,14 @@ impl ToolServerState {
 
     /// Only call servers recorded in `registry`, with the recorded params (see
     /// [`super::registry`]); what the kernel sends is then not trusted.
-    pub fn with_registry(mut self, registry: Arc<Registry>) -> Self {
+    pub(crate) fn with_registry(mut self, registry: Arc<Registry>) -> Self {
         self.registry = Some(registry);
         self
     }
 
     /// Sets who approves the next tool calls, and the execution clock their approval waits
     /// pause.
-    pub fn set_policy(&self, policy: ApprovalPolicy, pause: TimeoutPause) {
+    pub(crate) fn set_policy(&self, policy: ApprovalPolicy, pause: TimeoutPause) {
         *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = (policy, pause);
     }
 
@@ -74,13 +74,13 @@ impl ToolServerState {
     }
 
     /// The MCP session cache (closed on reset and stop).
-    pub fn sessions(&self) -> &SessionCache {
+    pub(crate) fn sessions(&self) -> &SessionCache {
         &self.sessions
     }
 }
 
 /// A running tool server. Dropping it stops accepting connections and removes the socket.
-pub struct ToolServer {
+pub(crate) struct ToolServer {
     path: PathBuf,
     state: Arc<ToolServerState>,
     task: JoinHandle<()>,
@@ -88,7 +88,7 @@ pub struct ToolServer {
 
 impl ToolServer {
     /// Binds `path` (mode 0600) and serves in the background.
-    pub fn start(path: &Path, state: Arc<ToolServerState>) -> std::io::Result<Self> {
+    pub(crate) fn start(path: &Path, state: Arc<ToolServerState>) -> std::io::Result<Self> {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)?;
         use std::os::unix::fs::PermissionsExt;
@@ -125,16 +125,12 @@ impl ToolServer {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn state(&self) -> &Arc<ToolServerState> {
+    pub(crate) fn state(&self) -> &Arc<ToolServerState> {
         &self.state
     }
 
     /// Stops serving and closes every MCP session.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.task.abort();
         self.state.sessions.close_all().await;
     }

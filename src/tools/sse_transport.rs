@@ -18,7 +18,7 @@ use sse_stream::{Sse, SseStream};
 
 /// Errors of the SSE transport.
 #[derive(Debug, thiserror::Error)]
-pub enum SseTransportError {
+pub(crate) enum SseTransportError {
     #[error("HTTP request failed: {0}")]
     Http(#[from] reqwest::Error),
     #[error("server answered {status} to {what}{}", if body.is_empty() { String::new() } else { format!(": {body}") })]
@@ -36,7 +36,7 @@ pub enum SseTransportError {
 type EventStream = Pin<Box<dyn Stream<Item = Result<Sse, sse_stream::Error>> + Send>>;
 
 /// A connected legacy SSE transport: usable with `rmcp::serve_client`.
-pub struct SseClientTransport {
+pub(crate) struct SseClientTransport {
     client: reqwest::Client,
     endpoint: Url,
     headers: HeaderMap,
@@ -45,7 +45,7 @@ pub struct SseClientTransport {
 
 impl SseClientTransport {
     /// Opens the SSE stream and waits for the `endpoint` event.
-    pub async fn connect(
+    pub(crate) async fn connect(
         client: reqwest::Client,
         url: Url,
         headers: HeaderMap,
