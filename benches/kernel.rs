@@ -3,6 +3,7 @@
 //! - cold start -> first result: `CodeExecutor::start` + `execute("1")` (environment provisioned)
 //! - trivial execution round trip
 //! - reset -> next result (warm spare)
+//! - three resets in a row, back to back (each followed by a result), with 1 and 3 spares
 //! - 1 MB output round trip
 //! - peak RSS of one kernel
 
@@ -68,6 +69,32 @@ fn main() {
             .unwrap_or_else(|| "?".into());
         ex.stop().await;
 
+        let burst = |spares: usize| {
+            let ws = ws.path().to_path_buf();
+            async move {
+                let ex = CodeExecutor::builder()
+                    .workspace(ws)
+                    .spare_kernels(spares)
+                    .build();
+                ex.start().await.unwrap();
+                let mut runs = Vec::new();
+                for _ in 0..3 {
+                    // All spares ready, then three resets with nothing in between.
+                    tokio::time::sleep(Duration::from_millis(1500 * spares as u64 + 500)).await;
+                    let t = Instant::now();
+                    for _ in 0..3 {
+                        ex.reset().await.unwrap();
+                        ex.execute("1", None).await.unwrap();
+                    }
+                    runs.push(t.elapsed());
+                }
+                ex.stop().await;
+                median(runs)
+            }
+        };
+        let burst_default = burst(1).await;
+        let burst_three = burst(3).await;
+
         println!("| measurement | median | target | Python ipybox |");
         println!("|---|---|---|---|");
         println!(
@@ -81,6 +108,14 @@ fn main() {
         println!(
             "| reset -> next result (n=5) | {} | <= 200 ms | 3300 ms |",
             ms(median(reset))
+        );
+        println!(
+            "| three resets in a row, 1 spare (default) (n=3) | {} | <= 100 ms | - |",
+            ms(burst_default)
+        );
+        println!(
+            "| three resets in a row, 3 spares (n=3) | {} | <= 100 ms | - |",
+            ms(burst_three)
         );
         println!(
             "| 1 MB output round trip (n=20) | {} | - | - |",

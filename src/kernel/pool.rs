@@ -1,10 +1,12 @@
-//! The current kernel plus a warm spare.
+//! The current kernel plus warm spares (one by default).
 //!
-//! The spare is launched in the background once the current kernel is ready, so `reset()` and the
+//! Spares are launched in the background once the current kernel is ready, so `reset()` and the
 //! restarts after a timeout or a kernel death swap in a ready kernel instead of waiting ~0.5 s for
-//! Python to start. This module decides *when* kernels are replaced; launching is
+//! Python to start. Each swap launches a replacement spare; resets that come faster than that
+//! (~0.5 s) use up the spares, then wait for a launch. This module decides *when* kernels are replaced; launching is
 //! [`super::process`], running code is [`super::execute`].
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -26,9 +28,10 @@ pub(crate) struct KernelPool {
     current: Option<Kernel>,
     /// The current kernel's pid (0: none), readable without access to the pool.
     current_pid: Arc<AtomicU32>,
-    spare: Option<JoinHandle<Result<Kernel, KernelError>>>,
+    spares: VecDeque<JoinHandle<Result<Kernel, KernelError>>>,
     launched: u32,
-    use_spare: bool,
+    /// How many spares are kept.
+    spare_count: usize,
 }
 
 impl std::fmt::Debug for KernelPool {
@@ -41,20 +44,20 @@ impl std::fmt::Debug for KernelPool {
 }
 
 impl KernelPool {
-    /// Launches the first kernel (and, once it is ready, a spare in the background).
+    /// Launches the first kernel (and, once it is ready, `spare_count` spares in the background).
     pub(crate) async fn start(
         config: Arc<KernelConfig>,
         runtime: Arc<RuntimeDir>,
-        use_spare: bool,
+        spare_count: usize,
     ) -> Result<Self, KernelError> {
         let mut pool = Self {
             config,
             runtime,
             current: None,
             current_pid: Arc::new(AtomicU32::new(0)),
-            spare: None,
+            spares: VecDeque::new(),
             launched: 0,
-            use_spare,
+            spare_count,
         };
         let kernel = pool.launch().await?;
         pool.set_current(Some(kernel));
@@ -99,24 +102,30 @@ impl KernelPool {
     }
 
     fn refill_spare(&mut self) {
-        if !self.use_spare || self.spare.is_some() {
-            return;
-        }
-        match self.next_dir() {
-            Ok(dir) => {
-                let config = self.config.clone();
-                self.spare = Some(tokio::spawn(
-                    async move { Kernel::launch(&config, dir).await },
-                ));
+        while self.spares.len() < self.spare_count {
+            match self.next_dir() {
+                Ok(dir) => {
+                    let config = self.config.clone();
+                    self.spares
+                        .push_back(tokio::spawn(async move { Kernel::launch(&config, dir).await }));
+                }
+                Err(e) => {
+                    tracing::warn!("cannot prepare a spare kernel: {e}");
+                    return;
+                }
             }
-            Err(e) => tracing::warn!("cannot prepare a spare kernel: {e}"),
         }
     }
 
-    /// A ready kernel: the spare if it came up (waiting for it if it is still starting), else a
-    /// freshly launched one.
+    /// A ready kernel: a spare that came up, else the oldest spare (waiting for it if it is still
+    /// starting), else a freshly launched one.
     async fn take_fresh(&mut self) -> Result<Kernel, KernelError> {
-        let fresh = match self.spare.take() {
+        let ready = self.spares.iter().position(JoinHandle::is_finished);
+        let spare = match ready {
+            Some(i) => self.spares.remove(i),
+            None => self.spares.pop_front(),
+        };
+        let fresh = match spare {
             Some(handle) => match handle.await {
                 Ok(Ok(kernel)) if kernel.exited().is_none() => Ok(kernel),
                 Ok(Ok(_)) => self.launch().await,
@@ -190,18 +199,20 @@ impl KernelPool {
         if let Some(k) = self.take_current() {
             k.shutdown().await;
         }
-        if let Some(handle) = self.spare.take() {
+        let spares: Vec<_> = self.spares.drain(..).collect();
+        futures::future::join_all(spares.into_iter().map(|handle| async move {
             handle.abort();
             if let Ok(Ok(k)) = handle.await {
                 k.shutdown().await;
             }
-        }
+        }))
+        .await;
     }
 }
 
 impl Drop for KernelPool {
     fn drop(&mut self) {
-        if let Some(handle) = self.spare.take() {
+        for handle in self.spares.drain(..) {
             // Aborting drops a kernel that is still launching (its guard kills the process); a
             // kernel that already launched sits in the finished task and is dropped with it.
             handle.abort();

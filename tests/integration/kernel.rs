@@ -352,6 +352,45 @@ async fn reset_gives_a_fresh_kernel_quickly() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn three_spares_cover_three_resets_in_a_row() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .spare_kernels(3)
+        .build();
+    ex.start().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await; // let the three spares come up
+    let runtime = ex.runtime_dir().await.unwrap();
+    let mut pids = vec![ex.kernel_pid().await.unwrap()];
+    for i in 0..3 {
+        run(&ex, &format!("mark = {i}")).await;
+        ex.reset().await.unwrap();
+        assert_eq!(run(&ex, "'mark' in globals()").await, "False");
+        pids.push(ex.kernel_pid().await.unwrap());
+    }
+    let mut distinct = pids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "every reset gives another kernel: {pids:?}");
+    for old in &pids[..3] {
+        assert!(wait_gone(*old, Duration::from_secs(3)).await, "kernel {old} left running");
+    }
+    ex.stop().await;
+    assert!(wait_gone(pids[3], Duration::from_secs(3)).await);
+    // Spares went with the executor: no process runs a connection file from its directory.
+    assert!(!runtime.exists());
+    let marker = runtime.display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker))
+        .collect();
+    assert!(left.is_empty(), "kernels left running: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn diagnostics_answer_while_a_cell_runs() {
     let ws = tempfile::tempdir().unwrap();
     let ex = executor(ws.path()).await;
