@@ -12,6 +12,18 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
+/// Rewrites a child's argv before it is started (the sandbox wraps the kernel's command this way).
+#[derive(Clone)]
+pub(crate) struct CommandWrapper(
+    pub(crate) std::sync::Arc<dyn Fn(Vec<String>) -> Vec<String> + Send + Sync>,
+);
+
+impl std::fmt::Debug for CommandWrapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommandWrapper")
+    }
+}
+
 /// How much of a child's stderr is kept.
 pub(crate) const STDERR_TAIL_BYTES: usize = 8 * 1024;
 

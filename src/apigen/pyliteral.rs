@@ -47,7 +47,7 @@ pub fn py_str(s: &str) -> String {
 }
 
 /// A Python literal for a JSON value (`null`/`true`/`false` become `None`/`True`/`False`).
-/// Single line; see [`py_literal_pretty`] for a multi-line form.
+/// Single line; see `py_literal_pretty` for a multi-line form.
 pub fn py_literal(v: &Value) -> String {
     let mut out = String::new();
     write_literal(&mut out, v, None, 0);

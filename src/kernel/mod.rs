@@ -1,11 +1,11 @@
 //! The kernel engine: stateful Python in an `ipykernel` process that ipybox launches and talks to
 //! over the Jupyter messaging protocol (ZMQ over IPC sockets in a private runtime directory).
 //!
-//! - [`process`]: launching a kernel, its environment, readiness, death detection, shutdown;
-//! - [`execute`]: one execution: request, output assembly, completion, timeout and interrupt;
-//! - [`output`]: turning Jupyter outputs into text and image files;
-//! - [`pool`]: the current kernel plus a warm spare, so reset and restarts are near-instant;
-//! - [`runtime_dir`]: the private (0700) directory holding connection files and sockets.
+//! - `process`: launching a kernel, its environment, readiness, death detection, shutdown;
+//! - `execute`: one execution: request, output assembly, completion, timeout and interrupt;
+//! - `output`: turning Jupyter outputs into text and image files;
+//! - `pool`: the current kernel plus a warm spare, so reset and restarts are near-instant;
+//! - `runtime_dir`: the private (0700) directory holding connection files and sockets.
 //!
 //! The kernel knows nothing of MCP: tool calls reach the host through a socket whose path is just
 //! another environment variable here.
@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::child_process::CommandWrapper;
 use crate::host_env::HostEnv;
 
 pub(crate) use execute::ExecEvent;
@@ -65,18 +66,6 @@ impl KernelConfig {
             start_timeout: Duration::from_secs(60),
             interrupt_grace: Duration::from_secs(3),
         }
-    }
-}
-
-/// Rewrites the kernel's argv (e.g. to run it inside a sandbox).
-#[derive(Clone)]
-pub(crate) struct CommandWrapper(
-    pub(crate) std::sync::Arc<dyn Fn(Vec<String>) -> Vec<String> + Send + Sync>,
-);
-
-impl std::fmt::Debug for CommandWrapper {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CommandWrapper")
     }
 }
 

@@ -106,8 +106,9 @@ impl KernelPool {
             match self.next_dir() {
                 Ok(dir) => {
                     let config = self.config.clone();
-                    self.spares
-                        .push_back(tokio::spawn(async move { Kernel::launch(&config, dir).await }));
+                    self.spares.push_back(tokio::spawn(async move {
+                        Kernel::launch(&config, dir).await
+                    }));
                 }
                 Err(e) => {
                     tracing::warn!("cannot prepare a spare kernel: {e}");

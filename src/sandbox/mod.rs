@@ -1,15 +1,15 @@
 //! Sandboxed kernels: the kernel runs under srt (Anthropic's sandbox-runtime; bubblewrap on
 //! Linux, Seatbelt on macOS) with a policy in srt's settings format.
 //!
-//! [`prepare`] checks that the sandbox can run ([`platform`]), loads the caller's policy or the
+//! `prepare` checks that the sandbox can run (`platform`), loads the caller's policy or the
 //! default one and adds what ipybox needs under any policy ([`policy`]), writes the effective
-//! settings into the runtime directory, and returns the [`CommandWrapper`] that runs the kernel
-//! command under srt ([`wrap`]).
+//! settings into the runtime directory, and returns the `CommandWrapper` that runs the kernel
+//! command under srt (`wrap`).
 //!
 //! Not here: launching, interrupting and killing the kernel (`kernel/`; interrupts go over the
 //! control channel, which works inside the sandbox) and sandboxing MCP servers (they use `srt`
 //! as their command, see `docs/sandbox.md`). It never falls back to running unsandboxed: when
-//! something is missing, [`prepare`] fails and says what to install.
+//! something is missing, `prepare` fails and says what to install.
 
 pub(crate) mod platform;
 pub mod policy;
@@ -17,8 +17,8 @@ pub(crate) mod wrap;
 
 use std::path::{Path, PathBuf};
 
+use crate::child_process::CommandWrapper;
 use crate::host_env::HostEnv;
-use crate::kernel::CommandWrapper;
 
 pub use platform::{SRT_ENV, SRT_VERSION};
 pub use policy::{FilesystemPolicy, NetworkPolicy, SandboxPaths, SandboxPolicy};

@@ -6,8 +6,8 @@
 //! `filesystem`) a policy leaves out is taken from the default policy; a list its section leaves
 //! out is empty. Keys srt knows but ipybox does not interpret are kept as written.
 //!
-//! Not here: checking that srt can run ([`super::platform`]) and building the kernel command
-//! ([`super::wrap`]).
+//! Not here: checking that srt can run (`super::platform`) and building the kernel command
+//! (`super::wrap`).
 
 use std::path::{Path, PathBuf};
 

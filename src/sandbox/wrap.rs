@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::child_process::CommandWrapper;
 use crate::host_env::HostEnv;
-use crate::kernel::CommandWrapper;
 
 use super::platform::find_in_path;
 

@@ -1,9 +1,9 @@
 //! Tools: everything between generated tool code in the kernel and upstream MCP servers.
 //!
 //! This module owns the MCP *client* side: parsing server params ([`params`]), `${VAR}`
-//! substitution ([`env_subst`]), connecting to upstream servers over stdio, streamable HTTP and
-//! legacy SSE ([`client`], [`sse_transport`]) and the per-server session cache ([`sessions`]);
-//! the tool server the kernel calls through ([`server`]) and approvals ([`approval`]).
+//! substitution (`env_subst`), connecting to upstream servers over stdio, streamable HTTP and
+//! legacy SSE (`client`, `sse_transport`) and the per-server session cache ([`sessions`]);
+//! the tool server the kernel calls through (`server`) and approvals (`approval`).
 //!
 //! It is not the MCP server ipybox itself exposes (that is `mcp_server`), and it does not
 //! generate Python code from tool schemas (that is `apigen`).

@@ -9,7 +9,7 @@
 //! whose path ends in `/sse` means legacy SSE, and any other URL means streamable HTTP.
 //!
 //! Parsing validates structure only and keeps `${VAR}` placeholders as written; substitution
-//! happens at connect time ([`super::env_subst`]). `Debug` shows env and header *names* only,
+//! happens at connect time (`super::env_subst`). `Debug` shows env and header *names* only,
 //! never their values. This module does not connect to anything.
 
 use crate::json_kind::json_kind;

@@ -9,7 +9,7 @@
 //! starts a new epoch: a call that began before it (a leftover thread of the old kernel, a call
 //! that waited for approval) cannot open a session afterwards, so nothing outlives a reset.
 //!
-//! Not here: connecting itself ([`super::client`]) and deciding when to reset.
+//! Not here: connecting itself (`super::client`) and deciding when to reset.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

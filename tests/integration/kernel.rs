@@ -371,9 +371,16 @@ async fn three_spares_cover_three_resets_in_a_row() {
     let mut distinct = pids.clone();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(distinct.len(), 4, "every reset gives another kernel: {pids:?}");
+    assert_eq!(
+        distinct.len(),
+        4,
+        "every reset gives another kernel: {pids:?}"
+    );
     for old in &pids[..3] {
-        assert!(wait_gone(*old, Duration::from_secs(3)).await, "kernel {old} left running");
+        assert!(
+            wait_gone(*old, Duration::from_secs(3)).await,
+            "kernel {old} left running"
+        );
     }
     ex.stop().await;
     assert!(wait_gone(pids[3], Duration::from_secs(3)).await);
