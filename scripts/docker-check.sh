@@ -41,6 +41,7 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 
+mkdir -p "$root/target/docker"
 workspace=$(mktemp -d "$root/target/docker/ws.XXXXXX")
 # The launcher as Claude Code runs it for codeact-docker; --network host lets the container
 # reach the fixture on the host's loopback.

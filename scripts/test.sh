@@ -4,6 +4,7 @@
 #   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
 #   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
 #   scripts/docker-check.sh  the ipybox image (Docker, else podman) built and driven by an MCP client
+#   scripts/wheel-check.sh   the ipybox-rs wheel: the Python SDK suite, `uvx --from <wheel> ipybox`
 #   scripts/plugin-check.sh  the Claude Code marketplace and its three plugins, ✔ Connected
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh kernel::` for one module).
@@ -19,6 +20,9 @@ export IPYBOX_SRT="$root/target/sandbox-deps/node_modules/.bin/srt"
 cargo build --bin ipybox
 "$root/target/debug/ipybox" setup     # provision the kernel environment once, before tests race
 bash scripts/docker-check.sh         # builds the image codeact-docker runs in plugin-check.sh
+IPYBOX_WHEEL=$(bash scripts/build-wheel.sh | tail -1)
+export IPYBOX_WHEEL                  # plugin-check.sh runs the launcher's uvx path with it
+bash scripts/wheel-check.sh
 IPYBOX_TEST_STRICT=1 bash scripts/plugin-check.sh
 bash scripts/smoke-clients.sh
 # 2 test threads on 2 cores: each test starts real kernels and servers.

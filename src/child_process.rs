@@ -56,6 +56,42 @@ pub(crate) fn signal_group(pgid: u32, sig: i32) {
     }
 }
 
+/// Whether process `pid` has ended: gone, or a zombie waiting to be reaped (it runs nothing).
+pub(crate) fn process_ended(pid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the parenthesized command name, which may itself hold spaces.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) => true,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let Ok(pid) = i32::try_from(pid) else {
+            return true;
+        };
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        unsafe { libc::kill(pid, 0) != 0 }
+    }
+}
+
+/// Waits (polling) until process `pid` has ended, at most `within`; true if it did.
+pub(crate) async fn wait_ended(pid: u32, within: std::time::Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if pid == 0 || process_ended(pid) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// The last [`STDERR_TAIL_BYTES`] of a child's stderr. Cheap to clone; clones share the buffer.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StderrTail {

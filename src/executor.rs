@@ -70,6 +70,10 @@ pub enum ExecutorError {
         #[source]
         source: tokio::task::JoinError,
     },
+    /// The execution was cancelled with [`Canceller::cancel`]; the kernel was interrupted and
+    /// keeps its state.
+    #[error("the execution was cancelled")]
+    Cancelled,
     /// The workspace or runtime directory could not be prepared.
     #[error("cannot prepare {path}: {source}\n  help: choose a writable directory")]
     Io {
@@ -121,6 +125,8 @@ pub struct CodeExecutorBuilder {
     tool_env: Option<HashMap<String, String>>,
     approval_timeout: Option<Duration>,
     connect_timeout: Option<Duration>,
+    kernel_start_timeout: Option<Duration>,
+    restore_working_dir: bool,
     sandbox: Option<SandboxOptions>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
@@ -196,9 +202,24 @@ impl CodeExecutorBuilder {
     }
 
     /// How long a tool call waits for an approval decision in [`CodeExecutor::stream`]
-    /// (default 60 s); waiting does not count against the execution timeout.
+    /// (default 60 s; `Duration::MAX` waits without limit); waiting does not count against the
+    /// execution timeout.
     pub fn approval_timeout(mut self, timeout: Duration) -> Self {
         self.approval_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a kernel may take to start and answer its first request (default 60 s).
+    pub fn kernel_start_timeout(mut self, timeout: Duration) -> Self {
+        self.kernel_start_timeout = Some(timeout);
+        self
+    }
+
+    /// After every execution that left the kernel in another directory, change back to the
+    /// workspace and append `[ipybox] cwd reset to <workspace>` to its output (Python ipybox's
+    /// `working_dir` behaviour). Default: off, a `cd` persists until code changes it again.
+    pub fn restore_working_dir(mut self, restore: bool) -> Self {
+        self.restore_working_dir = restore;
         self
     }
 
@@ -401,6 +422,10 @@ impl CodeExecutor {
             .env
             .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
         config.python_path = vec![python_dir];
+        config.restore_cwd = b.restore_working_dir;
+        if let Some(timeout) = b.kernel_start_timeout {
+            config.start_timeout = timeout;
+        }
         if let Some(options) = &b.sandbox {
             let python = config.python.clone();
             config.wrapper = Some(
@@ -536,6 +561,7 @@ impl CodeExecutor {
     /// early; its pending and later tool calls are then rejected.
     pub fn stream(&self, code: &str, timeout: Option<Duration>) -> Execution {
         let (tx, rx) = mpsc::unbounded_channel();
+        let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let inner = self.inner.clone();
         let code = code.to_string();
         tokio::spawn(async move {
@@ -572,13 +598,21 @@ impl CodeExecutor {
                             .state()
                             .set_policy(ApprovalPolicy::Ask(ap_tx), pause.clone());
                         let run = running.pool.execute(&code, timeout, Some(&ev_tx), &pause);
-                        let result = inner.unless_stopping(run).await;
+                        let result = tokio::select! {
+                            result = inner.unless_stopping(run) => result.map_err(ExecutorError::from),
+                            true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
+                                // The execution was dropped mid-way: interrupt it and wait until
+                                // the kernel is idle (or replace it) before the next one runs.
+                                running.pool.settle().await;
+                                Err(ExecutorError::Cancelled)
+                            }
+                        };
                         // Calls made after this execution (leftover threads) have no one to ask.
                         running.tools.state().set_policy(
                             ApprovalPolicy::Ask(mpsc::unbounded_channel().0),
                             TimeoutPause::default(),
                         );
-                        result.map_err(ExecutorError::from)
+                        result
                     }
                     None => Err(KernelError::Stopped.into()),
                 }
@@ -587,7 +621,10 @@ impl CodeExecutor {
             let _ = tokio::join!(forward, approvals);
             let _ = tx.send(ExecutionEvent::Result(result));
         });
-        Execution { rx }
+        Execution {
+            rx,
+            cancel: Canceller(Arc::new(cancel)),
+        }
     }
 
     /// Replaces the kernel with a fresh one (all state is lost) and closes the MCP sessions.
@@ -667,9 +704,27 @@ impl CodeExecutor {
 #[derive(Debug)]
 pub struct Execution {
     rx: mpsc::UnboundedReceiver<ExecutionEvent>,
+    cancel: Canceller,
+}
+
+/// Cancels one streamed execution from anywhere (another task, a signal handler's task).
+#[derive(Debug, Clone)]
+pub struct Canceller(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Canceller {
+    /// Interrupts the execution: its result becomes [`ExecutorError::Cancelled`] once the kernel
+    /// is idle again (state kept). Does nothing after the execution has finished.
+    pub fn cancel(&self) {
+        self.0.send_replace(true);
+    }
 }
 
 impl Execution {
+    /// A handle that cancels this execution while its items are being awaited elsewhere.
+    pub fn canceller(&self) -> Canceller {
+        self.cancel.clone()
+    }
+
     /// The next item; `None` after the result.
     pub async fn next(&mut self) -> Option<ExecutionEvent> {
         self.rx.recv().await

@@ -110,11 +110,26 @@ fn init_logging(level: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .init();
+        .try_init()
+        .ok();
 }
 
+const SUCCESS: u8 = 0;
+const FAILURE: u8 = 1;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    ExitCode::from(cli_main(std::env::args_os()))
+}
+
+/// The whole command line: `args` as `std::env::args_os()` gives them (program name first);
+/// returns the exit status. Also the entry point of the Python package's `ipybox` command,
+/// which compiles this module into its extension (see crates/ipybox-py).
+pub(crate) fn cli_main<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::parse_from(args);
     let default_level = if cli.command.is_some() {
         "warn"
     } else {
@@ -128,7 +143,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            return FAILURE;
         }
     };
     let result = match cli.command {
@@ -141,13 +156,13 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            FAILURE
         }
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    use crate::mcp_server::{self, IpyboxServer};
+async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
+    use mcp_server::IpyboxServer;
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
     let host = HostEnv::from_process();
     let env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;
@@ -171,10 +186,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let executor = builder.build();
     let config = mcp_server::ServerConfig { workspace };
     mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?;
-    Ok(ExitCode::SUCCESS)
+    Ok(SUCCESS)
 }
 
-async fn run(command: Command) -> anyhow::Result<ExitCode> {
+async fn run(command: Command) -> anyhow::Result<u8> {
     match command {
         Command::Setup { python } => {
             let host = HostEnv::from_process();
@@ -194,7 +209,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                     env.python.display()
                 ),
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(SUCCESS)
         }
         Command::Apigen { name, params, root } => {
             let params: serde_json::Value = serde_json::from_str(&params)
@@ -208,7 +223,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             for m in modules {
                 println!("{m}");
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(SUCCESS)
         }
         Command::Exec {
             workspace,
@@ -257,10 +272,10 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 writeln!(stdout)?;
             }
             match result.context("the execution ended without a result")? {
-                Ok(_) => Ok(ExitCode::SUCCESS),
+                Ok(_) => Ok(SUCCESS),
                 Err(e) => {
                     eprintln!("{e}");
-                    Ok(ExitCode::FAILURE)
+                    Ok(FAILURE)
                 }
             }
         }

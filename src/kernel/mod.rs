@@ -48,6 +48,8 @@ pub(crate) struct KernelConfig {
     pub wrapper: Option<CommandWrapper>,
     /// How long a kernel may take to answer `kernel_info` after launch.
     pub start_timeout: Duration,
+    /// Change back to `workspace` after every execution that left it (and say so in the output).
+    pub restore_cwd: bool,
     /// How long an interrupted execution may take to stop before the kernel is restarted.
     pub interrupt_grace: Duration,
 }
@@ -64,6 +66,7 @@ impl KernelConfig {
             python_path: Vec::new(),
             wrapper: None,
             start_timeout: Duration::from_secs(60),
+            restore_cwd: false,
             interrupt_grace: Duration::from_secs(3),
         }
     }

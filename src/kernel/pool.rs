@@ -20,6 +20,12 @@ use super::runtime_dir::RuntimeDir;
 use super::{KernelConfig, KernelError};
 use crate::pause::TimeoutPause;
 
+/// A kernel launching (or launched) in the background, and its process id once it exists.
+struct Spare {
+    task: JoinHandle<Result<Kernel, KernelError>>,
+    pid: Arc<AtomicU32>,
+}
+
 /// Owns the kernels of one executor. Not shared: callers serialize access (one execution at a
 /// time), which is what makes executions on an executor queue rather than collide.
 pub(crate) struct KernelPool {
@@ -28,7 +34,7 @@ pub(crate) struct KernelPool {
     current: Option<Kernel>,
     /// The current kernel's pid (0: none), readable without access to the pool.
     current_pid: Arc<AtomicU32>,
-    spares: VecDeque<JoinHandle<Result<Kernel, KernelError>>>,
+    spares: VecDeque<Spare>,
     launched: u32,
     /// How many spares are kept.
     spare_count: usize,
@@ -98,7 +104,7 @@ impl KernelPool {
 
     async fn launch(&mut self) -> Result<Kernel, KernelError> {
         let dir = self.next_dir()?;
-        Kernel::launch(&self.config, dir).await
+        Kernel::launch(&self.config, dir, &AtomicU32::new(0)).await
     }
 
     fn refill_spare(&mut self) {
@@ -106,9 +112,11 @@ impl KernelPool {
             match self.next_dir() {
                 Ok(dir) => {
                     let config = self.config.clone();
-                    self.spares.push_back(tokio::spawn(async move {
-                        Kernel::launch(&config, dir).await
-                    }));
+                    let pid = Arc::new(AtomicU32::new(0));
+                    let launched = pid.clone();
+                    let task =
+                        tokio::spawn(async move { Kernel::launch(&config, dir, &launched).await });
+                    self.spares.push_back(Spare { task, pid });
                 }
                 Err(e) => {
                     tracing::warn!("cannot prepare a spare kernel: {e}");
@@ -121,13 +129,13 @@ impl KernelPool {
     /// A ready kernel: a spare that came up, else the oldest spare (waiting for it if it is still
     /// starting), else a freshly launched one.
     async fn take_fresh(&mut self) -> Result<Kernel, KernelError> {
-        let ready = self.spares.iter().position(JoinHandle::is_finished);
+        let ready = self.spares.iter().position(|s| s.task.is_finished());
         let spare = match ready {
             Some(i) => self.spares.remove(i),
             None => self.spares.pop_front(),
         };
         let fresh = match spare {
-            Some(handle) => match handle.await {
+            Some(spare) => match spare.task.await {
                 Ok(Ok(kernel)) if kernel.exited().is_none() => Ok(kernel),
                 Ok(Ok(_)) => self.launch().await,
                 Ok(Err(e)) => {
@@ -201,10 +209,18 @@ impl KernelPool {
             k.shutdown().await;
         }
         let spares: Vec<_> = self.spares.drain(..).collect();
-        futures::future::join_all(spares.into_iter().map(|handle| async move {
-            handle.abort();
-            if let Ok(Ok(k)) = handle.await {
-                k.shutdown().await;
+        futures::future::join_all(spares.into_iter().map(|spare| async move {
+            spare.task.abort();
+            match spare.task.await {
+                Ok(Ok(k)) => k.shutdown().await,
+                // An abandoned launch killed its process when it was dropped; wait until the
+                // process has ended so nothing of this pool outlives shutdown.
+                _ => {
+                    let pid = spare.pid.load(Ordering::SeqCst);
+                    if !crate::child_process::wait_ended(pid, Duration::from_secs(2)).await {
+                        tracing::warn!("spare kernel {pid} still running after SIGKILL");
+                    }
+                }
             }
         }))
         .await;
@@ -213,10 +229,10 @@ impl KernelPool {
 
 impl Drop for KernelPool {
     fn drop(&mut self) {
-        for handle in self.spares.drain(..) {
+        for spare in self.spares.drain(..) {
             // Aborting drops a kernel that is still launching (its guard kills the process); a
             // kernel that already launched sits in the finished task and is dropped with it.
-            handle.abort();
+            spare.task.abort();
         }
     }
 }

@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -149,7 +150,13 @@ impl std::fmt::Debug for Kernel {
 
 impl Kernel {
     /// Launches a kernel in `dir` (created if missing) and waits until it is ready.
-    pub(crate) async fn launch(config: &KernelConfig, dir: PathBuf) -> Result<Kernel, KernelError> {
+    /// Starts a kernel in `dir` and waits until it answers. `pid` receives the process id as
+    /// soon as the process exists, so whoever abandons a launch can wait for the process to end.
+    pub(crate) async fn launch(
+        config: &KernelConfig,
+        dir: PathBuf,
+        pid: &AtomicU32,
+    ) -> Result<Kernel, KernelError> {
         let started = Instant::now();
         std::fs::create_dir_all(&dir)
             .map_err(|e| start_err(format!("cannot create {}: {e}", dir.display())))?;
@@ -170,6 +177,7 @@ impl Kernel {
             .map_err(|e| start_err(format!("cannot write {}: {e}", conn_file.display())))?;
 
         let mut child = spawn(config, &conn_file)?;
+        pid.store(child.id().unwrap_or(0), Ordering::SeqCst);
         let mut process = Process {
             pid: child.id().unwrap_or(0),
             exit: watch::channel(None).1,
@@ -353,6 +361,14 @@ fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Chil
         "--InteractiveShell.colors=nocolor".to_string(),
         "--InteractiveShell.xmode=Context".to_string(),
     ];
+    if config.restore_cwd {
+        // A JSON string is a valid Python string literal.
+        let dir = serde_json::to_string(&config.workspace.display().to_string())
+            .unwrap_or_else(|_| "'.'".into());
+        argv.push(format!(
+            "--IPKernelApp.exec_lines=import ipybox_runtime.working_dir as _w; _w.install({dir}); del _w"
+        ));
+    }
     if let Some(wrap) = &config.wrapper {
         argv = (wrap.0)(argv);
     }

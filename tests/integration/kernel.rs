@@ -636,3 +636,83 @@ async fn dropping_an_execution_interrupts_it() {
     );
     ex.stop().await;
 }
+
+/// `Canceller::cancel` interrupts a streamed execution from another task: the stream ends with
+/// `Cancelled` (no result), the kernel keeps its state and the next execution runs at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cancelled_stream_ends_without_a_result_and_keeps_state() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = executor(ws.path()).await;
+    run(&ex, "kept = 'yes'\nimport time").await;
+    let mut stream = ex.stream(
+        "print('started', flush=True)\ntime.sleep(30)\nkept = 'no'",
+        None,
+    );
+    let canceller = stream.canceller();
+    let start = Instant::now();
+    let mut chunks = String::new();
+    let result = loop {
+        match stream.next().await.expect("a result") {
+            ExecutionEvent::Chunk(text) => {
+                chunks.push_str(&text);
+                canceller.cancel();
+            }
+            ExecutionEvent::Result(r) => break r,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(chunks, "started\n");
+    assert!(
+        matches!(result, Err(ExecutorError::Cancelled)),
+        "{result:?}"
+    );
+    assert!(stream.next().await.is_none());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(run(&ex, "kept").await, "'yes'");
+    // Cancelling after the end does nothing.
+    canceller.cancel();
+    assert_eq!(run(&ex, "print('after')").await, "after");
+    ex.stop().await;
+}
+
+/// `restore_working_dir(true)`: a cell that leaves the workspace is followed by a change back,
+/// announced in that cell's output; cells that stay print nothing extra. Reset keeps it.
+#[tokio::test(flavor = "multi_thread")]
+async fn restore_working_dir_changes_back_after_each_cell() {
+    let ws = tempfile::tempdir().unwrap();
+    let dir = ws.path().canonicalize().unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(&dir)
+        .restore_working_dir(true)
+        .without_spare_kernel()
+        .build();
+    ex.start().await.unwrap();
+    assert_eq!(
+        run(&ex, "import os\nprint(os.getcwd())").await,
+        dir.display().to_string()
+    );
+    assert_eq!(
+        run(&ex, "os.chdir('/')\nprint(os.getcwd())").await,
+        format!("/\n[ipybox] cwd reset to {}", dir.display())
+    );
+    assert_eq!(
+        run(&ex, "print(os.getcwd())").await,
+        dir.display().to_string()
+    );
+    ex.reset().await.unwrap();
+    assert_eq!(
+        run(&ex, "import os\nos.chdir('/tmp')").await,
+        format!("[ipybox] cwd reset to {}", dir.display())
+    );
+    ex.stop().await;
+
+    // Off (the default): a cd persists.
+    let ex = executor(&dir).await;
+    assert_eq!(run(&ex, "import os\nos.chdir('/')").await, "");
+    assert_eq!(run(&ex, "print(os.getcwd())").await, "/");
+    ex.stop().await;
+}

@@ -5,6 +5,8 @@ tool call from kernel code through the generated API, and reset.
 Usage: mcp_server_check.py FIXTURE_URL -- COMMAND [ARGS...]
   FIXTURE_URL  streamable-HTTP URL of tests/fixtures/mcp_fixture.py, reachable from the server
   COMMAND      how to start the ipybox MCP server (e.g. the codeact-docker plugin launcher)
+  IPYBOX_EXPECT_WORKSPACE  the kernel's expected working directory (default: /app/workspace,
+               the image's)
 
 Prints one line per check and a final `N passed, M failed`; exits 1 if any check failed.
 """
@@ -53,9 +55,9 @@ async def main(url, command):
             check("execute: assignment", await run("x = 21"), (False, ""))
             check("execute: state kept", await run("x * 2"), (False, "42"))
             check(
-                "execute: runs in the container's workspace",
+                "execute: runs in the workspace",
                 await run("import os; os.getcwd()"),
-                (False, "'/app/workspace'"),
+                (False, repr(os.environ.get("IPYBOX_EXPECT_WORKSPACE", "/app/workspace"))),
             )
             r = await session.call_tool(
                 "register_mcp_server", {"server_name": "fx", "server_params": {"url": url}}
@@ -70,9 +72,9 @@ async def main(url, command):
                 await run(
                     "from mcptools.fx import add, greet\n"
                     "print(add.run(add.Params(a=2, b=40)).sum)\n"
-                    "print(greet.run(greet.Params(name='container')))"
+                    "print(greet.run(greet.Params(name='ipybox')))"
                 ),
-                (False, "42\nHello, container!"),
+                (False, "42\nHello, ipybox!"),
             )
             r = await session.call_tool("reset", {})
             check("reset", r.is_error, False)

@@ -1,0 +1,3 @@
+from ipybox._cli import main
+
+main()
