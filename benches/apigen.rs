@@ -2,7 +2,7 @@
 //! the vendored corpus (`tests/corpus/mcp-tools/github.json`). Median of 20 runs; target
 //! <= 50 ms. Run with `cargo bench --bench apigen`.
 
-use ipybox::apigen::{ToolSpec, generate_package, render_package};
+use ipybox::apigen::{ApiStyle, ToolSpec, generate_package, render_package};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -30,13 +30,13 @@ fn main() {
     let mut bytes = 0;
     for _ in 0..RUNS {
         let t = Instant::now();
-        let files = render_package("github", &params, &tools)
+        let files = render_package("github", &params, &tools, ApiStyle::Sync)
             .expect("render")
             .files;
         render.push(t.elapsed());
         bytes = files.iter().map(|(_, s)| s.len()).sum::<usize>();
         let t = Instant::now();
-        generate_package("github", &params, &tools, &root).expect("generate");
+        generate_package("github", &params, &tools, &root, ApiStyle::Sync).expect("generate");
         full.push(t.elapsed());
     }
     let (r, f) = (median(render), median(full));

@@ -26,6 +26,7 @@ use std::time::Duration;
 use include_dir::{Dir, include_dir};
 use tokio::sync::{Mutex, mpsc};
 
+use crate::apigen::ApiStyle;
 use crate::host_env::HostEnv;
 use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::{ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool};
@@ -497,9 +498,15 @@ impl CodeExecutor {
             .builder
             .connect_timeout
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        let modules =
-            generate_mcp_sources_with(server_name, server_params, &root, &self.tool_env(), timeout)
-                .await?;
+        let modules = generate_mcp_sources_with(
+            server_name,
+            server_params,
+            &root,
+            &self.tool_env(),
+            timeout,
+            ApiStyle::Sync,
+        )
+        .await?;
         let registry = self
             .registry()
             .map_err(|e| RegisterError::Workspace(e.into()))?;

@@ -14,6 +14,7 @@ mod terminal_approval;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ipybox::CodeExecutor;
+use ipybox::apigen::ApiStyle;
 use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::host_env::HostEnv;
 use ipybox::pyenv::{Progress, PyEnvError};
@@ -85,6 +86,10 @@ enum Command {
         file: Option<PathBuf>,
     },
     /// Generate the typed Python package for an MCP server's tools (`<root>/<name>/`).
+    ///
+    /// Each tool becomes a module with `Params`, `Result` (given an output schema) and
+    /// `run(params)`; with --async, `run` is an `async def` to await in the kernel (several at
+    /// once with `asyncio.gather`).
     Apigen {
         /// Server name: a Python identifier, becomes the package `mcptools.<name>`.
         name: String,
@@ -94,6 +99,10 @@ enum Command {
         /// Directory of the generated packages.
         #[arg(long, default_value = "mcptools")]
         root: PathBuf,
+        /// Generate `async def run(params)` (call with `await run(...)`; many calls can be in
+        /// flight at once, e.g. `await asyncio.gather(...)`) instead of a blocking `def run`.
+        #[arg(long = "async")]
+        async_api: bool,
     },
     /// Create (or check) the kernel's Python environment and print where it is.
     Setup {
@@ -211,10 +220,29 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             }
             Ok(SUCCESS)
         }
-        Command::Apigen { name, params, root } => {
+        Command::Apigen {
+            name,
+            params,
+            root,
+            async_api,
+        } => {
             let params: serde_json::Value = serde_json::from_str(&params)
                 .context("--params is not valid JSON\n  help: pass e.g. --params '{\"command\": \"npx\", \"args\": [\"-y\", \"@modelcontextprotocol/server-memory\"]}'")?;
-            let modules = ipybox::generate_mcp_sources(&name, &params, &root).await?;
+            let style = if async_api {
+                ApiStyle::Async
+            } else {
+                ApiStyle::Sync
+            };
+            let host = HostEnv::from_process();
+            let modules = ipybox::generate_mcp_sources_with(
+                &name,
+                &params,
+                &root,
+                host.vars(),
+                ipybox::tools::DEFAULT_CONNECT_TIMEOUT,
+                style,
+            )
+            .await?;
             eprintln!(
                 "generated {} modules in {}",
                 modules.len(),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::apigen::{self, ApigenError, ToolSpec};
+use crate::apigen::{self, ApiStyle, ApigenError, ToolSpec};
 use crate::tools::{DEFAULT_CONNECT_TIMEOUT, McpSession, ServerParams, ToolsError};
 
 /// Why registration failed.
@@ -29,7 +29,8 @@ pub enum RegisterError {
 }
 
 /// Generates `<root_dir>/<server_name>/` from the tools of the server at `server_params`, with
-/// `${VAR}` placeholders resolved from the process environment. Returns the module names.
+/// `${VAR}` placeholders resolved from the process environment, with synchronous `run()`
+/// functions. Returns the module names.
 pub async fn generate_mcp_sources(
     server_name: &str,
     server_params: &Value,
@@ -42,20 +43,23 @@ pub async fn generate_mcp_sources(
         root_dir,
         host.vars(),
         DEFAULT_CONNECT_TIMEOUT,
+        ApiStyle::Sync,
     )
     .await
 }
 
-/// [`generate_mcp_sources`] with an explicit environment for `${VAR}` and a connect timeout.
+/// [`generate_mcp_sources`] with an explicit environment for `${VAR}`, a connect timeout and
+/// the style of the generated `run()` functions ([`ApiStyle::Async`]: `async def run`).
 pub async fn generate_mcp_sources_with(
     server_name: &str,
     server_params: &Value,
     root_dir: &Path,
     env: &HashMap<String, String>,
     timeout: Duration,
+    style: ApiStyle,
 ) -> Result<Vec<String>, RegisterError> {
     // Fail on a bad server name before spawning anything (rendering no tools checks the name).
-    apigen::render_package(server_name, server_params, &[])?;
+    apigen::render_package(server_name, server_params, &[], style)?;
     let params = ServerParams::parse(server_params)?;
     warn_on_literal_secrets(server_name, server_params);
     let session = McpSession::connect_named(Some(server_name), &params, env, timeout).await?;
@@ -75,13 +79,15 @@ pub async fn generate_mcp_sources_with(
     let root = root_dir.to_path_buf();
     let name = server_name.to_string();
     let written = server_params.clone();
-    tokio::task::spawn_blocking(move || apigen::generate_package(&name, &written, &specs, &root))
-        .await
-        .map_err(|e| ApigenError::Io {
-            path: root_dir.to_path_buf(),
-            source: std::io::Error::other(e),
-        })?
-        .map_err(RegisterError::from)
+    tokio::task::spawn_blocking(move || {
+        apigen::generate_package(&name, &written, &specs, &root, style)
+    })
+    .await
+    .map_err(|e| ApigenError::Io {
+        path: root_dir.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?
+    .map_err(RegisterError::from)
 }
 
 /// The params are written to the generated `__init__.py` as given. Values of headers and env

@@ -2,7 +2,9 @@
 
 Embedded in the ipybox binary and put on the kernel's ``sys.path`` by the host; nothing here is
 pip-installed. Generated modules (``mcptools/<server>/``) bind a :class:`ToolRunner` to their server
-and call :meth:`ToolRunner.run`. Standard library only.
+and call :meth:`ToolRunner.run` (blocking; keep-alive connections, one per thread) or, when
+generated with the async style, await :meth:`ToolRunner.run_async` (one connection per call on the
+running event loop, so many calls can be in flight at once). Standard library only.
 
 The tool server speaks HTTP/1.1 on a Unix socket whose path is in ``IPYBOX_TOOL_SOCKET``.
 ``POST /run`` takes ``{"server_name", "server_params", "tool_name", "arguments"}`` and answers
@@ -13,7 +15,9 @@ there runs this module on the replies it serializes.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
+import io
 import json
 import os
 import socket
@@ -98,14 +102,31 @@ def _drop(conn: _UnixHTTPConnection, path: str) -> None:
     _local.conns.pop(path, None)
 
 
-def _request(method: str, url: str, body: dict | None = None) -> dict:
+def _socket_path() -> str:
     path = os.environ.get("IPYBOX_TOOL_SOCKET")
     if not path:
         raise ToolRunnerError(
             "IPYBOX_TOOL_SOCKET is not set: MCP tools can only be called from a kernel started by ipybox"
         )
+    return path
+
+
+def _encode(body: dict | None) -> tuple[bytes, dict[str, str]]:
+    """The payload and headers of a request (both call paths send the same)."""
     payload = b"" if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+    return payload, {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+
+
+def _decode(status: int, data: bytes) -> dict:
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise ToolRunnerError(f"tool server sent an invalid response ({status})") from e
+
+
+def _request(method: str, url: str, body: dict | None = None) -> dict:
+    path = _socket_path()
+    payload, headers = _encode(body)
     for attempt in (0, 1):
         conn = _connection(path)
         try:
@@ -124,10 +145,53 @@ def _request(method: str, url: str, body: dict | None = None) -> dict:
             # The request may have been carried out: never send it twice.
             _drop(conn, path)
             raise ToolRunnerError(f"lost the connection to the ipybox tool server during a call: {e}") from e
+    return _decode(response.status, data)
+
+
+class _Received:
+    """A complete HTTP response in memory, shaped like the socket ``http.client`` parses."""
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def makefile(self, mode: str) -> io.BytesIO:
+        return io.BytesIO(self._data)
+
+
+def _parse_response(raw: bytes, method: str) -> tuple[int, bytes]:
+    """Status and body of a complete HTTP/1.1 response (``http.client`` does the parsing)."""
+    response = http.client.HTTPResponse(_Received(raw), method=method)
+    response.begin()
+    return response.status, response.read()
+
+
+def _request_text(method: str, url: str, payload: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"{method} {url} HTTP/1.1", "Host: localhost", "Connection: close"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+
+async def _request_async(method: str, url: str, body: dict | None = None) -> dict:
+    """:func:`_request` on the running event loop: its own connection, closed by the server after
+    the reply (``Connection: close``), so concurrent calls never share one."""
+    path = _socket_path()
+    payload, headers = _encode(body)
     try:
-        return json.loads(data)
-    except ValueError as e:
-        raise ToolRunnerError(f"tool server sent an invalid response ({response.status})") from e
+        reader, writer = await asyncio.open_unix_connection(path)
+    except OSError as e:
+        raise ToolRunnerError(f"cannot reach the ipybox tool server at {path}: {e}") from e
+    try:
+        try:
+            writer.write(_request_text(method, url, payload, headers))
+            await writer.drain()
+            raw = await reader.read()
+            status, data = _parse_response(raw, method)
+        except (ConnectionError, http.client.HTTPException, OSError) as e:
+            # The request may have been carried out: never send it twice.
+            raise ToolRunnerError(f"lost the connection to the ipybox tool server during a call: {e}") from e
+    finally:
+        writer.close()
+    return _decode(status, data)
 
 
 class ToolRunner:
@@ -144,6 +208,11 @@ class ToolRunner:
     def run(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
         """Call ``tool_name`` with ``arguments``; returns structured content if any, else text."""
         return _result(_request("POST", "/run", self._request_body(tool_name, arguments)))
+
+    async def run_async(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
+        """:meth:`run` as a coroutine: waits for the reply without blocking the event loop, so
+        several calls can run at once (``asyncio.gather``). Same result, same exceptions."""
+        return _result(await _request_async("POST", "/run", self._request_body(tool_name, arguments)))
 
     def _request_body(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -2,7 +2,8 @@
 //!
 //! [`generate_package`] writes `root_dir/<server>/__init__.py` (the server's `runner`) and one
 //! module per tool with `Params`, `Result` (if the tool has an outputSchema), named classes for
-//! nested objects and enums, and `run()`. The conversion rules and their limits are in
+//! nested objects and enums, and `run()` — a plain function, or with [`ApiStyle::Async`] an
+//! `async def` the kernel awaits. The conversion rules and their limits are in
 //! `docs/apigen.md`. This module does not talk to MCP servers (the caller lists the tools) and
 //! does not run Python; the generated code calls the host through `ipybox_runtime`.
 //!
@@ -18,6 +19,18 @@ mod schema;
 pub use pyliteral::{py_literal, py_str};
 
 use std::path::{Path, PathBuf};
+
+/// The shape of the generated `run()` functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ApiStyle {
+    /// `def run(params) -> Result`: blocks until the tool call returns.
+    #[default]
+    Sync,
+    /// `async def run(params) -> Result`: awaited in the kernel (top-level `await` works), so
+    /// many calls can be in flight at once (`asyncio.gather`) without blocking the kernel's
+    /// event loop.
+    Async,
+}
 
 /// One MCP tool as listed by its server.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -83,6 +96,7 @@ pub fn render_package(
     server_name: &str,
     server_params: &serde_json::Value,
     tools: &[ToolSpec],
+    style: ApiStyle,
 ) -> Result<RenderedPackage, ApigenError> {
     naming::check_server_name(server_name).map_err(|reason| ApigenError::InvalidServerName {
         name: server_name.to_string(),
@@ -97,7 +111,7 @@ pub fn render_package(
         .collect();
     files.push((
         "__init__.py".to_string(),
-        render::render_init(server_name, server_params, &index)?,
+        render::render_init(server_name, server_params, &index, style)?,
     ));
     for (tool, module) in tools.iter().zip(&modules) {
         let model =
@@ -107,15 +121,20 @@ pub fn render_package(
                     tool: tool.name.clone(),
                     message,
                 })?;
-        let src =
-            render::render_module(server_name, &tool.name, tool.description.as_deref(), &model)?;
+        let src = render::render_module(
+            server_name,
+            &tool.name,
+            tool.description.as_deref(),
+            &model,
+            style,
+        )?;
         files.push((format!("{module}.py"), src));
     }
     Ok(RenderedPackage { files, modules })
 }
 
-/// Writes `root_dir/<server_name>/__init__.py` and one module per tool; returns the module
-/// names in tool order.
+/// Writes `root_dir/<server_name>/__init__.py` and one module per tool, with `run()` functions
+/// in the given `style`; returns the module names in tool order.
 ///
 /// The package is written to a temporary directory inside `root_dir` and swapped in, so a
 /// failed run leaves any previous package untouched. `root_dir` is created if missing and gets
@@ -126,8 +145,10 @@ pub fn generate_package(
     server_params: &serde_json::Value,
     tools: &[ToolSpec],
     root_dir: &Path,
+    style: ApiStyle,
 ) -> Result<Vec<String>, ApigenError> {
-    let RenderedPackage { files, modules } = render_package(server_name, server_params, tools)?;
+    let RenderedPackage { files, modules } =
+        render_package(server_name, server_params, tools, style)?;
     std::fs::create_dir_all(root_dir).map_err(io_err(root_dir))?;
     let root_init = root_dir.join("__init__.py");
     if !root_init.exists() {

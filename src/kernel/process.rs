@@ -25,7 +25,8 @@ use super::completion::Completion;
 use super::{KernelConfig, KernelError};
 use crate::child_process::{StderrTail, own_group, signal_group};
 
-/// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), then the kernel app.
+/// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), two ipykernel patches
+/// (output flushing; interrupts that reach a cell waiting in `await`), then the kernel app.
 const LAUNCHER: &str = r#"import os, sys, threading
 def _ipybox_watch_parent():
     try:
@@ -59,6 +60,27 @@ def _ipybox_flush_if_pending(self):
     return _ipybox_flush(self)
 _ios.OutStream._flush = _ipybox_send_marked
 _ios.OutStream.flush = _ipybox_flush_if_pending
+import asyncio as _aio, contextlib as _ctx, signal as _sig
+from ipykernel import ipkernel as _ipk
+_ipybox_cancel_on_sigint = getattr(_ipk.IPythonKernel, "_cancel_on_sigint", None)
+@_ctx.contextmanager
+def _ipybox_cancel_on_sigint_woken(self, future):
+    # An awaited cell is cancelled by a SIGINT handler that runs only when the main thread runs
+    # Python; the signal may reach another thread while the event loop sleeps (on `await
+    # asyncio.sleep` or a pending tool call), so the interrupt waited for the loop's next event.
+    # The loop's self-pipe as signal wakeup fd wakes it at once.
+    with _ipybox_cancel_on_sigint(self, future):
+        try:
+            old = _sig.set_wakeup_fd(_aio.get_running_loop()._csock.fileno(), warn_on_full_buffer=False)
+        except Exception:
+            old = None
+        try:
+            yield
+        finally:
+            if old is not None:
+                _sig.set_wakeup_fd(old)
+if _ipybox_cancel_on_sigint is not None:
+    _ipk.IPythonKernel._cancel_on_sigint = _ipybox_cancel_on_sigint_woken
 from ipykernel import kernelapp
 kernelapp.launch_new_instance()
 "#;

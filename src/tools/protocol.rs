@@ -7,8 +7,9 @@
 //! - `PUT /reset` -> [`ResetReply`] (closes all MCP sessions);
 //! - `GET /status` -> [`StatusReply`].
 //!
-//! Both sides are checked against each other by a round-trip test (below) that runs the Python
-//! runtime on replies serialized here and parses the requests it builds.
+//! Both sides are checked against each other by round-trip tests (below) that run the Python
+//! runtime on replies serialized here and parse the requests it builds, also over a Unix socket
+//! through both of its call paths (`ToolRunner.run` and `ToolRunner.run_async`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -91,11 +92,17 @@ mod tests {
 
     /// Runs `script` with `python3` and the repository's `python/` on `sys.path`; returns stdout.
     fn python(script: &str, stdin: &str) -> String {
+        python_with(script, stdin, &[])
+    }
+
+    /// [`python`] with extra environment variables.
+    fn python_with(script: &str, stdin: &str, env: &[(&str, &str)]) -> String {
         use std::io::Write;
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
         let mut child = std::process::Command::new("python3")
             .args(["-c", script])
             .env("PYTHONPATH", dir)
+            .envs(env.iter().copied())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -116,9 +123,8 @@ mod tests {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    #[test]
-    fn replies_round_trip_through_the_python_runtime() {
-        let replies = [
+    fn sample_replies() -> [RunReply; 6] {
+        [
             RunReply::Done {
                 structured: Some(json!({"result": 5})),
                 text: "5".into(),
@@ -131,7 +137,22 @@ mod tests {
             RunReply::error(ErrorKind::Rejected, "rejected by the application"),
             RunReply::error(ErrorKind::ApprovalTimeout, "not approved within 1 s"),
             RunReply::error(ErrorKind::BadRequest, "invalid /run request"),
-        ];
+        ]
+    }
+
+    /// What the runtime makes of [`sample_replies`], in order.
+    const SAMPLE_OUTCOMES: [&str; 6] = [
+        "value {\"result\": 5}",
+        "value \"Hello\"",
+        "ToolError fx.fail failed: it broke",
+        "ApprovalRejected rejected by the application",
+        "ApprovalTimeout not approved within 1 s",
+        "ToolRunnerError invalid /run request",
+    ];
+
+    #[test]
+    fn replies_round_trip_through_the_python_runtime() {
+        let replies = sample_replies();
         let lines: Vec<String> = replies
             .iter()
             .map(|r| serde_json::to_string(r).unwrap())
@@ -151,15 +172,102 @@ for line in sys.stdin:
         print(type(e).__name__, e)
 "#;
         let out = python(script, &(lines.join("\n") + "\n"));
-        assert_eq!(
-            out,
-            "value {\"result\": 5}\n\
-             value \"Hello\"\n\
-             ToolError fx.fail failed: it broke\n\
-             ApprovalRejected rejected by the application\n\
-             ApprovalTimeout not approved within 1 s\n\
-             ToolRunnerError invalid /run request\n"
-        );
+        assert_eq!(out, SAMPLE_OUTCOMES.join("\n") + "\n");
+    }
+
+    /// Both call paths of the runtime against hyper serving the replies as the tool server does
+    /// (`server::json_response`, 400 for a bad request): the same requests arrive, the same
+    /// values and exceptions come back; the sync path keeps one connection alive, the async
+    /// path opens one per call and reads the reply to the server's close.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn both_call_paths_round_trip_over_the_socket() {
+        use super::super::server::json_response;
+        use hyper::StatusCode;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("tools.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let expected = RunRequest {
+            server_name: "fx".into(),
+            server_params: json!({"command": "python3"}),
+            tool_name: "add".into(),
+            arguments: json!({"a": 2}).as_object().unwrap().clone(),
+        };
+        let served = Arc::new(AtomicUsize::new(0));
+        let connections = Arc::new(AtomicUsize::new(0));
+        let server = {
+            let (served, connections) = (served.clone(), connections.clone());
+            tokio::spawn(async move {
+                loop {
+                    let (stream, _) = listener.accept().await.unwrap();
+                    connections.fetch_add(1, Ordering::SeqCst);
+                    let (served, expected) = (served.clone(), expected.clone());
+                    let service = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            let (served, expected) = (served.clone(), expected.clone());
+                            async move {
+                                use http_body_util::BodyExt;
+                                let body = req.into_body().collect().await.unwrap().to_bytes();
+                                let request: RunRequest = serde_json::from_slice(&body).unwrap();
+                                assert_eq!(request, expected);
+                                // Each reply twice: once per call path.
+                                let reply = sample_replies()
+                                    [served.fetch_add(1, Ordering::SeqCst) / 2]
+                                    .clone();
+                                let status = match &reply {
+                                    RunReply::Failed { error }
+                                        if error.kind == ErrorKind::BadRequest =>
+                                    {
+                                        StatusCode::BAD_REQUEST
+                                    }
+                                    _ => StatusCode::OK,
+                                };
+                                json_response(status, &reply)
+                            }
+                        },
+                    );
+                    tokio::spawn(
+                        hyper::server::conn::http1::Builder::new()
+                            .keep_alive(true)
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+                    );
+                }
+            })
+        };
+        let script = r#"
+import asyncio, json
+import ipybox_runtime as rt
+runner = rt.ToolRunner("fx", {"command": "python3"})
+async def outcome(call):
+    try:
+        value = call()
+        if asyncio.iscoroutine(value):
+            value = await value
+        return "value " + json.dumps(value)
+    except rt.ToolRunnerError as e:
+        return f"{type(e).__name__} {e}"
+async def main():
+    for _ in range(6):
+        print("sync", await outcome(lambda: runner.run("add", {"a": 2})))
+        print("async", await outcome(lambda: runner.run_async("add", {"a": 2})))
+asyncio.run(main())
+"#;
+        let path = socket.to_string_lossy().into_owned();
+        let out = tokio::task::spawn_blocking(move || {
+            python_with(script, "", &[("IPYBOX_TOOL_SOCKET", path.as_str())])
+        })
+        .await
+        .unwrap();
+        server.abort();
+        let expected: String = SAMPLE_OUTCOMES
+            .iter()
+            .map(|o| format!("sync {o}\nasync {o}\n"))
+            .collect();
+        assert_eq!(out, expected);
+        assert_eq!(served.load(Ordering::SeqCst), 12);
+        assert_eq!(connections.load(Ordering::SeqCst), 1 + 6);
     }
 
     #[test]

@@ -143,9 +143,10 @@ impl Drop for ToolServer {
     }
 }
 
-type Reply = Result<Response<Full<Bytes>>, std::convert::Infallible>;
+pub(super) type Reply = Result<Response<Full<Bytes>>, std::convert::Infallible>;
 
-fn json_response(status: StatusCode, body: &impl Serialize) -> Reply {
+/// A JSON body with `status` (also what the protocol's round-trip test serves).
+pub(super) fn json_response(status: StatusCode, body: &impl Serialize) -> Reply {
     // The protocol types serialize infallibly (strings, numbers and JSON values only).
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     let mut response = Response::new(Full::new(Bytes::from(bytes)));

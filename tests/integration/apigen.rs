@@ -3,7 +3,7 @@
 //! atomic swap. Exact generated text is in `apigen_snapshots`; the corpus-wide check is
 //! `apigen_corpus`.
 
-use ipybox::apigen::{ApigenError, ToolSpec, generate_package};
+use ipybox::apigen::{ApiStyle, ApigenError, ToolSpec, generate_package};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,6 +28,7 @@ fn generate(tools: &[ToolSpec]) -> (tempfile::TempDir, PathBuf) {
         &json!({"command": "srv", "env": {"TOKEN": "${TOKEN}"}}),
         tools,
         &root,
+        ApiStyle::Sync,
     )
     .unwrap();
     (tmp, root)
@@ -120,7 +121,7 @@ fn module_names_keywords_digits_collisions() {
         .collect();
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("mcptools");
-    let modules = generate_package("srv", &json!({}), &tools, &root).unwrap();
+    let modules = generate_package("srv", &json!({}), &tools, &root, ApiStyle::Sync).unwrap();
     assert_eq!(
         modules,
         [
@@ -211,7 +212,7 @@ fn injection_attempts_stay_inert() {
     };
     let root = tmp.path().join("mcptools");
     let params = json!({"command": nasty, "args": [nasty], "env": {nasty.clone(): "${X}"}});
-    let modules = generate_package("srv", &params, &[t], &root).unwrap();
+    let modules = generate_package("srv", &params, &[t], &root, ApiStyle::Sync).unwrap();
     assert_eq!(modules.len(), 1);
     let module = &modules[0];
     let code = format!(
@@ -341,6 +342,7 @@ fn invalid_server_name_writes_nothing() {
             &json!({}),
             &[tool("t", json!({"type": "object"}))],
             &root,
+            ApiStyle::Sync,
         )
         .unwrap_err();
         assert!(
@@ -367,6 +369,7 @@ fn failed_generation_leaves_old_package_intact() {
         &json!({}),
         &[tool("a", json!({"type": "object"})), tool("c", json!(42))],
         &root,
+        ApiStyle::Sync,
     )
     .unwrap_err();
     assert!(matches!(err, ApigenError::InvalidSchema { .. }), "{err}");
@@ -379,6 +382,7 @@ fn failed_generation_leaves_old_package_intact() {
         &json!({}),
         &[tool("c", json!({"type": "object"}))],
         &root,
+        ApiStyle::Sync,
     )
     .unwrap();
     assert!(!root.join("srv/a.py").exists() && root.join("srv/c.py").exists());

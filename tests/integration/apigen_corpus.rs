@@ -3,7 +3,7 @@
 //! property-test `Params`/`Result` against the schemas with hypothesis-jsonschema
 //! (`tests/python/apigen_corpus_check.py`). Not a unit test of naming or rendering details.
 
-use ipybox::apigen::{ToolSpec, generate_package};
+use ipybox::apigen::{ApiStyle, ToolSpec, generate_package};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -55,7 +55,7 @@ fn corpus_generates_importable_modules_that_round_trip() {
     let mut manifest = Vec::new();
     for (server, tools) in &corpus {
         let params = json!({"command": "npx", "args": ["-y", format!("{server}-mcp")], "env": {"TOKEN": "${TOKEN}"}});
-        let modules = generate_package(server, &params, tools, &root)
+        let modules = generate_package(server, &params, tools, &root, ApiStyle::Sync)
             .unwrap_or_else(|e| panic!("{server}: {e}"));
         assert_eq!(modules.len(), tools.len());
         for (tool, module) in tools.iter().zip(&modules) {

@@ -1,6 +1,6 @@
 //! Snapshot tests of generated code: the exact text `apigen` writes for a small hand-made schema
-//! and for three servers of the vendored corpus (`tests/corpus/mcp-tools/`), compared file by file
-//! with `tests/snapshots/apigen/<case>/`. No Python runs here; the tests that run generated code
+//! (in both API styles) and for three servers of the vendored corpus (`tests/corpus/mcp-tools/`),
+//! compared file by file with `tests/snapshots/apigen/<case>/`. No Python runs here; the tests that run generated code
 //! are `apigen`, `apigen_corpus` and `tool_calls`.
 //!
 //! After an intended change of the generated code, rewrite the snapshots with
@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use ipybox::apigen::{ToolSpec, generate_package};
+use ipybox::apigen::{ApiStyle, ToolSpec, generate_package};
 use serde_json::{Value, json};
 
 use crate::apigen::tool;
@@ -55,10 +55,10 @@ fn files(dir: &Path) -> BTreeMap<String, String> {
 }
 
 /// Generates `server` from `tools` and compares the package with its snapshot directory.
-fn check(case: &str, server: &str, params: &Value, tools: &[ToolSpec]) {
+fn check(case: &str, server: &str, params: &Value, tools: &[ToolSpec], style: ApiStyle) {
     let tmp = tempfile::tempdir().unwrap();
     let mcptools = tmp.path().join("mcptools");
-    generate_package(server, params, tools, &mcptools).unwrap();
+    generate_package(server, params, tools, &mcptools, style).unwrap();
     let generated = files(&mcptools.join(server));
     let snap_dir: PathBuf = root().join("tests/snapshots/apigen").join(case);
     if std::env::var_os("IPYBOX_UPDATE_SNAPSHOTS").is_some() {
@@ -92,7 +92,30 @@ fn check(case: &str, server: &str, params: &Value, tools: &[ToolSpec]) {
 #[test]
 fn small_schema() {
     let params = json!({"command": "srv", "env": {"TOKEN": "${TOKEN}"}});
-    check("search_repos", "srv", &params, &[search_repos_tool()]);
+    check(
+        "search_repos",
+        "srv",
+        &params,
+        &[search_repos_tool()],
+        ApiStyle::Sync,
+    );
+}
+
+/// The same schema with `async def run` (`await runner.run_async`), next to a text-only tool.
+#[test]
+fn small_schema_async() {
+    let params = json!({"command": "srv", "env": {"TOKEN": "${TOKEN}"}});
+    let sleep = tool(
+        "sleep",
+        json!({"type": "object", "properties": {"seconds": {"type": "number"}}, "required": ["seconds"]}),
+    );
+    check(
+        "search_repos_async",
+        "srv",
+        &params,
+        &[search_repos_tool(), sleep],
+        ApiStyle::Async,
+    );
 }
 
 #[test]
@@ -100,6 +123,6 @@ fn corpus_servers() {
     for server in ["time", "fetch", "sequential_thinking"] {
         let (name, tools) = load_corpus_file(&format!("{server}.json"));
         let params = json!({"command": "uvx", "args": [format!("mcp-server-{name}")]});
-        check(server, &name, &params, &tools);
+        check(server, &name, &params, &tools, ApiStyle::Sync);
     }
 }

@@ -5,7 +5,7 @@
 //! `bash scripts/test.sh`; see [`support::ready`].
 //!
 //! Generated-code snapshots (exact text, no Python) live in `apigen_snapshots`, apart from the
-//! tests that run generated code (`apigen`, `apigen_corpus`, `tool_calls`).
+//! tests that run generated code (`apigen`, `apigen_corpus`, `tool_calls`, `tool_calls_async`).
 
 mod support;
 
@@ -20,3 +20,4 @@ mod mcp_server;
 #[cfg(target_os = "linux")]
 mod sandbox;
 mod tool_calls;
+mod tool_calls_async;

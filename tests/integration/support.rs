@@ -1,7 +1,8 @@
 //! What the integration tests share, written once: where prepared components live and the
 //! skip rule when they are missing ([`require!`]), real MCP servers to start (the Python fixture
-//! `tests/fixtures/mcp_fixture.py` and `@modelcontextprotocol/server-everything`), an executor and
-//! an ipybox MCP-server client to drive, and process checks.
+//! `tests/fixtures/mcp_fixture.py` and `@modelcontextprotocol/server-everything`), registering
+//! them (sync or async API), an executor (and a streamed execution whose approvals a closure
+//! decides) and an ipybox MCP-server client to drive, and process checks.
 //!
 //! Prepared components: `target/test-env/` (`scripts/test-env.sh`) and
 //! `target/sandbox-deps/` (`scripts/sandbox-deps.sh`). Under plain `cargo test` a test that needs
@@ -15,7 +16,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ipybox::CodeExecutor;
-use ipybox::tools::{McpSession, ServerParams, tool_output};
+use ipybox::apigen::ApiStyle;
+use ipybox::executor::{ExecutionEvent, ExecutorError};
+use ipybox::tools::{DEFAULT_CONNECT_TIMEOUT, McpSession, ServerParams, tool_output};
 use rmcp::model::CallToolResult;
 use serde_json::{Map, Value, json};
 
@@ -240,12 +243,73 @@ pub(crate) async fn executor(ws: &Path) -> CodeExecutor {
     ex
 }
 
+/// Generates `ws/mcptools/<name>/` (`run()` in `style`) from the server at `params`; returns the
+/// module names.
+pub(crate) async fn register_styled(
+    ws: &Path,
+    name: &str,
+    params: &Value,
+    style: ApiStyle,
+) -> Vec<String> {
+    ipybox::generate_mcp_sources_with(
+        name,
+        params,
+        &ws.join("mcptools"),
+        &process_env(),
+        DEFAULT_CONNECT_TIMEOUT,
+        style,
+    )
+    .await
+    .expect("registration")
+}
+
+/// [`register_styled`] with the default (synchronous) `run()`.
+pub(crate) async fn register(ws: &Path, name: &str, params: &Value) -> Vec<String> {
+    register_styled(ws, name, params, ApiStyle::Sync).await
+}
+
 /// Runs `code` (60 s timeout) and returns its text; panics with the output when it fails.
 pub(crate) async fn run(ex: &CodeExecutor, code: &str) -> String {
     match ex.execute(code, Some(Duration::from_secs(60))).await {
         Ok(r) => r.text,
         Err(e) => panic!("code failed: {e}\noutput: {}", e.output()),
     }
+}
+
+/// Runs `code` with `stream()`, answering approval requests with `decide` (or not at all).
+pub(crate) async fn stream_with(
+    ex: &CodeExecutor,
+    code: &str,
+    timeout: Option<Duration>,
+    decide: impl Fn(&str) -> Option<(bool, Duration)>,
+) -> (Vec<String>, Result<String, ExecutorError>) {
+    let mut execution = ex.stream(code, timeout);
+    let mut asked = Vec::new();
+    let mut held = Vec::new();
+    while let Some(ev) = execution.next().await {
+        match ev {
+            ExecutionEvent::Approval(request) => {
+                let described = request.describe();
+                asked.push(described.clone());
+                match decide(&described) {
+                    Some((accept, delay)) => {
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            if accept {
+                                request.accept()
+                            } else {
+                                request.reject()
+                            }
+                        });
+                    }
+                    None => held.push(request), // never answered
+                }
+            }
+            ExecutionEvent::Result(r) => return (asked, r.map(|o| o.text)),
+            _ => {}
+        }
+    }
+    unreachable!("stream ends with a result")
 }
 
 /// A JSON object as tool-call arguments.

@@ -10,12 +10,6 @@ use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::kernel::KernelError;
 use serde_json::{Value, json};
 
-async fn register(ws: &Path, name: &str, params: &Value) -> Vec<String> {
-    ipybox::generate_mcp_sources(name, params, &ws.join("mcptools"))
-        .await
-        .expect("registration")
-}
-
 fn schema_server() -> Value {
     json!({"command": python(), "args": [root().join("tests/fixtures/schema_server.py")]})
 }
@@ -187,42 +181,6 @@ async fn everything_over_streamable_http() {
     require!(TestEnv);
     let server = start_everything("streamableHttp");
     everything_roundtrip(json!({"url": server.url("/mcp")})).await;
-}
-
-/// Runs `code` with `stream()`, answering approval requests with `decide` (or not at all).
-async fn stream_with(
-    ex: &CodeExecutor,
-    code: &str,
-    timeout: Option<Duration>,
-    decide: impl Fn(&str) -> Option<(bool, Duration)>,
-) -> (Vec<String>, Result<String, ExecutorError>) {
-    let mut execution = ex.stream(code, timeout);
-    let mut asked = Vec::new();
-    let mut held = Vec::new();
-    while let Some(ev) = execution.next().await {
-        match ev {
-            ExecutionEvent::Approval(request) => {
-                let described = request.describe();
-                asked.push(described.clone());
-                match decide(&described) {
-                    Some((accept, delay)) => {
-                        tokio::spawn(async move {
-                            tokio::time::sleep(delay).await;
-                            if accept {
-                                request.accept()
-                            } else {
-                                request.reject()
-                            }
-                        });
-                    }
-                    None => held.push(request), // never answered
-                }
-            }
-            ExecutionEvent::Result(r) => return (asked, r.map(|o| o.text)),
-            _ => {}
-        }
-    }
-    unreachable!("stream ends with a result")
 }
 
 #[tokio::test(flavor = "multi_thread")]
