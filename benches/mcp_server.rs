@@ -219,6 +219,30 @@ fn main() {
         ex.start().await.unwrap();
         let code = "import time, statistics\nfrom mcptools.fx import add\nfor _ in range(20): add.run(add.Params(a=1, b=2))\nts = []\nfor _ in range(200):\n    t = time.perf_counter(); add.run(add.Params(a=1, b=2)); ts.append(time.perf_counter() - t)\nprint(statistics.median(ts) * 1000)";
         let call_ms: f64 = ex.execute(code, None).await.unwrap().text.parse().unwrap();
+        // The same call as a whole cell, from the host: accepted automatically (execute) and
+        // through an approval request answered at once (stream).
+        let cell = "print(add.run(add.Params(a=1, b=2)).sum)";
+        let mut auto = Vec::new();
+        let mut asked = Vec::new();
+        for i in 0..60 {
+            let t = Instant::now();
+            assert_eq!(ex.execute(cell, None).await.unwrap().text, "3");
+            if i >= 10 {
+                auto.push(t.elapsed());
+            }
+            let t = Instant::now();
+            let mut run = ex.stream(cell, None);
+            while let Some(event) = run.next().await {
+                match event {
+                    ipybox::executor::ExecutionEvent::Approval(request) => request.accept(),
+                    ipybox::executor::ExecutionEvent::Result(r) => assert_eq!(r.unwrap().text, "3"),
+                    _ => {}
+                }
+            }
+            if i >= 10 {
+                asked.push(t.elapsed());
+            }
+        }
         ex.stop().await;
 
         let col = |f: &Option<ServerFigures>, pick: fn(&ServerFigures) -> String| {
@@ -261,6 +285,14 @@ fn main() {
         );
         println!(
             "| warm tool call round trip from kernel code (median of 200) | {call_ms:.2} ms | <= 3 ms |"
+        );
+        println!(
+            "| cell with one tool call, accepted automatically (`execute`, median of 50) | {} | - |",
+            ms(median(auto))
+        );
+        println!(
+            "| cell with one tool call, approval request accepted at once (`stream`, median of 50) | {} | <= 5 ms |",
+            ms(median(asked))
         );
     });
 }

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Offline checks of the Claude Code bundle (.claude-plugin/marketplace.json, plugins/, skills/)
+# Checks of the Claude Code bundle (.claude-plugin/marketplace.json, plugins/, skills/)
 # with a pinned Claude Code, in a throwaway HOME: no login, no network beyond the npm registry
-# (only to install Claude Code and Node 22 under target/plugin-check/ the first time).
+# (only to install Claude Code and Node 22 under target/plugin-check/ the first time) and PyPI
+# (uvx fetches the wheel's dependencies into target/uv-cache/ when they are not there yet).
 #
-#   1. `claude plugin validate --strict` on the marketplace, each plugin and the skill plugin
+#   1. `claude plugin validate --strict` on the marketplace, each plugin and the skill plugin;
+#      every plugin's version is the ipybox-rs package version (the launcher runs
+#      `uvx --from ipybox-rs==<plugin version>`)
 #   2. `claude plugin marketplace add ./`, then install codeact-default, codeact-sandbox and
 #      codeact-docker one at a time: the skill arrives with each (dependency `codeact`) and
 #      `claude mcp list` shows the plugin's ipybox server `✔ Connected`, started by the plugin
@@ -11,9 +14,12 @@
 #      for a local checkout (target/{release,debug}/ipybox; this script runs `cargo build`).
 #      codeact-docker runs the real image (scripts/docker-check.sh builds it) with Docker or
 #      podman; without the image it is skipped, or fails under IPYBOX_TEST_STRICT=1.
-#   3. Install from git (a local clone served over HTTP on 127.0.0.1): the launcher is copied
-#      into the plugin cache, finds `ipybox` on PATH, and without one fails with the `cargo
-#      install` command to run.
+#   3. Install from git (a local clone served over HTTP on 127.0.0.1; no checkout, so no
+#      target/ for the launcher to fall back to): the launcher is copied into the plugin cache;
+#      without `ipybox` and without uv it fails with the install commands (uv, pip, cargo);
+#      with uvx (on PATH, or in ~/.local/bin) it runs the ipybox-rs wheel from a local directory
+#      (`--find-links` through IPYBOX_UVX_ARGS, or UV_FIND_LINKS) and connects; with `ipybox`
+#      on PATH it runs that. The wheel: $IPYBOX_WHEEL, else scripts/build-wheel.sh builds it.
 # Prints each check; exits non-zero if any fails.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -52,13 +58,16 @@ cargo build -q --bin ipybox || { echo "plugin-check: cargo build failed" >&2; ex
 kernel_python=$("$root/target/debug/ipybox" setup | sed -n 's/^python: \([^ ]*\).*/\1/p')
 [ -x "$kernel_python" ] || { echo "plugin-check: ipybox setup did not report a python" >&2; exit 1; }
 
-# A PATH with Node 22 first and no directory that holds an `ipybox` (the checks decide where
-# the binary comes from).
+# A PATH with Node 22 first and no directory that holds an `ipybox` or uv's `uvx` (the checks
+# decide where the binary comes from, and whether uvx is there).
 clean_path="$bin_dir"
 IFS=: read -r -a path_dirs <<<"$PATH"
 for d in "${path_dirs[@]}"; do
-  [ -n "$d" ] && [ ! -x "$d/ipybox" ] && clean_path="$clean_path:$d"
+  [ -n "$d" ] && [ ! -x "$d/ipybox" ] && [ ! -x "$d/uvx" ] && clean_path="$clean_path:$d"
 done
+# uvx's cache (the wheel's dependencies, its environments) stays under target/, shared with
+# scripts/wheel-check.sh, so only the first run downloads.
+export UV_CACHE_DIR="$root/target/uv-cache"
 
 work=$(mktemp -d "$dir/run.XXXXXX")
 server_pids=()
@@ -69,12 +78,19 @@ cleanup() {
 trap cleanup EXIT
 
 # claude [ARGS...] in the throwaway HOME: no credentials, no updater, no telemetry.
+# EXTRA_PATH=DIRS goes before the clean PATH; UVX_ARGS=... becomes the launcher's
+# IPYBOX_UVX_ARGS; OWN_PYTHON=1 leaves IPYBOX_PYTHON unset (the wheel's `ipybox` then runs the
+# kernel on its own interpreter, as for a user), else the kernel runs on this checkout's.
 run_claude() {
+  local kernel_env=("IPYBOX_PYTHON=$kernel_python")
+  [ -n "${OWN_PYTHON:-}" ] && kernel_env=()
   env -u ANTHROPIC_API_KEY -u ANTHROPIC_AUTH_TOKEN -u CLAUDE_CODE_OAUTH_TOKEN \
-    -u CLAUDE_CONFIG_DIR -u XDG_CONFIG_HOME -u CARGO_HOME -u IPYBOX_BIN \
+    -u CLAUDE_CONFIG_DIR -u XDG_CONFIG_HOME -u XDG_BIN_HOME -u CARGO_HOME -u IPYBOX_BIN \
+    -u IPYBOX_PYTHON -u IPYBOX_UVX_ARGS \
     HOME="$HOME_DIR" PATH="${EXTRA_PATH:+$EXTRA_PATH:}$clean_path" \
     DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 \
-    DISABLE_ERROR_REPORTING=1 IPYBOX_PYTHON="$kernel_python" \
+    DISABLE_ERROR_REPORTING=1 "${kernel_env[@]}" \
+    ${UVX_ARGS:+"IPYBOX_UVX_ARGS=$UVX_ARGS"} \
     IPYBOX_LAUNCH_LOG="$work/launch.log" \
     timeout "$TIMEOUT" "$claude_bin" "$@" </dev/null 2>&1
 }
@@ -88,12 +104,15 @@ expect_ok() {
 }
 
 # expect_connected PLUGIN PROJECT: `claude mcp list` in PROJECT shows the plugin's server
-# connected (and no other plugin's ipybox server); prints the launch command it ran.
+# connected (and no other plugin's ipybox server); prints the launch command it ran and how
+# long `claude mcp list` took.
 expect_connected() {
-  local plugin=$1 project=$2 out line
+  local plugin=$1 project=$2 out line start
   check "claude mcp list: plugin:$plugin:ipybox ✔ Connected"
   : >"$work/launch.log"
+  start=$EPOCHREALTIME
   out=$(cd "$project" && run_claude mcp list)
+  mcp_list_seconds=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   line=$(grep "^plugin:$plugin:ipybox:" <<<"$out")
   if grep -q "✔ Connected" <<<"$line" && [ "$(grep -c '^plugin:.*:ipybox:' <<<"$out")" = 1 ]; then
     ok
@@ -101,6 +120,7 @@ expect_connected() {
     fail "$out" "launcher ran: $(cat "$work/launch.log")"
   fi
   echo "    launcher ran: $(head -n 1 "$work/launch.log")"
+  echo "    claude mcp list took ${mcp_list_seconds}s"
 }
 
 # expect_launch TEXT: the launcher's last command contains TEXT.
@@ -109,12 +129,36 @@ expect_launch() {
   if grep -qF -- "$1" "$work/launch.log"; then ok; else fail "$(cat "$work/launch.log")"; fi
 }
 
+# expect_launched COMMAND: the launcher ran exactly COMMAND (the launch log's only line).
+expect_launched() {
+  check "launcher ran exactly: $1"
+  if [ "$(cat "$work/launch.log")" = "$1" ]; then ok; else fail "it ran: $(cat "$work/launch.log")"; fi
+}
+
 # --- 1. validation ----------------------------------------------------------------------------
 HOME_DIR="$work/home"
 mkdir -p "$HOME_DIR"
 for target in . plugins/codeact-default plugins/codeact-sandbox plugins/codeact-docker skills; do
   expect_ok "claude plugin validate --strict $target" plugin validate --strict "$target"
 done
+
+# The launcher pins the package to its plugin's version (uvx --from ipybox-rs==<version>), so a
+# plugin version without the same ipybox-rs release would not start.
+package_version=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' crates/ipybox-py/pyproject.toml)
+check "plugin versions = ipybox-rs version ($package_version, crates/ipybox-py/pyproject.toml)"
+mismatch=$(python3 - "$package_version" <<'EOF'
+import json, sys
+want = sys.argv[1]
+market = {p["name"]: p.get("version") for p in json.load(open(".claude-plugin/marketplace.json"))["plugins"]}
+for name in ("codeact-default", "codeact-sandbox", "codeact-docker"):
+    have = json.load(open(f"plugins/{name}/.claude-plugin/plugin.json")).get("version")
+    if have != want:
+        print(f"plugins/{name}/.claude-plugin/plugin.json: version {have!r}, want {want!r}")
+    if market.get(name) != want:
+        print(f".claude-plugin/marketplace.json, plugin {name}: version {market.get(name)!r}, want {want!r}")
+EOF
+)
+if [ -z "$mismatch" ]; then ok; else fail "$mismatch" "bump them together (the launcher runs ipybox-rs==<plugin version>)"; fi
 
 check "the three plugins share one launcher (plugins/shared/ipybox-mcp)"
 launchers_ok=1
@@ -223,11 +267,68 @@ EOF
   check "git: the launcher is a file in the plugin cache (symlink dereferenced)"
   if [ -f "$launcher" ] && [ ! -L "$launcher" ]; then ok; else fail "found: ${launcher:-nothing}"; fi
 
-  check "git: without an ipybox on PATH the launcher fails with the cargo install command"
-  msg=$(cd "$project" && env -u CARGO_HOME -u IPYBOX_BIN HOME="$HOME_DIR" PATH="$clean_path" \
+  check "git: without ipybox and without uvx the launcher exits 127 with the install commands"
+  : >"$work/launch.log"
+  msg=$(cd "$project" && env -u CARGO_HOME -u XDG_BIN_HOME -u IPYBOX_BIN -u IPYBOX_UVX_ARGS \
+    HOME="$HOME_DIR" PATH="$clean_path" IPYBOX_LAUNCH_LOG="$work/launch.log" \
     sh "$launcher" </dev/null 2>&1)
   code=$?
-  if [ $code = 127 ] && grep -qF "cargo install --git $url ipybox" <<<"$msg"; then ok; else fail "exit $code" "$msg"; fi
+  missing=""
+  for want in "uvx --from ipybox-rs==$package_version ipybox" "uv tool install ipybox-rs" \
+    "pip install ipybox-rs" "cargo install --git $url ipybox"; do
+    grep -qF -- "$want" <<<"$msg" || missing="$missing${missing:+; }$want"
+  done
+  if [ $code = 127 ] && [ -z "$missing" ] && [ ! -s "$work/launch.log" ]; then
+    ok
+  else
+    fail "exit $code (want 127)${missing:+, message lacks: $missing}, launched: $(cat "$work/launch.log")" "$msg"
+  fi
+
+  # The uvx route: no ipybox anywhere (no checkout either: the plugin runs from Claude Code's
+  # cache), uvx available, the ipybox-rs wheel in a local directory, its dependencies from PyPI.
+  uvx_real=$(command -v uvx || true)
+  for d in "$HOME/.local/bin" "${CARGO_HOME:-$HOME/.cargo}/bin"; do
+    [ -z "$uvx_real" ] && [ -x "$d/uvx" ] && uvx_real="$d/uvx"
+  done
+  wheel=""
+  check "git/uvx: uv and the ipybox-rs $package_version wheel are at hand"
+  if [ -z "$uvx_real" ]; then
+    fail "no uvx on PATH, in ~/.local/bin or ~/.cargo/bin: install uv (python3 -m pip install --user uv, or https://docs.astral.sh/uv/getting-started/installation/)"
+  else
+    if [ -n "${IPYBOX_WHEEL:-}" ]; then
+      wheel=$IPYBOX_WHEEL
+    else
+      echo "plugin-check: IPYBOX_WHEEL is not set; building the wheel with scripts/build-wheel.sh (minutes)" >&2
+      wheel=$(PATH="$(dirname "$uvx_real"):$PATH" bash scripts/build-wheel.sh | tail -n 1)
+    fi
+    case $(basename "$wheel") in
+      "ipybox_rs-$package_version-"*.whl) [ -f "$wheel" ] && ok || { fail "no such file: $wheel"; wheel=""; } ;;
+      *) fail "IPYBOX_WHEEL=$wheel is not an ipybox_rs-$package_version-*.whl: build one with scripts/build-wheel.sh"; wheel="" ;;
+    esac
+  fi
+  if [ -n "$wheel" ]; then
+    # A new directory each run: uv reuses the environment it built for a package version from a
+    # --find-links location even after the wheel there changed.
+    wheel_dir="$work/wheelhouse"
+    uv_bin="$work/uv-bin"
+    mkdir -p "$wheel_dir" "$uv_bin"
+    cp "$wheel" "$wheel_dir/"
+    ln -s "$uvx_real" "$uv_bin/uvx"
+    echo "    wheel: $wheel; uvx: $uvx_real ($("$uvx_real" --version 2>/dev/null)); UV_CACHE_DIR=$UV_CACHE_DIR"
+
+    # uvx on PATH, the wheel's directory through IPYBOX_UVX_ARGS.
+    OWN_PYTHON=1 EXTRA_PATH="$uv_bin" UVX_ARGS="--find-links $wheel_dir" \
+      expect_connected codeact-default "$project"
+    expect_launched "$uv_bin/uvx --find-links $wheel_dir --from ipybox-rs==$package_version ipybox --workspace $project"
+
+    # uvx only in ~/.local/bin (a client started without it on PATH), the wheel's directory
+    # through uv's own UV_FIND_LINKS.
+    mkdir -p "$HOME_DIR/.local/bin"
+    ln -s "$uvx_real" "$HOME_DIR/.local/bin/uvx"
+    OWN_PYTHON=1 UV_FIND_LINKS="$wheel_dir" expect_connected codeact-default "$project"
+    expect_launched "$HOME_DIR/.local/bin/uvx --from ipybox-rs==$package_version ipybox --workspace $project"
+    rm -f "$HOME_DIR/.local/bin/uvx"
+  fi
 
   path_bin="$work/path-bin"
   mkdir -p "$path_bin"

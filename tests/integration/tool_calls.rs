@@ -246,10 +246,20 @@ async fn waiting_for_approval_does_not_count_against_the_timeout() {
         .approval_timeout(Duration::from_secs(10))
         .build();
     ex.start().await.unwrap();
+    // Warm up (import the generated module, start the fixture server) without a timeout, so the
+    // timed execution below does nothing slow but wait for its approval.
+    let (_, warm) = stream_with(
+        &ex,
+        "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='warm')))",
+        None,
+        |_| Some((true, Duration::ZERO)),
+    )
+    .await;
+    assert_eq!(warm.unwrap(), "Hello, warm!");
     let start = Instant::now();
     let (asked, out) = stream_with(
         &ex,
-        "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='patient')))",
+        "print(greet.run(greet.Params(name='patient')))",
         Some(Duration::from_secs(2)),
         |_| Some((true, Duration::from_secs(3))),
     )

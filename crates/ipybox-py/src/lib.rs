@@ -19,6 +19,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use ipybox::CodeExecutor;
+use ipybox::apigen::ApiStyle;
 use ipybox::executor::{Canceller, Execution, ExecutionEvent, ExecutorError};
 use ipybox::kernel::KernelError;
 use ipybox::sandbox::SandboxOptions;
@@ -113,9 +114,16 @@ impl Executor {
     }
 
     /// Starts an execution; `auto_accept` accepts its tool calls here, without a round trip
-    /// through Python.
-    #[pyo3(signature = (code, timeout, auto_accept))]
-    fn stream(&self, code: &str, timeout: Option<f64>, auto_accept: bool) -> PyResult<Stream> {
+    /// through Python; without `chunks` output arrives only with the result (one hop fewer per
+    /// chunk).
+    #[pyo3(signature = (code, timeout, auto_accept, chunks))]
+    fn stream(
+        &self,
+        code: &str,
+        timeout: Option<f64>,
+        auto_accept: bool,
+        chunks: bool,
+    ) -> PyResult<Stream> {
         let timeout = timeout.map(|t| secs(t, "timeout")).transpose()?;
         let _runtime = pyo3_async_runtimes::tokio::get_runtime().enter();
         let execution = self.inner.stream(code, timeout);
@@ -123,6 +131,7 @@ impl Executor {
             canceller: execution.canceller(),
             execution: Arc::new(tokio::sync::Mutex::new(execution)),
             auto_accept,
+            chunks,
         })
     }
 
@@ -133,7 +142,7 @@ impl Executor {
 }
 
 /// The items of one execution, as tuples:
-/// `("chunk", text)`, `("image", path)`, `("approval", Approval)`, `("result", text, [paths])`,
+/// `("chunk", text)`, `("image", path)` (only when asked for), `("approval", Approval)`, `("result", text, [paths])`,
 /// `("cancelled",)`, `("error", kind, message, output)` with kind `failed`, `timeout`, `died`,
 /// `stopped` or `other`.
 #[pyclass(frozen, module = "ipybox._ipybox")]
@@ -141,6 +150,7 @@ struct Stream {
     execution: Arc<tokio::sync::Mutex<Execution>>,
     canceller: Canceller,
     auto_accept: bool,
+    chunks: bool,
 }
 
 enum Item {
@@ -157,13 +167,15 @@ impl Stream {
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let execution = self.execution.clone();
         let auto_accept = self.auto_accept;
+        let chunks = self.chunks;
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let item = {
                 let mut execution = execution.lock().await;
                 loop {
                     match execution.next().await {
-                        Some(ExecutionEvent::Chunk(text)) => break Item::Chunk(text),
-                        Some(ExecutionEvent::Image(path)) => break Item::Image(path),
+                        Some(ExecutionEvent::Chunk(text)) if chunks => break Item::Chunk(text),
+                        Some(ExecutionEvent::Image(path)) if chunks => break Item::Image(path),
+                        Some(ExecutionEvent::Chunk(_) | ExecutionEvent::Image(_)) => {}
                         Some(ExecutionEvent::Approval(request)) if auto_accept => request.accept(),
                         Some(ExecutionEvent::Approval(request)) => break Item::Approval(request),
                         Some(ExecutionEvent::Result(result)) => break Item::Done(result),
@@ -269,15 +281,24 @@ fn generate_mcp_sources<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let params: serde_json::Value = serde_json::from_str(params)
         .map_err(|e| PyValueError::new_err(format!("server_params is not JSON: {e}")))?;
-    if async_api {
-        return Err(PyValueError::new_err(
-            "async_api=True is not available in this build",
-        ));
-    }
+    let style = if async_api {
+        ApiStyle::Async
+    } else {
+        ApiStyle::Sync
+    };
+    // `${VAR}` placeholders resolve from the environment as it is now (os.environ included).
+    let env = ipybox::host_env::HostEnv::from_process().vars().clone();
     pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        ipybox::generate_mcp_sources(&server_name, &params, &root_dir)
-            .await
-            .map_err(runtime_error)
+        ipybox::generate_mcp_sources_with(
+            &server_name,
+            &params,
+            &root_dir,
+            &env,
+            ipybox::tools::DEFAULT_CONNECT_TIMEOUT,
+            style,
+        )
+        .await
+        .map_err(runtime_error)
     })
 }
 

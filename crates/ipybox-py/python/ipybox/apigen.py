@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ipybox import _ipybox
+from ipybox import _exit, _ipybox
 
 
 async def generate_mcp_sources(
@@ -33,6 +33,7 @@ async def generate_mcp_sources(
     Returns:
         The module names, one per tool (sanitized tool names).
     """
+    _exit.arm()
     return await _ipybox.generate_mcp_sources(
         server_name, json.dumps(server_params), str(root_dir), async_api
     )

@@ -1,15 +1,15 @@
 """`CodeExecutor`: stateful Python execution in an IPython kernel, with MCP tool calls approved
 by the application. The Python face of the Rust library's executor (`ipybox._ipybox`)."""
 
-import asyncio
 import json
 import os
 import sys
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
 
-from ipybox import _ipybox
+from ipybox import _exit, _ipybox
 from ipybox._approval import ApprovalRequest
 
 _LOG_LEVELS = {
@@ -176,6 +176,7 @@ class CodeExecutor:
         """Start the executor: launch the kernel (and a warm spare for `reset()`)."""
         if self._rs is not None:
             return
+        _exit.arm()
         working_dir = self.working_dir or Path(os.getcwd())
         images_dir = Path(self.images_dir) if self.images_dir is not None else Path("images")
         rs = _ipybox.Executor(
@@ -239,19 +240,8 @@ class CodeExecutor:
             CodeExecutionTimeout: The timeout passed (also a `TimeoutError`, i.e.
                 `asyncio.TimeoutError`).
         """
-        rs = self._executor().stream(code, timeout, not self.approve_tool_calls)
-        self._current = rs
-        finished = False
-        try:
-            while True:
-                try:
-                    item = await rs.next()
-                except asyncio.CancelledError:
-                    rs.cancel()
-                    raise
-                if item is None:
-                    finished = True
-                    return
+        async with aclosing(self._items(code, timeout, not self.approve_tool_calls, chunks)) as items:
+            async for item in items:
                 kind = item[0]
                 if kind == "chunk":
                     if chunks:
@@ -259,22 +249,9 @@ class CodeExecutor:
                 elif kind == "approval":
                     yield _approval_request(item[1])
                 elif kind == "result":
-                    finished = True
-                    yield CodeExecutionResult(text=item[1] or None, images=[Path(p) for p in item[2]])
-                    return
-                elif kind == "cancelled":
-                    finished = True
-                    return
+                    yield _result(item)
                 elif kind == "error":
-                    finished = True
                     raise _error(item, timeout)
-        finally:
-            if self._current is rs:
-                self._current = None
-            if not finished:
-                # The consumer left early (break, aclose, task cancelled): don't let the cell run
-                # on behind the next execution.
-                rs.cancel()
 
     async def execute(self, code: str, timeout: float | None = None) -> CodeExecutionResult:
         """Execute Python code, accepting all of its MCP tool calls.
@@ -290,29 +267,45 @@ class CodeExecutor:
             CodeExecutionError: The code raised, a tool failed, or the kernel died.
             CodeExecutionTimeout: The timeout passed (also an `asyncio.TimeoutError`).
         """
-        rs = self._executor().stream(code, timeout, True)
-        self._current = rs
-        try:
-            while True:
-                try:
-                    item = await rs.next()
-                except asyncio.CancelledError:
-                    rs.cancel()
-                    raise
-                if item is None or item[0] == "cancelled":
-                    return CodeExecutionResult(text=None, images=[])
+        async with aclosing(self._items(code, timeout, True, False)) as items:
+            async for item in items:
                 if item[0] == "result":
-                    return CodeExecutionResult(text=item[1] or None, images=[Path(p) for p in item[2]])
+                    return _result(item)
                 if item[0] == "error":
                     raise _error(item, timeout)
+        return CodeExecutionResult(text=None, images=[])
+
+    async def _items(
+        self, code: str, timeout: float | None, auto_accept: bool, chunks: bool
+    ) -> AsyncIterator[tuple]:
+        """The items of one execution (see `_ipybox.Stream`) up to its last. Leaving early
+        (break, `aclose()`, a cancelled task) interrupts the cell, so it never runs on behind the
+        next execution."""
+        rs = self._executor().stream(code, timeout, auto_accept, chunks)
+        self._current = rs
+        finished = False
+        try:
+            while not finished:
+                item = await rs.next()
+                if item is None:
+                    return
+                finished = item[0] in ("result", "cancelled", "error")
+                yield item
         finally:
             if self._current is rs:
                 self._current = None
+            if not finished:
+                rs.cancel()
 
     def _executor(self) -> "_ipybox.Executor":
         if self._rs is None:
             raise RuntimeError("the code executor is not started: use `async with CodeExecutor()` or call start()")
         return self._rs
+
+
+def _result(item: tuple) -> CodeExecutionResult:
+    """The result of a `("result", text, [paths])` item."""
+    return CodeExecutionResult(text=item[1] or None, images=[Path(p) for p in item[2]])
 
 
 def _error(item: tuple, timeout: float | None) -> CodeExecutionError:
