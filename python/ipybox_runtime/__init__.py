@@ -16,10 +16,12 @@ there runs this module on the replies it serializes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import io
 import json
 import os
+import signal
 import socket
 import threading
 from typing import Any
@@ -194,6 +196,33 @@ async def _request_async(method: str, url: str, body: dict | None = None) -> dic
     return _decode(status, data)
 
 
+_waking = 0
+_saved_wakeup_fd = -1
+
+
+@contextlib.contextmanager
+def _signals_wake_the_loop():
+    """While awaited calls are pending, a signal wakes the event loop (its self-pipe becomes the
+    signal wakeup fd), so an interrupt (a timeout) cancels the awaiting cell at once: ipykernel's
+    SIGINT handler runs only when the main thread runs Python, and the signal may land on another
+    thread while the loop sleeps. The first pending call sets it, the last one restores it."""
+    global _waking, _saved_wakeup_fd
+    if _waking == 0:
+        try:
+            fd = asyncio.get_running_loop()._csock.fileno()  # type: ignore[attr-defined]
+            _saved_wakeup_fd = signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
+        except (AttributeError, OSError, ValueError):  # not the main thread, another loop
+            yield
+            return
+    _waking += 1
+    try:
+        yield
+    finally:
+        _waking -= 1
+        if _waking == 0:
+            signal.set_wakeup_fd(_saved_wakeup_fd)
+
+
 class ToolRunner:
     """Calls the tools of one MCP server through the host.
 
@@ -212,7 +241,8 @@ class ToolRunner:
     async def run_async(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
         """:meth:`run` as a coroutine: waits for the reply without blocking the event loop, so
         several calls can run at once (``asyncio.gather``). Same result, same exceptions."""
-        return _result(await _request_async("POST", "/run", self._request_body(tool_name, arguments)))
+        with _signals_wake_the_loop():
+            return _result(await _request_async("POST", "/run", self._request_body(tool_name, arguments)))
 
     def _request_body(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -348,22 +348,18 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
     Ok(kernel)
 }
 
-/// The one line the kernel runs once it is up (ipykernel's `exec_lines`): the patch that lets
-/// an interrupt reach a cell waiting in top-level `await` (`ipybox_runtime.await_interrupt`),
-/// and, with `restore_cwd`, the working-directory guard. Applied after start-up, so the kernel
-/// app imports in its own order (patching from the launcher cost ~2 ms per execution).
-fn startup_line(config: &KernelConfig) -> String {
-    // __import__ binds no name in the user's namespace.
-    let mut line = String::from("__import__('ipybox_runtime.await_interrupt')");
-    if config.restore_cwd {
-        // A JSON string is a valid Python string literal.
-        let dir = serde_json::to_string(&config.workspace.display().to_string())
-            .unwrap_or_else(|_| "'.'".into());
-        line.push_str(&format!(
-            "; __import__('ipybox_runtime.working_dir', fromlist=['install']).install({dir})"
-        ));
+/// With `restore_cwd`, the line the kernel runs once it is up (ipykernel's `exec_lines`): the
+/// working-directory guard. `__import__` binds no name in the user's namespace.
+fn startup_line(config: &KernelConfig) -> Option<String> {
+    if !config.restore_cwd {
+        return None;
     }
-    line
+    // A JSON string is a valid Python string literal.
+    let dir = serde_json::to_string(&config.workspace.display().to_string())
+        .unwrap_or_else(|_| "'.'".into());
+    Some(format!(
+        "__import__('ipybox_runtime.working_dir', fromlist=['install']).install({dir})"
+    ))
 }
 
 fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Child, KernelError> {
@@ -381,7 +377,9 @@ fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Chil
         "--InteractiveShell.colors=nocolor".to_string(),
         "--InteractiveShell.xmode=Context".to_string(),
     ];
-    argv.push(format!("--IPKernelApp.exec_lines={}", startup_line(config)));
+    if let Some(line) = startup_line(config) {
+        argv.push(format!("--IPKernelApp.exec_lines={line}"));
+    }
     if let Some(wrap) = &config.wrapper {
         argv = (wrap.0)(argv);
     }
