@@ -112,7 +112,9 @@ enum Command {
     },
 }
 
-fn init_logging(level: &str) {
+/// Logs to stderr at `level` for ipybox (`IPYBOX_LOG`, an env-filter directive, overrides);
+/// once per process, later calls do nothing. Also the Python package's logging setup.
+pub(crate) fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IPYBOX_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("ipybox={level},warn")));
     tracing_subscriber::fmt()

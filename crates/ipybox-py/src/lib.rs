@@ -303,16 +303,10 @@ fn generate_mcp_sources<'py>(
 }
 
 /// Logs of the library to stderr at `level` (error, warn, info, debug, trace), once per process;
-/// `IPYBOX_LOG` (an env-filter directive) overrides.
+/// `IPYBOX_LOG` (an env-filter directive) overrides. The CLI's own setup.
 #[pyfunction]
 fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IPYBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("ipybox={level},warn")));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    cli::init_logging(level);
 }
 
 /// Runs the `ipybox` command line with `argv` (program name first) and returns its exit status.
