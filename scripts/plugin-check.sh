@@ -7,10 +7,11 @@
 #   1. `claude plugin validate --strict` on the marketplace, each plugin and the skill plugin;
 #      every plugin's version is the ipybox-rs package version (the launcher runs
 #      `uvx --from ipybox-rs==<plugin version>`)
-#   2. `claude plugin marketplace add ./`, then install codeact-default, codeact-sandbox and
-#      codeact-docker one at a time: the skill arrives with each (dependency `codeact`) and
-#      `claude mcp list` shows the plugin's ipybox server `✔ Connected`, started by the plugin
-#      launcher with the project directory as workspace. The binary is found the documented way
+#   2. `claude plugin marketplace add ./`, then install codeact-default, codeact-ask,
+#      codeact-sandbox and codeact-docker one at a time: the skill arrives with each (dependency
+#      `codeact`) and `claude mcp list` shows the plugin's ipybox server `✔ Connected`, started by
+#      the plugin launcher with the project directory as workspace (codeact-ask: with
+#      `--approve ask --approve-shell` passed on to ipybox). The binary is found the documented way
 #      for a local checkout (target/{release,debug}/ipybox; this script runs `cargo build`).
 #      codeact-docker runs the real image (scripts/docker-check.sh builds it) with Docker or
 #      podman; without the image it is skipped, or fails under IPYBOX_TEST_STRICT=1.
@@ -138,7 +139,7 @@ expect_launched() {
 # --- 1. validation ----------------------------------------------------------------------------
 HOME_DIR="$work/home"
 mkdir -p "$HOME_DIR"
-for target in . plugins/codeact-default plugins/codeact-sandbox plugins/codeact-docker skills; do
+for target in . plugins/codeact-default plugins/codeact-ask plugins/codeact-sandbox plugins/codeact-docker skills; do
   expect_ok "claude plugin validate --strict $target" plugin validate --strict "$target"
 done
 
@@ -150,7 +151,7 @@ mismatch=$(python3 - "$package_version" <<'EOF'
 import json, sys
 want = sys.argv[1]
 market = {p["name"]: p.get("version") for p in json.load(open(".claude-plugin/marketplace.json"))["plugins"]}
-for name in ("codeact-default", "codeact-sandbox", "codeact-docker"):
+for name in ("codeact-default", "codeact-ask", "codeact-sandbox", "codeact-docker"):
     have = json.load(open(f"plugins/{name}/.claude-plugin/plugin.json")).get("version")
     if have != want:
         print(f"plugins/{name}/.claude-plugin/plugin.json: version {have!r}, want {want!r}")
@@ -160,9 +161,9 @@ EOF
 )
 if [ -z "$mismatch" ]; then ok; else fail "$mismatch" "bump them together (the launcher runs ipybox-rs==<plugin version>)"; fi
 
-check "the three plugins share one launcher (plugins/shared/ipybox-mcp)"
+check "the four plugins share one launcher (plugins/shared/ipybox-mcp)"
 launchers_ok=1
-for p in codeact-default codeact-sandbox codeact-docker; do
+for p in codeact-default codeact-ask codeact-sandbox codeact-docker; do
   [ "$(readlink -f "plugins/$p/scripts/ipybox-mcp")" = "$root/plugins/shared/ipybox-mcp" ] || launchers_ok=0
 done
 if [ $launchers_ok = 1 ]; then ok; else fail "plugins/*/scripts/ipybox-mcp must link to ../../shared/ipybox-mcp"; fi
@@ -180,7 +181,7 @@ have_image=0
 "$ENGINE" image inspect "${IPYBOX_DOCKER_IMAGE:-ipybox}" >/dev/null 2>&1 && have_image=1
 
 previous=""
-for plugin in codeact-default codeact-sandbox codeact-docker; do
+for plugin in codeact-default codeact-ask codeact-sandbox codeact-docker; do
   if [ -n "$previous" ]; then
     expect_ok "claude plugin uninstall $previous@ipybox" plugin uninstall "$previous@ipybox"
   fi
@@ -204,6 +205,7 @@ for plugin in codeact-default codeact-sandbox codeact-docker; do
     expect_launch "--workspace $project"
   fi
   [ "$plugin" = codeact-sandbox ] && expect_launch "--sandbox --sandbox-config sandbox-config.json"
+  [ "$plugin" = codeact-ask ] && expect_launch "--workspace $project --approve ask --approve-shell"
   previous=$plugin
 done
 

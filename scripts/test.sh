@@ -5,8 +5,9 @@
 #   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
 #   scripts/docker-check.sh  the ipybox image (Docker, else podman) built and driven by an MCP client
 #   scripts/wheel-check.sh   the ipybox-rs wheel: the Python SDK suite, `uvx --from <wheel> ipybox`
-#   scripts/plugin-check.sh  the Claude Code marketplace and its three plugins, ✔ Connected
+#   scripts/plugin-check.sh  the Claude Code marketplace and its four plugins, ✔ Connected
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
+#   tests/python/mcp_approval_check.py  --approve ask and progress with the Python `mcp` client
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh kernel::` for one module).
 # Plain `cargo test` skips tests whose components are missing (one line each); here nothing is
 # skipped: IPYBOX_TEST_STRICT=1 turns a missing component into a failure.
@@ -25,5 +26,6 @@ export IPYBOX_WHEEL                  # plugin-check.sh runs the launcher's uvx p
 bash scripts/wheel-check.sh
 IPYBOX_TEST_STRICT=1 bash scripts/plugin-check.sh
 bash scripts/smoke-clients.sh
+target/test-env/venv/bin/python tests/python/mcp_approval_check.py target/debug/ipybox  # --approve ask, progress
 # 2 test threads on 2 cores: each test starts real kernels and servers.
 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2

@@ -29,7 +29,9 @@ use tokio::sync::{Mutex, mpsc};
 use crate::apigen::ApiStyle;
 use crate::host_env::HostEnv;
 use crate::kernel::runtime_dir::RuntimeDir;
-use crate::kernel::{ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool};
+use crate::kernel::{
+    ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
+};
 use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::{RegisterError, generate_mcp_sources_with};
@@ -109,7 +111,8 @@ pub enum ExecutionEvent {
     Chunk(String),
     /// An image file written by the execution.
     Image(PathBuf),
-    /// A tool call waiting for [`ApprovalRequest::accept`] or [`ApprovalRequest::reject`].
+    /// A tool call (or, with `approve_shell_cmds`, a shell command) waiting for
+    /// [`ApprovalRequest::accept`] or [`ApprovalRequest::reject`].
     Approval(ApprovalRequest),
     /// The final result; always the last item.
     Result(Result<ExecutionResult, ExecutorError>),
@@ -128,6 +131,8 @@ pub struct CodeExecutorBuilder {
     connect_timeout: Option<Duration>,
     kernel_start_timeout: Option<Duration>,
     restore_working_dir: bool,
+    approve_shell_cmds: bool,
+    require_shell_escape: bool,
     sandbox: Option<SandboxOptions>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
@@ -221,6 +226,30 @@ impl CodeExecutorBuilder {
     /// `working_dir` behaviour). Default: off, a `cd` persists until code changes it again.
     pub fn restore_working_dir(mut self, restore: bool) -> Self {
         self.restore_working_dir = restore;
+        self
+    }
+
+    /// Shell commands need approval like tool calls: every `!cmd`, `!!cmd`, `x = !cmd`, `%sx`,
+    /// shell alias and `%pip`, and every `%%bash` / `%%sh` / `%%script` (and other script-magic)
+    /// cell is an [`ApprovalRequest`] for which [`ApprovalRequest::is_shell_command`] is true:
+    /// server name `ipybox`, tool name `shell` (line commands) or `shell_magic` (cell magics),
+    /// arguments `{"cmd": <the command after variable expansion, or the cell>}` (plus `magic`,
+    /// the magic's line, for cell magics). A rejected command fails the cell with
+    /// `ApprovalRejected` and does not run. [`CodeExecutor::execute`] accepts them all, as it
+    /// does tool calls. Default: off.
+    pub fn approve_shell_cmds(mut self, approve: bool) -> Self {
+        self.approve_shell_cmds = approve;
+        self
+    }
+
+    /// Blocks direct process creation from Python in the kernel (`subprocess`, `os.system`,
+    /// `os.popen`, `os.exec*`, `os.spawn*`, `os.posix_spawn*`, `pty.spawn`) with a
+    /// `PermissionError` that says to use `!cmd`, so shell commands can only run approved.
+    /// Implies [`CodeExecutorBuilder::approve_shell_cmds`]. A guard against accidents inside a
+    /// cooperating interpreter, not a security boundary (that is [`CodeExecutorBuilder::sandbox`]);
+    /// docs/approvals.md lists the known ways around it. Default: off.
+    pub fn require_shell_escape(mut self, require: bool) -> Self {
+        self.require_shell_escape = require;
         self
     }
 
@@ -424,6 +453,13 @@ impl CodeExecutor {
             .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
         config.python_path = vec![python_dir];
         config.restore_cwd = b.restore_working_dir;
+        config.shell_approval = if b.approve_shell_cmds || b.require_shell_escape {
+            ShellApproval::On {
+                require_escape: b.require_shell_escape,
+            }
+        } else {
+            ShellApproval::Off
+        };
         if let Some(timeout) = b.kernel_start_timeout {
             config.start_timeout = timeout;
         }
@@ -567,6 +603,17 @@ impl CodeExecutor {
     /// approval timeout passes). The execution runs to completion even if the stream is dropped
     /// early; its pending and later tool calls are then rejected.
     pub fn stream(&self, code: &str, timeout: Option<Duration>) -> Execution {
+        self.stream_with(code, timeout, true)
+    }
+
+    /// [`CodeExecutor::stream`] whose tool calls (and shell commands) are all accepted, as in
+    /// [`CodeExecutor::execute`]: output chunks and images as they arrive, no
+    /// [`ExecutionEvent::Approval`] items.
+    pub fn stream_accepting(&self, code: &str, timeout: Option<Duration>) -> Execution {
+        self.stream_with(code, timeout, false)
+    }
+
+    fn stream_with(&self, code: &str, timeout: Option<Duration>, ask: bool) -> Execution {
         let (tx, rx) = mpsc::unbounded_channel();
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let inner = self.inner.clone();
@@ -600,10 +647,17 @@ impl CodeExecutor {
                     Some(running) => {
                         // This execution's own clock: only its calls' approval waits pause it.
                         let pause = TimeoutPause::default();
+                        let policy = if ask {
+                            ApprovalPolicy::Ask(ap_tx)
+                        } else {
+                            // No requests: the forwarder must see its channel close.
+                            drop(ap_tx);
+                            ApprovalPolicy::AcceptAll
+                        };
                         running
                             .tools
                             .state()
-                            .set_policy(ApprovalPolicy::Ask(ap_tx), pause.clone());
+                            .set_policy(policy.clone(), pause.clone());
                         let run = running.pool.execute(&code, timeout, Some(&ev_tx), &pause);
                         let result = tokio::select! {
                             result = inner.unless_stopping(run) => result.map_err(ExecutorError::from),
@@ -614,11 +668,14 @@ impl CodeExecutor {
                                 Err(ExecutorError::Cancelled)
                             }
                         };
-                        // Calls made after this execution (leftover threads) have no one to ask.
-                        running.tools.state().set_policy(
-                            ApprovalPolicy::Ask(mpsc::unbounded_channel().0),
-                            TimeoutPause::default(),
-                        );
+                        // Calls made after this execution (leftover threads) have no one to ask
+                        // (accepting executions accept them, as execute() does).
+                        if ask {
+                            running.tools.state().set_policy(
+                                ApprovalPolicy::Ask(mpsc::unbounded_channel().0),
+                                TimeoutPause::default(),
+                            );
+                        }
                         result
                     }
                     None => Err(KernelError::Stopped.into()),

@@ -58,6 +58,43 @@ struct ServeArgs {
     /// take ~25 ms each; 0 makes every reset wait for a kernel to start (~0.5 s).
     #[arg(long, value_name = "N", default_value_t = ipybox::executor::DEFAULT_SPARE_KERNELS)]
     spare_kernels: usize,
+    /// Who approves the tool calls (and, with --approve-shell, shell commands) of executed code:
+    /// `auto` accepts them all; `ask` asks the user through the MCP client (elicitation), once
+    /// per call or for the rest of the session.
+    #[arg(long, value_enum, default_value_t = mcp_server::ApproveMode::Auto)]
+    approve: mcp_server::ApproveMode,
+    /// With --approve ask: how long a call waits for the user's answer before it fails with
+    /// ApprovalTimeout (seconds; 0 waits without limit).
+    #[arg(long, value_name = "SECS", default_value_t = 120.0)]
+    approval_timeout: f64,
+    #[command(flatten)]
+    shell: ShellArgs,
+}
+
+/// Shell-command approval, for the MCP server and `ipybox exec`.
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct ShellArgs {
+    /// Shell commands need approval too: every `!cmd`, `!!cmd`, `%sx`, `%pip` and `%%bash` /
+    /// `%%sh` / `%%script` cell is asked about like a tool call (server `ipybox`, tool `shell` or
+    /// `shell_magic`) before it runs.
+    #[arg(long)]
+    approve_shell: bool,
+    /// With --approve-shell: block direct process creation from Python (subprocess, os.system,
+    /// os.exec*, ...), so commands can only run as approved `!cmd`. A guard against accidents,
+    /// not a sandbox (that is --sandbox).
+    #[arg(long, requires = "approve_shell")]
+    require_shell_escape: bool,
+}
+
+impl ShellArgs {
+    fn apply(
+        self,
+        builder: ipybox::executor::CodeExecutorBuilder,
+    ) -> ipybox::executor::CodeExecutorBuilder {
+        builder
+            .approve_shell_cmds(self.approve_shell)
+            .require_shell_escape(self.require_shell_escape)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -79,6 +116,8 @@ enum Command {
         /// terminal; without a terminal calls are rejected).
         #[arg(long, short = 'y')]
         yes: bool,
+        #[command(flatten)]
+        shell: ShellArgs,
         /// Code to run.
         #[arg(short = 'c', long = "code", conflicts_with = "file")]
         code: Option<String>,
@@ -177,12 +216,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
     let host = HostEnv::from_process();
     let env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;
-    let mut builder = CodeExecutor::builder()
-        .workspace(&workspace)
-        .host_env(host)
-        .kernel_env(env.kernel_env.clone())
-        .tool_env(env.tool_env)
-        .spare_kernels(args.spare_kernels);
+    if args.shell.approve_shell && args.approve == mcp_server::ApproveMode::Auto {
+        anyhow::bail!(
+            "--approve-shell needs someone to ask: with --approve auto every command would be accepted unseen\n  help: add --approve ask (the MCP client asks the user)"
+        );
+    }
+    if !(args.approval_timeout.is_finite() && args.approval_timeout >= 0.0) {
+        anyhow::bail!(
+            "invalid --approval-timeout {}\n  help: pass a number of seconds (0 waits without limit)",
+            args.approval_timeout
+        );
+    }
+    let approval_timeout = if args.approval_timeout == 0.0 {
+        Duration::MAX
+    } else {
+        Duration::from_secs_f64(args.approval_timeout.min(86_400.0 * 365.0))
+    };
+    let mut builder = args.shell.apply(
+        CodeExecutor::builder()
+            .workspace(&workspace)
+            .host_env(host)
+            .kernel_env(env.kernel_env.clone())
+            .tool_env(env.tool_env)
+            .spare_kernels(args.spare_kernels)
+            .approval_timeout(approval_timeout),
+    );
     if let Some(python) = args.python {
         builder = builder.python(python);
     }
@@ -195,7 +253,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
         builder = builder.sandbox(options);
     }
     let executor = builder.build();
-    let config = mcp_server::ServerConfig { workspace };
+    let config = mcp_server::ServerConfig {
+        workspace,
+        approve: args.approve,
+        approval_timeout,
+    };
     mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?;
     Ok(SUCCESS)
 }
@@ -260,6 +322,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             python,
             timeout,
             yes,
+            shell,
             code,
             file,
         } => {
@@ -267,10 +330,12 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             if let Some(t) = timeout.filter(|t| !(t.is_finite() && *t > 0.0)) {
                 anyhow::bail!("invalid --timeout {t}\n  help: pass a positive number of seconds");
             }
-            let mut builder = CodeExecutor::builder()
-                .workspace(workspace)
-                .progress(print_progress())
-                .without_spare_kernel();
+            let mut builder = shell.apply(
+                CodeExecutor::builder()
+                    .workspace(workspace)
+                    .progress(print_progress())
+                    .without_spare_kernel(),
+            );
             if let Some(p) = python {
                 builder = builder.python(p);
             }

@@ -1,4 +1,5 @@
-//! Terminal approvals for `ipybox exec`: each MCP tool call is shown on stderr and answered on
+//! Terminal approvals for `ipybox exec`: each MCP tool call (and shell command, with
+//! `--approve-shell`) is shown on stderr and answered on
 //! the controlling terminal (`/dev/tty`, so code can still come from stdin). `--yes` accepts all;
 //! without a terminal every call is rejected with a message saying to pass `--yes`.
 
@@ -21,7 +22,12 @@ impl TerminalApprover {
             request.accept();
             return;
         }
-        let prompt = format!("ipybox: approve tool call {}? [y/N] ", request.describe());
+        let what = if request.is_shell_command() {
+            ""
+        } else {
+            "tool call "
+        };
+        let prompt = format!("ipybox: approve {what}{}? [y/N] ", request.describe());
         let answer = tokio::task::spawn_blocking(move || ask_tty(&prompt))
             .await
             .ok()
@@ -32,7 +38,7 @@ impl TerminalApprover {
             None => {
                 if !self.warned {
                     eprintln!(
-                        "ipybox: rejected tool call {}: no terminal to ask for approval\n  help: pass --yes to approve all tool calls",
+                        "ipybox: rejected {what}{}: no terminal to ask for approval\n  help: pass --yes to approve all tool calls and shell commands",
                         request.describe()
                     );
                     self.warned = true;

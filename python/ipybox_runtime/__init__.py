@@ -9,7 +9,8 @@ running event loop, so many calls can be in flight at once). Standard library on
 The tool server speaks HTTP/1.1 on a Unix socket whose path is in ``IPYBOX_TOOL_SOCKET``.
 ``POST /run`` takes ``{"server_name", "server_params", "tool_name", "arguments"}`` and answers
 ``{"structured": <object or null>, "text": <str>}`` or ``{"error": {"kind", "message"}}``; the kind
-selects the exception (``_ERRORS``). The host side is ``src/tools/protocol.rs``; a round-trip test
+selects the exception (``_ERRORS``). ``POST /approve`` (``{"tool_name", "arguments"}``) asks
+whether a shell command may run (``shell_guard``, installed with ``approve_shell_cmds``). The host side is ``src/tools/protocol.rs``; a round-trip test
 there runs this module on the replies it serializes.
 """
 
@@ -63,6 +64,7 @@ _ERRORS = {
 
 def _result(reply: dict) -> dict[str, Any] | str:
     """The value of a ``/run`` reply: structured content if any, else text; raises for errors."""
+    __tracebackhide__ = True  # IPython shows the caller's line, not this one
     error = reply.get("error")
     if error is not None:
         raise _ERRORS.get(error.get("kind"), ToolRunnerError)(error.get("message", "tool call failed"))
@@ -221,6 +223,13 @@ def _signals_wake_the_loop():
         _waking -= 1
         if _waking == 0:
             signal.set_wakeup_fd(_saved_wakeup_fd)
+
+
+def _approve(tool_name: str, arguments: dict[str, Any]) -> None:
+    """Waits for the application's approval of a shell command (``shell`` or ``shell_magic``);
+    raises ``ApprovalRejected`` / ``ApprovalTimeout`` when it does not come."""
+    __tracebackhide__ = True
+    _result(_request("POST", "/approve", {"tool_name": tool_name, "arguments": arguments}))
 
 
 class ToolRunner:

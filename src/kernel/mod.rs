@@ -28,6 +28,16 @@ pub(crate) use execute::ExecEvent;
 pub use execute::ExecutionOutput;
 pub(crate) use pool::KernelPool;
 
+/// Whether shell commands in the kernel need approval (`approve_shell_cmds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShellApproval {
+    /// `!cmd` and `%%bash` run unasked.
+    Off,
+    /// Each shell command is an approval request; with `require_escape`, direct process creation
+    /// from Python is blocked outside approved commands (`require_shell_escape`).
+    On { require_escape: bool },
+}
+
 /// How kernels are launched. One config serves the current kernel and its spares.
 #[derive(Debug, Clone)]
 pub(crate) struct KernelConfig {
@@ -50,6 +60,8 @@ pub(crate) struct KernelConfig {
     pub start_timeout: Duration,
     /// Change back to `workspace` after every execution that left it (and say so in the output).
     pub restore_cwd: bool,
+    /// Ask the host before shell commands run (`python/ipybox_runtime/shell_guard.py`).
+    pub shell_approval: ShellApproval,
     /// How long an interrupted execution may take to stop before the kernel is restarted.
     pub interrupt_grace: Duration,
 }
@@ -67,6 +79,7 @@ impl KernelConfig {
             wrapper: None,
             start_timeout: Duration::from_secs(60),
             restore_cwd: false,
+            shell_approval: ShellApproval::Off,
             interrupt_grace: Duration::from_secs(3),
         }
     }

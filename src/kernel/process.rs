@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::completion::Completion;
-use super::{KernelConfig, KernelError};
+use super::{KernelConfig, KernelError, ShellApproval};
 use crate::child_process::{StderrTail, own_group, signal_group};
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
@@ -348,18 +348,26 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
     Ok(kernel)
 }
 
-/// With `restore_cwd`, the line the kernel runs once it is up (ipykernel's `exec_lines`): the
-/// working-directory guard. `__import__` binds no name in the user's namespace.
+/// The line the kernel runs once it is up (ipykernel's `exec_lines`), if any: the
+/// working-directory guard (`restore_cwd`) and shell-command approval. `__import__` binds no name
+/// in the user's namespace.
 fn startup_line(config: &KernelConfig) -> Option<String> {
-    if !config.restore_cwd {
-        return None;
+    let mut parts = Vec::new();
+    if config.restore_cwd {
+        // A JSON string is a valid Python string literal.
+        let dir = serde_json::to_string(&config.workspace.display().to_string())
+            .unwrap_or_else(|_| "'.'".into());
+        parts.push(format!(
+            "__import__('ipybox_runtime.working_dir', fromlist=['install']).install({dir})"
+        ));
     }
-    // A JSON string is a valid Python string literal.
-    let dir = serde_json::to_string(&config.workspace.display().to_string())
-        .unwrap_or_else(|_| "'.'".into());
-    Some(format!(
-        "__import__('ipybox_runtime.working_dir', fromlist=['install']).install({dir})"
-    ))
+    if let ShellApproval::On { require_escape } = config.shell_approval {
+        let flag = if require_escape { "True" } else { "False" };
+        parts.push(format!(
+            "__import__('ipybox_runtime.shell_guard', fromlist=['install']).install({flag})"
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
 }
 
 fn spawn(config: &KernelConfig, conn_file: &Path) -> Result<tokio::process::Child, KernelError> {

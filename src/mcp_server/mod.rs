@@ -10,6 +10,8 @@
 //! command line (the binary's `dotenv` module builds the executor's environments), and everything
 //! the executor does.
 
+mod elicit;
+mod progress;
 mod stdio;
 
 pub(crate) use stdio::serve_stdio;
@@ -28,13 +30,27 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use ipybox::CodeExecutor;
-use ipybox::executor::ExecutorError;
+use ipybox::executor::{ExecutionEvent, ExecutorError};
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]
 pub(crate) struct ServerConfig {
     /// Absolute workspace path: the kernel's cwd; `mcptools/` is generated here.
     pub workspace: PathBuf,
+    /// Who approves the tool calls and shell commands of executed code.
+    pub approve: ApproveMode,
+    /// How long a call waits for the user's answer with [`ApproveMode::Ask`].
+    pub approval_timeout: Duration,
+}
+
+/// `--approve`: who approves the tool calls (and approved-category shell commands) of executed
+/// code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ApproveMode {
+    /// Accept every call (Python ipybox's behaviour).
+    Auto,
+    /// Ask the user through the MCP client (elicitation), see [`elicit`].
+    Ask,
 }
 
 const INSTRUCTIONS: &str = "\
@@ -97,6 +113,8 @@ pub(crate) struct InstallParams {
 pub(crate) struct IpyboxServer {
     executor: CodeExecutor,
     config: Arc<ServerConfig>,
+    /// What the user allowed for the rest of the session (`--approve ask`).
+    allowances: elicit::SessionAllowances,
     tool_router: ToolRouter<Self>,
 }
 
@@ -125,6 +143,79 @@ pub(crate) fn truncate_output(text: &str, max: usize) -> String {
     }
 }
 
+impl IpyboxServer {
+    /// Runs one cell for `execute_ipython_cell`: asks the client about tool calls with
+    /// `--approve ask`, reports progress when the request carries a progress token. `None` when
+    /// the client cancelled the request (the execution is then interrupted).
+    async fn run_cell(
+        &self,
+        code: &str,
+        timeout: Duration,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<Result<ipybox::executor::ExecutionResult, ExecutorError>> {
+        let ask = self.config.approve == ApproveMode::Ask;
+        let token = context.meta.get_progress_token();
+        if !ask && token.is_none() {
+            // Dropping this future interrupts the code in the kernel.
+            return tokio::select! {
+                result = self.executor.execute(code, Some(timeout)) => Some(result),
+                _ = context.ct.cancelled() => None,
+            };
+        }
+        let mut execution = if ask {
+            self.executor.stream(code, Some(timeout))
+        } else {
+            self.executor.stream_accepting(code, Some(timeout))
+        };
+        let canceller = execution.canceller();
+        let mut progress = token.map(|t| progress::ProgressReporter::new(context.peer.clone(), t));
+        let mut deciding = tokio::task::JoinSet::new();
+        loop {
+            let tick = progress
+                .as_ref()
+                .map(|p| p.next_tick())
+                .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(3600));
+            let event = tokio::select! {
+                event = execution.next() => event,
+                _ = tokio::time::sleep_until(tick.into()) => {
+                    if let Some(p) = progress.as_mut() {
+                        p.tick().await;
+                    }
+                    continue;
+                }
+                _ = context.ct.cancelled() => {
+                    canceller.cancel();
+                    return None;
+                }
+            };
+            match event {
+                Some(ExecutionEvent::Chunk(text)) => {
+                    if let Some(p) = progress.as_mut() {
+                        p.output(&text).await;
+                    }
+                }
+                Some(ExecutionEvent::Image(_)) => {}
+                Some(ExecutionEvent::Approval(request)) => {
+                    // Each on its own task: concurrent calls are asked about concurrently, and
+                    // output keeps flowing while the user thinks.
+                    let (peer, allowances) = (context.peer.clone(), self.allowances.clone());
+                    let approval_timeout = self.config.approval_timeout;
+                    deciding.spawn(async move {
+                        elicit::decide(request, &peer, &allowances, approval_timeout).await;
+                    });
+                }
+                Some(ExecutionEvent::Result(result)) => {
+                    if let Some(p) = progress.as_mut() {
+                        p.finish().await;
+                    }
+                    return Some(result);
+                }
+                None => return Some(Err(ipybox::kernel::KernelError::Stopped.into())),
+            }
+        }
+    }
+}
+
 #[tool_router]
 impl IpyboxServer {
     /// Creates the server and starts the kernel in the background.
@@ -138,6 +229,7 @@ impl IpyboxServer {
         Self {
             executor,
             config: Arc::new(config),
+            allowances: elicit::SessionAllowances::default(),
             tool_router: Self::tool_router(),
         }
     }
@@ -185,13 +277,14 @@ impl IpyboxServer {
             return Ok(text_error(format!("the kernel could not be started: {e}")));
         }
         let timeout = Duration::from_secs_f64(p.timeout.min(86_400.0 * 365.0));
-        // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code) drops the
-        // execution, which interrupts the code in the kernel; state is kept.
-        let executed = tokio::select! {
-            result = self.executor.execute(&p.code, Some(timeout)) => result,
-            _ = context.ct.cancelled() => {
-                return Ok(text_error("execution cancelled by the client; the kernel was interrupted and its state kept".into()));
-            }
+        let executed = self.run_cell(&p.code, timeout, &context).await;
+        let Some(executed) = executed else {
+            // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code): the code
+            // in the kernel was interrupted; state is kept.
+            return Ok(text_error(
+                "execution cancelled by the client; the kernel was interrupted and its state kept"
+                    .into(),
+            ));
         };
         match executed {
             Ok(result) => {

@@ -7,6 +7,11 @@
 //! thread is rejected rather than slipping through unapproved. Waiting is bounded by the approval
 //! timeout, and the execution's timeout clock is paused meanwhile.
 //!
+//! Shell commands (`!cmd`, `%%bash`, ... with `approve_shell_cmds`) are requests too: server name
+//! [`SHELL_SERVER_NAME`], tool name [`SHELL_TOOL`] or [`SHELL_MAGIC_TOOL`], arguments
+//! `{"cmd": ...}`; [`ApprovalRequest::is_shell_command`] tells them apart from a tool call of an MCP
+//! server that happens to be registered as `ipybox`.
+//!
 //! Not here: the transport that carries calls from the kernel ([`super::server`]).
 
 use std::time::Duration;
@@ -19,31 +24,82 @@ use crate::pause::TimeoutPause;
 /// Default time a tool call waits for an approval decision.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A tool call waiting for a decision. Dropping it without deciding rejects the call.
+/// The server name of shell-command approval requests.
+pub const SHELL_SERVER_NAME: &str = "ipybox";
+/// The tool name of a line command's request: `!cmd`, `!!cmd`, `x = !cmd`, `%sx`, `%system` and
+/// shell aliases.
+pub const SHELL_TOOL: &str = "shell";
+/// The tool name of a cell magic's request: `%%bash`, `%%sh`, `%%script`, and the other script
+/// magics (`%%perl`, `%%ruby`, ...).
+pub const SHELL_MAGIC_TOOL: &str = "shell_magic";
+
+/// What kind of action a request is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RequestKind {
+    ToolCall,
+    ShellCommand,
+}
+
+/// A tool call (or a shell command) waiting for a decision. Dropping it without deciding rejects
+/// the call.
 #[derive(Debug)]
 pub struct ApprovalRequest {
-    /// The server name the tool was registered under.
+    /// The server name the tool was registered under ([`SHELL_SERVER_NAME`] for shell
+    /// commands).
     pub server_name: String,
-    /// The tool's name as the MCP server knows it.
+    /// The tool's name as the MCP server knows it ([`SHELL_TOOL`] or [`SHELL_MAGIC_TOOL`] for
+    /// shell commands).
     pub tool_name: String,
-    /// The arguments exactly as they will be sent.
+    /// The arguments exactly as they will be sent (`{"cmd": ...}` for shell commands: the command
+    /// after variable expansion, or the cell of a cell magic).
     pub arguments: Map<String, Value>,
-    reply: oneshot::Sender<bool>,
+    kind: RequestKind,
+    reply: oneshot::Sender<Verdict>,
+}
+
+/// The answer sent back to the waiting call.
+#[derive(Debug)]
+enum Verdict {
+    Accept,
+    /// Rejected, with the reason the kernel's error carries (if any).
+    Reject(Option<String>),
 }
 
 impl ApprovalRequest {
     /// Lets the call go ahead.
     pub fn accept(self) {
-        let _ = self.reply.send(true);
+        let _ = self.reply.send(Verdict::Accept);
     }
 
     /// Fails the call in the kernel with `ApprovalRejected`.
     pub fn reject(self) {
-        let _ = self.reply.send(false);
+        let _ = self.reply.send(Verdict::Reject(None));
     }
 
-    /// `server.tool(arguments)` for prompts and logs.
+    /// [`ApprovalRequest::reject`], with a reason appended to the kernel's error message (e.g.
+    /// why nobody could be asked).
+    pub fn reject_with(self, reason: impl Into<String>) {
+        let _ = self.reply.send(Verdict::Reject(Some(reason.into())));
+    }
+
+    /// Whether this is a shell command (`approve_shell_cmds`) rather than an MCP tool call.
+    pub fn is_shell_command(&self) -> bool {
+        self.kind == RequestKind::ShellCommand
+    }
+
+    /// The command of a shell-command request.
+    pub fn shell_command(&self) -> Option<&str> {
+        match self.kind {
+            RequestKind::ShellCommand => self.arguments.get("cmd").and_then(Value::as_str),
+            RequestKind::ToolCall => None,
+        }
+    }
+
+    /// `server.tool(arguments)` (or ``shell command `cmd` ``) for prompts and logs.
     pub fn describe(&self) -> String {
+        if let Some(cmd) = self.shell_command() {
+            return format!("shell command `{cmd}`");
+        }
         format!(
             "{}.{}({})",
             self.server_name,
@@ -63,19 +119,26 @@ pub(crate) enum ApprovalPolicy {
 }
 
 /// What became of a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Decision {
     Accepted,
-    Rejected,
+    /// Rejected, with the decider's reason if it gave one.
+    Rejected(Option<String>),
     TimedOut,
+}
+
+/// What a decision is asked about.
+pub(crate) struct Subject<'a> {
+    pub(crate) server_name: &'a str,
+    pub(crate) tool_name: &'a str,
+    pub(crate) arguments: &'a Map<String, Value>,
+    pub(crate) kind: RequestKind,
 }
 
 /// Asks for a decision under `policy`, pausing the execution clock while waiting.
 pub(crate) async fn decide(
     policy: &ApprovalPolicy,
-    server_name: &str,
-    tool_name: &str,
-    arguments: &Map<String, Value>,
+    subject: Subject<'_>,
     timeout: Duration,
     pause: &TimeoutPause,
 ) -> Decision {
@@ -85,19 +148,21 @@ pub(crate) async fn decide(
     };
     let (reply, decision) = oneshot::channel();
     let request = ApprovalRequest {
-        server_name: server_name.to_string(),
-        tool_name: tool_name.to_string(),
-        arguments: arguments.clone(),
+        server_name: subject.server_name.to_string(),
+        tool_name: subject.tool_name.to_string(),
+        arguments: subject.arguments.clone(),
+        kind: subject.kind,
         reply,
     };
     if tx.send(request).is_err() {
         // Nobody listens: the streamed execution that asked has ended.
-        return Decision::Rejected;
+        return Decision::Rejected(None);
     }
     let _paused = pause.pause();
     match tokio::time::timeout(timeout, decision).await {
-        Ok(Ok(true)) => Decision::Accepted,
-        Ok(Ok(false)) | Ok(Err(_)) => Decision::Rejected,
+        Ok(Ok(Verdict::Accept)) => Decision::Accepted,
+        Ok(Ok(Verdict::Reject(reason))) => Decision::Rejected(reason),
+        Ok(Err(_)) => Decision::Rejected(None),
         Err(_) => Decision::TimedOut,
     }
 }

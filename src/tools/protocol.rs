@@ -4,6 +4,8 @@
 //! - `POST /run` [`RunRequest`] -> [`RunReply`]: a result, or an error whose [`ErrorKind`]
 //!   selects the exception the kernel raises (`ToolError`, `ApprovalRejected`,
 //!   `ApprovalTimeout`, the base `ToolRunnerError` for a malformed request);
+//! - `POST /approve` [`ApproveRequest`] -> [`RunReply`]: approval of a shell command
+//!   (`approve_shell_cmds`); `Done` (empty) means run it, errors are the same kinds as `/run`'s;
 //! - `PUT /reset` -> [`ResetReply`] (closes all MCP sessions);
 //! - `GET /status` -> [`StatusReply`].
 //!
@@ -23,6 +25,16 @@ pub(crate) struct RunRequest {
     pub(crate) server_params: Value,
     pub(crate) tool_name: String,
     #[serde(default)]
+    pub(crate) arguments: Map<String, Value>,
+}
+
+/// `POST /approve`: may this shell command run? The server name is always `ipybox`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ApproveRequest {
+    /// `shell` (line commands) or `shell_magic` (cell magics).
+    pub(crate) tool_name: String,
+    /// `{"cmd": <the command after variable expansion, or the magic's cell>}`, plus `magic`
+    /// (e.g. `"%%bash"`) for cell magics.
     pub(crate) arguments: Map<String, Value>,
 }
 

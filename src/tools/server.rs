@@ -6,6 +6,7 @@
 //! calls. Endpoints:
 //!
 //! - `POST /run` runs a tool call (after approval);
+//! - `POST /approve` asks for approval of a shell command (`approve_shell_cmds`);
 //! - `PUT /reset` closes all MCP sessions;
 //! - `GET /status` counts them.
 //!
@@ -22,11 +23,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde::Serialize;
+use serde_json::Value;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 
-use super::approval::{self, ApprovalPolicy, Decision};
-use super::protocol::{ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
+use super::approval::{
+    self, ApprovalPolicy, Decision, RequestKind, SHELL_MAGIC_TOOL, SHELL_SERVER_NAME, SHELL_TOOL,
+    Subject,
+};
+use super::protocol::{ApproveRequest, ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
 use super::registry::Registry;
 use super::{SessionCache, tool_output};
 use crate::pause::TimeoutPause;
@@ -158,32 +163,36 @@ pub(super) fn json_response(status: StatusCode, body: &impl Serialize) -> Reply 
     Ok(response)
 }
 
+/// The JSON body of a request, or the `400` reply that says why it is not one.
+async fn read_json<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+    endpoint: &str,
+) -> Result<T, Reply> {
+    let bad = |message: String| {
+        json_response(
+            StatusCode::BAD_REQUEST,
+            &RunReply::error(ErrorKind::BadRequest, message),
+        )
+    };
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| bad(e.to_string()))?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|e| bad(format!("invalid {endpoint} request: {e}")))
+}
+
 async fn handle(state: Arc<ToolServerState>, req: Request<Incoming>) -> Reply {
     match (req.method(), req.uri().path()) {
-        (&Method::POST, "/run") => {
-            let body = match req.into_body().collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &RunReply::error(ErrorKind::BadRequest, e.to_string()),
-                    );
-                }
-            };
-            let run: RunRequest = match serde_json::from_slice(&body) {
-                Ok(r) => r,
-                Err(e) => {
-                    return json_response(
-                        StatusCode::BAD_REQUEST,
-                        &RunReply::error(
-                            ErrorKind::BadRequest,
-                            format!("invalid /run request: {e}"),
-                        ),
-                    );
-                }
-            };
-            json_response(StatusCode::OK, &run_tool(&state, run).await)
-        }
+        (&Method::POST, "/run") => match read_json::<RunRequest>(req, "/run").await {
+            Ok(run) => json_response(StatusCode::OK, &run_tool(&state, run).await),
+            Err(reply) => reply,
+        },
+        (&Method::POST, "/approve") => match read_json::<ApproveRequest>(req, "/approve").await {
+            Ok(approve) => json_response(StatusCode::OK, &approve_shell(&state, approve).await),
+            Err(reply) => reply,
+        },
         (&Method::PUT, "/reset") => {
             let closed = state.sessions.len();
             state.sessions.close_all().await;
@@ -199,9 +208,88 @@ async fn handle(state: Arc<ToolServerState>, req: Request<Incoming>) -> Reply {
             StatusCode::NOT_FOUND,
             &RunReply::error(
                 ErrorKind::BadRequest,
-                format!("no endpoint {method} {path}: use POST /run, PUT /reset or GET /status"),
+                format!(
+                    "no endpoint {method} {path}: use POST /run, POST /approve, PUT /reset or GET /status"
+                ),
             ),
         ),
+    }
+}
+
+/// Asks for approval under the current policy; `None` when accepted, else the error reply that
+/// says `what` was rejected or not approved in time (and so not `done`).
+async fn approve(
+    state: &ToolServerState,
+    subject: Subject<'_>,
+    what: &str,
+    done: &str,
+) -> Option<RunReply> {
+    let (policy, pause) = state.policy();
+    match approval::decide(&policy, subject, state.approval_timeout, &pause).await {
+        Decision::Accepted => None,
+        Decision::Rejected(reason) => Some(RunReply::error(
+            ErrorKind::Rejected,
+            match reason {
+                None => format!("{what} was rejected by the application"),
+                Some(reason) => format!("{what} was rejected: {reason}"),
+            },
+        )),
+        Decision::TimedOut => Some(RunReply::error(
+            ErrorKind::ApprovalTimeout,
+            format!(
+                "{what} was not approved within {} s, so it was not {done}",
+                state.approval_timeout.as_secs_f64()
+            ),
+        )),
+    }
+}
+
+/// `POST /approve`: a shell command about to run in the kernel (`approve_shell_cmds`). Accepted
+/// → `Done` (the kernel runs it); otherwise the same rejection kinds as tool calls.
+async fn approve_shell(state: &ToolServerState, request: ApproveRequest) -> RunReply {
+    let ApproveRequest {
+        tool_name,
+        arguments,
+    } = request;
+    if tool_name != SHELL_TOOL && tool_name != SHELL_MAGIC_TOOL {
+        return RunReply::error(
+            ErrorKind::BadRequest,
+            format!(
+                "invalid /approve request: tool_name must be `{SHELL_TOOL}` or `{SHELL_MAGIC_TOOL}`, not `{tool_name}`"
+            ),
+        );
+    }
+    let Some(cmd) = arguments.get("cmd").and_then(Value::as_str) else {
+        return RunReply::error(
+            ErrorKind::BadRequest,
+            "invalid /approve request: arguments need a string `cmd`",
+        );
+    };
+    let what = match arguments.get("magic").and_then(Value::as_str) {
+        Some(magic) => format!("{} cell", shorten(magic, 200)),
+        None => format!("shell command `{}`", shorten(cmd, 200)),
+    };
+    let subject = Subject {
+        server_name: SHELL_SERVER_NAME,
+        tool_name: &tool_name,
+        arguments: &arguments,
+        kind: RequestKind::ShellCommand,
+    };
+    if let Some(refused) = approve(state, subject, &what, "run").await {
+        return refused;
+    }
+    tracing::info!(tool = %tool_name, "shell command approved");
+    RunReply::Done {
+        structured: None,
+        text: String::new(),
+    }
+}
+
+/// The first `max` characters of `text`, with `…` when cut.
+fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
     }
 }
 
@@ -228,33 +316,15 @@ async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunReply {
             }
         },
     };
-    let (policy, pause) = state.policy();
-    let decision = approval::decide(
-        &policy,
-        &server_name,
-        &tool_name,
-        &arguments,
-        state.approval_timeout,
-        &pause,
-    )
-    .await;
-    match decision {
-        Decision::Accepted => {}
-        Decision::Rejected => {
-            return RunReply::error(
-                ErrorKind::Rejected,
-                format!("tool call {server_name}.{tool_name} was rejected by the application"),
-            );
-        }
-        Decision::TimedOut => {
-            return RunReply::error(
-                ErrorKind::ApprovalTimeout,
-                format!(
-                    "tool call {server_name}.{tool_name} was not approved within {} s, so it was not made",
-                    state.approval_timeout.as_secs_f64()
-                ),
-            );
-        }
+    let subject = Subject {
+        server_name: &server_name,
+        tool_name: &tool_name,
+        arguments: &arguments,
+        kind: RequestKind::ToolCall,
+    };
+    let what = format!("tool call {server_name}.{tool_name}");
+    if let Some(refused) = approve(state, subject, &what, "made").await {
+        return refused;
     }
     tracing::info!(server = %server_name, tool = %tool_name, "tool call");
     let session = match state

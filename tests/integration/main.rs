@@ -15,9 +15,11 @@ mod apigen_snapshots;
 mod cli_exec;
 mod codeact_example;
 mod kernel;
+mod mcp_approvals;
 mod mcp_client;
 mod mcp_server;
 #[cfg(target_os = "linux")]
 mod sandbox;
+mod shell_approval;
 mod tool_calls;
 mod tool_calls_async;

@@ -18,19 +18,7 @@ import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-results = []
-
-
-def check(name, actual, expected):
-    ok = actual == expected
-    results.append(ok)
-    print(f"check: {name} ... {'ok' if ok else 'FAIL'}")
-    if not ok:
-        print(f"    expected: {expected!r}\n    actual:   {actual!r}")
-
-
-def text(result):
-    return "\n".join(c.text for c in result.content if c.type == "text")
+from checks import check, summary, text
 
 
 async def main(url, command):
@@ -80,9 +68,7 @@ async def main(url, command):
             check("reset", r.is_error, False)
             err, out = await run("x")
             check("reset cleared the state", (err, "NameError" in out), (True, True))
-    failed = results.count(False)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return failed
+    return summary()
 
 
 if __name__ == "__main__":

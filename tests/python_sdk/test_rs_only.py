@@ -10,24 +10,6 @@ if not is_ipybox_rs():
 from ipybox import CodeExecutor  # noqa: E402
 
 
-@pytest.mark.parametrize(
-    "kwargs,names",
-    [
-        ({"approve_shell_cmds": True}, ["approve_shell_cmds"]),
-        ({"require_shell_escape": True}, ["require_shell_escape"]),
-        ({"approve_shell_cmds": True, "require_shell_escape": True}, ["approve_shell_cmds", "require_shell_escape"]),
-    ],
-)
-async def test_shell_command_approval_is_refused_clearly(workspace, kwargs, names):
-    """Shell command approval has not landed: asking for it fails at construction or start, with
-    an error naming the parameter (not a TypeError about an unknown keyword)."""
-    with pytest.raises(Exception) as exc_info:
-        async with CodeExecutor(**kwargs) as executor:
-            await executor.execute("print('should not run')")
-    assert not isinstance(exc_info.value, TypeError), exc_info.value
-    assert any(name in str(exc_info.value) for name in names), str(exc_info.value)
-
-
 async def test_cancel_after_an_earlier_execute(workspace):
     """cancel() stops the running execute() even when earlier execute() calls returned before it.
 

@@ -51,7 +51,7 @@ struct Executor {
 #[pymethods]
 impl Executor {
     #[new]
-    #[pyo3(signature = (*, python, working_dir, restore_working_dir, images_dir, kernel_env, approval_timeout, connect_timeout, kernel_start_timeout, sandbox, sandbox_config, spare_kernels))]
+    #[pyo3(signature = (*, python, working_dir, restore_working_dir, images_dir, kernel_env, approval_timeout, connect_timeout, kernel_start_timeout, sandbox, sandbox_config, spare_kernels, approve_shell_cmds, require_shell_escape))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         python: PathBuf,
@@ -65,6 +65,8 @@ impl Executor {
         sandbox: bool,
         sandbox_config: Option<PathBuf>,
         spare_kernels: usize,
+        approve_shell_cmds: bool,
+        require_shell_escape: bool,
     ) -> PyResult<Self> {
         let approval_timeout = match approval_timeout {
             Some(t) => secs(t, "approval_timeout")?,
@@ -79,7 +81,9 @@ impl Executor {
             .approval_timeout(approval_timeout)
             .connect_timeout(secs(connect_timeout, "connect_timeout")?)
             .kernel_start_timeout(secs(kernel_start_timeout, "kernel_init_timeout")?)
-            .spare_kernels(spare_kernels);
+            .spare_kernels(spare_kernels)
+            .approve_shell_cmds(approve_shell_cmds)
+            .require_shell_escape(require_shell_escape);
         if sandbox {
             builder = builder.sandbox(SandboxOptions {
                 config_file: sandbox_config,
@@ -114,14 +118,15 @@ impl Executor {
     }
 
     /// Starts an execution; `auto_accept` accepts its tool calls here, without a round trip
-    /// through Python; without `chunks` output arrives only with the result (one hop fewer per
-    /// chunk).
-    #[pyo3(signature = (code, timeout, auto_accept, chunks))]
+    /// through Python, `accept_shell` its shell commands (`approve_shell_cmds`); without `chunks`
+    /// output arrives only with the result (one hop fewer per chunk).
+    #[pyo3(signature = (code, timeout, auto_accept, accept_shell, chunks))]
     fn stream(
         &self,
         code: &str,
         timeout: Option<f64>,
         auto_accept: bool,
+        accept_shell: bool,
         chunks: bool,
     ) -> PyResult<Stream> {
         let timeout = timeout.map(|t| secs(t, "timeout")).transpose()?;
@@ -131,6 +136,7 @@ impl Executor {
             canceller: execution.canceller(),
             execution: Arc::new(tokio::sync::Mutex::new(execution)),
             auto_accept,
+            accept_shell,
             chunks,
         })
     }
@@ -150,6 +156,7 @@ struct Stream {
     execution: Arc<tokio::sync::Mutex<Execution>>,
     canceller: Canceller,
     auto_accept: bool,
+    accept_shell: bool,
     chunks: bool,
 }
 
@@ -166,7 +173,7 @@ impl Stream {
     /// The next item; `None` after the last.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let execution = self.execution.clone();
-        let auto_accept = self.auto_accept;
+        let (auto_accept, accept_shell) = (self.auto_accept, self.accept_shell);
         let chunks = self.chunks;
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let item = {
@@ -176,7 +183,12 @@ impl Stream {
                         Some(ExecutionEvent::Chunk(text)) if chunks => break Item::Chunk(text),
                         Some(ExecutionEvent::Image(path)) if chunks => break Item::Image(path),
                         Some(ExecutionEvent::Chunk(_) | ExecutionEvent::Image(_)) => {}
-                        Some(ExecutionEvent::Approval(request)) if auto_accept => request.accept(),
+                        Some(ExecutionEvent::Approval(request))
+                            if (request.is_shell_command() && accept_shell)
+                                || (!request.is_shell_command() && auto_accept) =>
+                        {
+                            request.accept()
+                        }
                         Some(ExecutionEvent::Approval(request)) => break Item::Approval(request),
                         Some(ExecutionEvent::Result(result)) => break Item::Done(result),
                         None => break Item::End,

@@ -132,18 +132,21 @@ class CodeExecutor:
                 CRITICAL).
             approve_tool_calls: Each MCP tool call is yielded by `stream()` as an
                 `ApprovalRequest`; `False` runs calls without asking.
-            approve_shell_cmds: Not available yet in ipybox-rs; `True` raises `ValueError`.
-            require_shell_escape: Not available yet in ipybox-rs; `True` raises `ValueError`
-                (it requires `approve_shell_cmds=True`).
+            approve_shell_cmds: Each shell command (`!cmd`, `!!cmd`, `x = !cmd`, `%sx`, `%pip`,
+                and `%%bash` / `%%sh` / `%%script` cells) is yielded by `stream()` as an
+                `ApprovalRequest` before it runs: `server_name` "ipybox", `tool_name` "shell"
+                (line commands) or "shell_magic" (cell magics), `tool_args` `{"cmd": <the
+                command after variable expansion, or the cell>}` (plus "magic" for cell
+                magics). Rejected: the cell fails with `ApprovalRejected` and nothing runs.
+                Asked also with `approve_tool_calls=False`; `execute()` accepts them.
+            require_shell_escape: Block direct process creation from Python (`subprocess`,
+                `os.system`, `os.popen`, `os.exec*`, `os.spawn*`, `os.posix_spawn*`,
+                `pty.spawn`) with a `PermissionError` that says to use `!cmd`. Requires
+                `approve_shell_cmds=True`. A guard against accidents, not a security boundary
+                (use `sandbox=True` for that).
         """
         if require_shell_escape and not approve_shell_cmds:
             raise ValueError("require_shell_escape=True requires approve_shell_cmds=True")
-        if approve_shell_cmds:
-            raise ValueError(
-                "approve_shell_cmds=True is not available in ipybox-rs yet: shell commands "
-                "(`!cmd`, %%bash) run without approval. Use sandbox=True to confine them, or "
-                "leave approve_shell_cmds at False."
-            )
         self.tool_server_host = tool_server_host
         self.tool_server_port = tool_server_port
         self.kernel_gateway_host = kernel_gateway_host
@@ -191,6 +194,8 @@ class CodeExecutor:
             sandbox=self.sandbox,
             sandbox_config=str(self.sandbox_config) if self.sandbox_config is not None else None,
             spare_kernels=1,
+            approve_shell_cmds=self.approve_shell_cmds,
+            require_shell_escape=self.require_shell_escape,
         )
         await rs.start()
         self._rs = rs
@@ -230,8 +235,9 @@ class CodeExecutor:
             chunks: Also yield `CodeExecutionChunk`s of output as it arrives.
 
         Yields:
-            `ApprovalRequest` for each MCP tool call (with `approve_tool_calls=True`): accept it
-            to run the tool, reject it to fail the call. `CodeExecutionChunk` when
+            `ApprovalRequest` for each MCP tool call (with `approve_tool_calls=True`) and each
+            shell command (with `approve_shell_cmds=True`): accept it to run the tool or
+            command, reject it to fail the call. `CodeExecutionChunk` when
             `chunks=True`. Last, `CodeExecutionResult` (not after `cancel()`).
 
         Raises:
@@ -240,7 +246,7 @@ class CodeExecutor:
             CodeExecutionTimeout: The timeout passed (also a `TimeoutError`, i.e.
                 `asyncio.TimeoutError`).
         """
-        async with aclosing(self._items(code, timeout, not self.approve_tool_calls, chunks)) as items:
+        async with aclosing(self._items(code, timeout, not self.approve_tool_calls, False, chunks)) as items:
             async for item in items:
                 kind = item[0]
                 if kind == "chunk":
@@ -267,7 +273,7 @@ class CodeExecutor:
             CodeExecutionError: The code raised, a tool failed, or the kernel died.
             CodeExecutionTimeout: The timeout passed (also an `asyncio.TimeoutError`).
         """
-        async with aclosing(self._items(code, timeout, True, False)) as items:
+        async with aclosing(self._items(code, timeout, True, True, False)) as items:
             async for item in items:
                 if item[0] == "result":
                     return _result(item)
@@ -276,12 +282,12 @@ class CodeExecutor:
         return CodeExecutionResult(text=None, images=[])
 
     async def _items(
-        self, code: str, timeout: float | None, auto_accept: bool, chunks: bool
+        self, code: str, timeout: float | None, auto_accept: bool, accept_shell: bool, chunks: bool
     ) -> AsyncIterator[tuple]:
         """The items of one execution (see `_ipybox.Stream`) up to its last. Leaving early
         (break, `aclose()`, a cancelled task) interrupts the cell, so it never runs on behind the
         next execution."""
-        rs = self._executor().stream(code, timeout, auto_accept, chunks)
+        rs = self._executor().stream(code, timeout, auto_accept, accept_shell, chunks)
         self._current = rs
         finished = False
         try:
