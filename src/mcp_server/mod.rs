@@ -3,8 +3,10 @@
 //!
 //! The kernel starts in the background when the server is created, so the `initialize` reply
 //! never waits for it; the first execution does. Tool calls made by executed code are accepted
-//! automatically (as in Python ipybox). Results are text only (plus image content), never
-//! `structuredContent`: Claude Code would show the model only that.
+//! automatically (as in Python ipybox), or, with `--approve ask`, asked about through the client
+//! ([`elicit`]); a cell whose request carries a progress token reports progress ([`progress`]).
+//! Results are text only (plus image content), never `structuredContent`: Claude Code would show
+//! the model only that.
 //!
 //! Not here: serving on stdio and shutting down ([`stdio`]), the workspace/`.env` handling of the
 //! command line (the binary's `dotenv` module builds the executor's environments), and everything
