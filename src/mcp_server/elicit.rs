@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(shorten("héllo", 10), "héllo");
         assert_eq!(shorten("héllo", 2), "hé…");
         let long = "x".repeat(500);
-        let shown = shown_value(&serde_json::json!({"q": long, "n": 3}));
+        let shown = shown_value(&serde_json::json!({"n": 3, "q": long}));
         assert_eq!(shown, format!("{{\"n\":3,\"q\":\"{}…\"}}", "x".repeat(200)));
     }
 }

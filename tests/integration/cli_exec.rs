@@ -204,3 +204,61 @@ fn kernel_exits_when_ipybox_is_sigkilled() {
         "kernel {kernel} outlived ipybox: {stat}"
     );
 }
+
+/// `ipybox exec --approve-shell` in a session without a controlling terminal (as under CI, and
+/// never prompting a developer's terminal): shell commands are rejected with a hint; `--yes`
+/// accepts them; `--require-shell-escape` blocks subprocess.
+#[test]
+fn exec_approve_shell_asks_and_yes_accepts() {
+    use std::os::unix::process::CommandExt;
+    let ws = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str], code: &str| {
+        let mut cmd = ipybox();
+        cmd.args(["exec", "--workspace"])
+            .arg(ws.path())
+            .arg("--approve-shell")
+            .args(extra)
+            .args(["-c", code]);
+        // SAFETY: setsid is async-signal-safe; it runs in the child between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        cmd.output().unwrap()
+    };
+    let out = run(&[], "print('before')\n!touch made.txt");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "before\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("ipybox: rejected shell command `touch made.txt`: no terminal to ask for approval\n  help: pass --yes"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "ApprovalRejected: shell command `touch made.txt` was rejected by the application"
+        ),
+        "{stderr}"
+    );
+    assert!(!ws.path().join("made.txt").exists());
+    let out = run(&["--yes"], "!echo approved");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // IPython runs `!` commands on a pty: their lines end in \r\n.
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "approved\r\n");
+    let out = run(
+        &["--yes", "--require-shell-escape"],
+        "import os\nos.system('true')",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("ShellEscapeRequired: direct process creation (os.system) is blocked"),
+        "{stderr}"
+    );
+}

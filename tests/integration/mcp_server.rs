@@ -705,13 +705,23 @@ fn stdin_eof_when_idle_exits_at_once() {
 
 #[test]
 fn cancelled_requests_interrupt_the_execution_and_keep_state() {
+    cancelled_request_keeps_state(json!({}));
+}
+
+/// The same through the streaming path (a request with a progress token).
+#[test]
+fn cancelled_requests_with_progress_interrupt_the_execution_and_keep_state() {
+    cancelled_request_keeps_state(json!({"progressToken": "p1"}));
+}
+
+fn cancelled_request_keeps_state(meta: Value) {
     let ws = tempfile::tempdir().unwrap();
     let mut raw = Raw::start(ws.path());
     assert_eq!(
         raw.call("execute_ipython_cell", json!({"code": "kept = 1"})),
         ""
     );
-    raw.send(json!({"jsonrpc": "2.0", "id": 777, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "import time\ntime.sleep(60)\nkept = 2"}}}));
+    raw.send(json!({"jsonrpc": "2.0", "id": 777, "method": "tools/call", "params": {"name": "execute_ipython_cell", "_meta": meta, "arguments": {"code": "import time\ntime.sleep(60)\nkept = 2"}}}));
     std::thread::sleep(Duration::from_millis(700));
     raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 777, "reason": "user pressed Esc"}}));
     let start = Instant::now();
