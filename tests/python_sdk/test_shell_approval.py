@@ -39,10 +39,9 @@ def shell_requests(requests: list[ApprovalRequest]) -> list[tuple[str, str]]:
 
 async def test_line_commands_are_asked_with_the_expanded_command(workspace):
     async with CodeExecutor(approve_shell_cmds=True) as executor:
-        code = "name = 'world'\ndef local():\n    who = 'local'\n    !echo hello {name} $who\nlocal()"
-        requests, result = await run(executor, code)
-        assert shell_requests(requests) == [("shell", "echo hello world local")]
-        assert result.text == "hello world local"
+        requests, result = await run(executor, "name = 'world'\n!echo hello {name}")
+        assert shell_requests(requests) == [("shell", "echo hello world")]
+        assert result.text == "hello world"
 
         requests, result = await run(executor, "files = !echo captured {name}\nprint(files)")
         assert shell_requests(requests) == [("shell", "echo captured world")]
@@ -67,6 +66,11 @@ async def test_rejected_command_does_not_run(workspace):
         assert (workspace / "accepted.txt").exists()
 
 
+@pytest.mark.skipif(
+    not RS,
+    reason="0.9.2 asks the approver about one %%bash cell hundreds of times (318 requests seen, the"
+    " wrapper re-enters itself)",
+)
 async def test_bash_cell_magic_is_asked_with_the_cell(workspace):
     async with CodeExecutor(approve_shell_cmds=True) as executor:
         requests, result = await run(executor, "%%bash\necho from bash $((6 * 7))")
@@ -79,6 +83,23 @@ async def test_bash_cell_magic_is_asked_with_the_cell(workspace):
         assert shell_requests(requests) == [("shell_magic", "touch magic.txt\n")]
         assert isinstance(error, CodeExecutionError)
         assert not (workspace / "magic.txt").exists()
+
+
+@pytest.mark.skipif(
+    not RS,
+    reason="0.9.2 expands only `{name}` from the user namespace for approval, so the approved"
+    " command is not what runs when it uses `$var` or a function's locals",
+)
+async def test_the_approved_command_is_the_one_that_runs(workspace):
+    async with CodeExecutor(approve_shell_cmds=True) as executor:
+        code = "name = 'world'\ndef local():\n    who = 'local'\n    !echo hello {name} $who\nlocal()"
+        requests, result = await run(executor, code)
+        assert shell_requests(requests) == [("shell", "echo hello world local")]
+        assert result.text == "hello world local"
+        # a value that itself looks like a variable is not expanded a second time
+        code = "a = '$b'\nb = 'expanded twice'\n!echo $a"
+        requests, result = await run(executor, code)
+        assert shell_requests(requests) == [("shell", "echo $b")]
 
 
 @pytest.mark.skipif(not RS, reason="0.9.2 asks about %%bash and %%sh only, and runs %sx's command expanded twice")
