@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ipybox::tools::ApprovalRequest;
+use ipybox::tools::{ApprovalRequest, shorten};
 use rmcp::RoleServer;
 use rmcp::model::{
     BooleanSchema, ElicitRequestParams, ElicitationAction, ElicitationSchema,
@@ -154,14 +154,6 @@ fn shown_value(value: &Value) -> String {
         }
     }
     shorten(&cut(value).to_string(), MAX_VALUE_CHARS * 2)
-}
-
-/// The first `max` characters of `text`, with `…` when cut.
-fn shorten(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_string(),
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-    }
 }
 
 /// The form: one optional checkbox, "allow for the rest of this session".

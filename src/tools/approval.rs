@@ -109,6 +109,15 @@ impl ApprovalRequest {
     }
 }
 
+/// The first `max` characters of `text`, with `…` when cut: long commands and argument values
+/// in approval messages and questions.
+pub fn shorten(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_string(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+    }
+}
+
 /// Who decides about tool calls.
 #[derive(Debug, Clone)]
 pub(crate) enum ApprovalPolicy {

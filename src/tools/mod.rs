@@ -23,6 +23,7 @@ use std::time::Duration;
 pub(crate) use approval::ApprovalPolicy;
 pub use approval::{
     ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, SHELL_MAGIC_TOOL, SHELL_SERVER_NAME, SHELL_TOOL,
+    shorten,
 };
 pub use client::{McpSession, STDIO_BASE_ENV, ToolOutput, tool_output};
 pub use env_subst::substitute;

@@ -29,7 +29,7 @@ use tokio::task::JoinHandle;
 
 use super::approval::{
     self, ApprovalPolicy, Decision, RequestKind, SHELL_MAGIC_TOOL, SHELL_SERVER_NAME, SHELL_TOOL,
-    Subject,
+    Subject, shorten,
 };
 use super::protocol::{ApproveRequest, ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
 use super::registry::Registry;
@@ -282,14 +282,6 @@ async fn approve_shell(state: &ToolServerState, request: ApproveRequest) -> RunR
     RunReply::Done {
         structured: None,
         text: String::new(),
-    }
-}
-
-/// The first `max` characters of `text`, with `…` when cut.
-fn shorten(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_string(),
-        Some((cut, _)) => format!("{}…", &text[..cut]),
     }
 }
 

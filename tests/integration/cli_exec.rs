@@ -210,23 +210,18 @@ fn kernel_exits_when_ipybox_is_sigkilled() {
 /// accepts them; `--require-shell-escape` blocks subprocess.
 #[test]
 fn exec_approve_shell_asks_and_yes_accepts() {
-    use std::os::unix::process::CommandExt;
     let ws = tempfile::tempdir().unwrap();
+    // `setsid -w` detaches the controlling terminal (as tool_calls.rs does for tool calls).
     let run = |extra: &[&str], code: &str| {
-        let mut cmd = ipybox();
-        cmd.args(["exec", "--workspace"])
+        Command::new("setsid")
+            .args(["-w", crate::support::BIN, "exec", "--workspace"])
             .arg(ws.path())
             .arg("--approve-shell")
             .args(extra)
-            .args(["-c", code]);
-        // SAFETY: setsid is async-signal-safe; it runs in the child between fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        cmd.output().unwrap()
+            .args(["-c", code])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
     };
     let out = run(&[], "print('before')\n!touch made.txt");
     assert_eq!(out.status.code(), Some(1));
