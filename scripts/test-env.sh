@@ -2,6 +2,9 @@
 # Provisions what the integration tests need beside ipybox's own kernel environment:
 #   target/test-env/venv           Python with the MCP SDK (fixture servers) and schema-testing tools
 #   target/test-env/node_modules   @modelcontextprotocol/server-everything (pinned)
+#   target/test-env/jupyter/{kg,eg,js}  Jupyter Kernel Gateway, Enterprise Gateway and Jupyter Server
+#                                  (separate venvs: EG pins jupyter-server 1.x), each with the
+#                                  kernel image ipybox needs on a server: ipykernel + pydantic
 # Idempotent: a stamp file records what was installed; rerun after changing the pins below.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -11,10 +14,14 @@ mkdir -p "$dir"
 # hypothesis is pinned below 6.170: 6.170 changed the internal `many()` API that
 # hypothesis-jsonschema 0.23.1 drives.
 PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.169.4 hypothesis-jsonschema==0.23.1)
+# Remote-kernel servers (tests/integration/remote_kernels.rs), one venv each.
+JUPYTER_KG=(jupyter-kernel-gateway==3.0.1 ipykernel==7.4.0 pydantic==2.13.4)
+JUPYTER_EG=(jupyter-enterprise-gateway==3.3.0 ipykernel==6.29.5 pydantic==2.13.4)
+JUPYTER_JS=(jupyter-server==2.21.1 ipykernel==7.4.0 pydantic==2.13.4)
 NPM_PKGS=(@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31)
 
 stamp="$dir/.stamp"
-want="${PY_PKGS[*]} | ${NPM_PKGS[*]}"
+want="${PY_PKGS[*]} | ${NPM_PKGS[*]} | ${JUPYTER_KG[*]} | ${JUPYTER_EG[*]} | ${JUPYTER_JS[*]}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -28,6 +35,18 @@ echo "test-env: creating $dir/venv" >&2
 rm -rf "$dir/venv"
 uv venv -q --python "$(command -v python3)" "$dir/venv"
 uv pip install -q --python "$dir/venv/bin/python" "${PY_PKGS[@]}"
+
+for server in kg eg js; do
+  case $server in
+    kg) pkgs=("${JUPYTER_KG[@]}") ;;
+    eg) pkgs=("${JUPYTER_EG[@]}") ;;
+    js) pkgs=("${JUPYTER_JS[@]}") ;;
+  esac
+  echo "test-env: creating $dir/jupyter/$server (${pkgs[0]})" >&2
+  rm -rf "$dir/jupyter/$server"
+  uv venv -q --python "$(command -v python3)" "$dir/jupyter/$server"
+  uv pip install -q --python "$dir/jupyter/$server/bin/python" "${pkgs[@]}"
+done
 
 echo "test-env: installing ${NPM_PKGS[*]}" >&2
 ( cd "$dir" && [ -f package.json ] || echo '{"private":true}' > "$dir/package.json"

@@ -23,14 +23,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use include_dir::{Dir, include_dir};
+use include_dir::Dir;
 use tokio::sync::{Mutex, mpsc};
 
 use crate::apigen::ApiStyle;
 use crate::host_env::HostEnv;
 use crate::kernel::runtime_dir::RuntimeDir;
+use crate::kernel::gateway::Gateway;
+use crate::kernel::gateway::ledger::Ledger;
 use crate::kernel::{
-    ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
+    Backend, ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
 };
 use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
@@ -42,10 +44,6 @@ use crate::tools::{
     ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     SessionCache,
 };
-
-/// Kernel-side Python shipped inside the binary, extracted into the runtime directory and put on
-/// the kernel's `PYTHONPATH`, so it always matches this binary's version.
-static KERNEL_PYTHON: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/python");
 
 /// Ready kernels kept for resets and restarts unless [`CodeExecutorBuilder::spare_kernels`] says
 /// otherwise.
@@ -134,8 +132,19 @@ pub struct CodeExecutorBuilder {
     approve_shell_cmds: bool,
     require_shell_escape: bool,
     sandbox: Option<SandboxOptions>,
+    kernel_gateway: Option<GatewayUrl>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
+}
+
+/// A kernel gateway URL as given, with a `Debug` that leaves out its query (it may hold a token).
+#[derive(Clone)]
+struct GatewayUrl(String);
+
+impl std::fmt::Debug for GatewayUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&crate::kernel::gateway::redact_query(&self.0))
+    }
 }
 
 /// The provisioning progress callback, with a `Debug` that does not try to print a closure.
@@ -250,6 +259,16 @@ impl CodeExecutorBuilder {
     /// docs/approvals.md lists the known ways around it. Default: off.
     pub fn require_shell_escape(mut self, require: bool) -> Self {
         self.require_shell_escape = require;
+        self
+    }
+
+    /// Runs kernels on a Jupyter server (Jupyter Kernel Gateway, Enterprise Gateway or Jupyter
+    /// Server) instead of as local processes: `http[s]://host:port[/base]`, optionally with
+    /// `?token=…` (may be `${VAR}`, taken from the host environment; else `IPYBOX_GATEWAY_TOKEN`)
+    /// and `&kernel=NAME` (the kernelspec; default `python3`). Tool calls travel over the kernel's
+    /// Jupyter connection; see docs/remote-kernels.md. Not combinable with [`Self::sandbox`].
+    pub fn kernel_gateway(mut self, url: impl Into<String>) -> Self {
+        self.kernel_gateway = Some(GatewayUrl(url.into()));
         self
     }
 
@@ -395,20 +414,15 @@ impl CodeExecutor {
         }
         let b = &self.inner.builder;
         let workspace = self.workspace()?;
-        let explicit = b.python.clone();
-        let host = self.host_env().clone();
-        let progress = b
-            .progress
-            .as_ref()
-            .map_or_else(pyenv::log_progress, |p| p.0.clone());
-        let env = tokio::task::spawn_blocking(move || {
-            pyenv::resolve(explicit.as_deref(), &host, &progress)
-        })
-        .await
-        .map_err(|source| ExecutorError::Task {
-            what: "finding the Python environment",
-            source,
-        })??;
+        let gateway = match &b.kernel_gateway {
+            Some(spec) => Some(self.gateway(&spec.0)?),
+            None => None,
+        };
+        // Kernels on a Jupyter server use the server's Python: nothing to provision here.
+        let python = match &gateway {
+            Some(_) => PathBuf::new(),
+            None => self.local_python().await?,
+        };
         let runtime =
             Arc::new(
                 RuntimeDir::create(self.host_env()).map_err(|source| ExecutorError::Io {
@@ -417,12 +431,14 @@ impl CodeExecutor {
                 })?,
             );
         let python_dir = runtime.path().join("python");
-        extract(&KERNEL_PYTHON, &python_dir).map_err(|source| ExecutorError::Io {
+        extract(&crate::kernel::RUNTIME, &python_dir).map_err(|source| ExecutorError::Io {
             path: python_dir.clone(),
             source,
         })?;
-        let _ = self.inner.python.set(env.python.clone());
-        let mut config = KernelConfig::new(env.python, workspace.clone(), self.host_env().clone());
+        if gateway.is_none() {
+            let _ = self.inner.python.set(python.clone());
+        }
+        let mut config = KernelConfig::new(python, workspace.clone(), self.host_env().clone());
         config.images_dir = match &b.images_dir {
             Some(d) if d.is_absolute() => d.clone(),
             Some(d) => workspace.join(d),
@@ -448,9 +464,31 @@ impl CodeExecutor {
             }
         })?;
         config.env = b.kernel_env.clone();
-        config
-            .env
-            .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
+        match gateway {
+            None => {
+                config
+                    .env
+                    .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
+            }
+            Some(gateway) => {
+                // Tool calls come over the kernel's stdin channel (no route to the socket).
+                let state = tools.state().clone();
+                let ws = workspace.clone();
+                config.input_handler = Some(Arc::new(move |payload: String| {
+                    let state = state.clone();
+                    let ws = ws.clone();
+                    Box::pin(async move {
+                        crate::tools::stdin_channel::answer(&state, &ws, &payload).await
+                    })
+                }));
+                config.ledger = self.host_env().data_dir().map(|d| Ledger::new(&d));
+                if let Some(ledger) = config.ledger.clone() {
+                    let gateway = gateway.clone();
+                    tokio::spawn(async move { ledger.clean_up(&gateway).await });
+                }
+                config.backend = Backend::Gateway(gateway);
+            }
+        }
         config.python_path = vec![python_dir];
         config.restore_cwd = b.restore_working_dir;
         config.shell_approval = if b.approve_shell_cmds || b.require_shell_escape {
@@ -489,6 +527,44 @@ impl CodeExecutor {
             runtime,
         });
         Ok(())
+    }
+
+    /// The kernel's interpreter on this machine, provisioned on first use.
+    async fn local_python(&self) -> Result<PathBuf, ExecutorError> {
+        let b = &self.inner.builder;
+        let explicit = b.python.clone();
+        let host = self.host_env().clone();
+        let progress = b
+            .progress
+            .as_ref()
+            .map_or_else(pyenv::log_progress, |p| p.0.clone());
+        let env = tokio::task::spawn_blocking(move || {
+            pyenv::resolve(explicit.as_deref(), &host, &progress)
+        })
+        .await
+        .map_err(|source| ExecutorError::Task {
+            what: "finding the Python environment",
+            source,
+        })??;
+        Ok(env.python)
+    }
+
+    /// The Jupyter server of `kernel_gateway(url)`.
+    fn gateway(&self, spec: &str) -> Result<Gateway, ExecutorError> {
+        let b = &self.inner.builder;
+        if b.sandbox.is_some() {
+            return Err(KernelError::Start {
+                reason: "a sandbox wraps local kernel processes; it cannot apply to kernels on a Jupyter server".into(),
+                help: "use either the sandbox or the kernel gateway (isolate remote kernels on the server side, e.g. one pod per kernel)".into(),
+            }
+            .into());
+        }
+        if b.python.is_some() {
+            tracing::warn!(
+                "the python path is ignored: kernels on a Jupyter server use the server's kernelspec (choose it with ?kernel=NAME in the gateway URL)"
+            );
+        }
+        Ok(Gateway::parse(spec, self.host_env())?)
     }
 
     fn tool_env(&self) -> HashMap<String, String> {

@@ -69,6 +69,33 @@ struct ServeArgs {
     approval_timeout: f64,
     #[command(flatten)]
     shell: ShellArgs,
+    #[command(flatten)]
+    gateway: GatewayArgs,
+}
+
+/// Where kernels run, for the MCP server and `ipybox exec`.
+#[derive(clap::Args, Debug, Clone)]
+struct GatewayArgs {
+    /// Run kernels on a Jupyter server (Kernel Gateway, Enterprise Gateway or Jupyter Server):
+    /// http[s]://HOST:PORT[/BASE][?token=${VAR}&kernel=NAME]. The token defaults to
+    /// $IPYBOX_GATEWAY_TOKEN. Tool calls travel over the kernel's Jupyter connection.
+    #[arg(long, value_name = "URL", env = "IPYBOX_KERNEL_GATEWAY")]
+    kernel_gateway: Option<String>,
+}
+
+impl GatewayArgs {
+    /// Adds the gateway, else the local interpreter (`python`).
+    fn apply(
+        self,
+        builder: ipybox::executor::CodeExecutorBuilder,
+        python: Option<PathBuf>,
+    ) -> ipybox::executor::CodeExecutorBuilder {
+        match (self.kernel_gateway, python) {
+            (Some(url), _) => builder.kernel_gateway(url),
+            (None, Some(python)) => builder.python(python),
+            (None, None) => builder,
+        }
+    }
 }
 
 /// Shell-command approval, for the MCP server and `ipybox exec`.
@@ -118,6 +145,8 @@ enum Command {
         yes: bool,
         #[command(flatten)]
         shell: ShellArgs,
+        #[command(flatten)]
+        gateway: GatewayArgs,
         /// Code to run.
         #[arg(short = 'c', long = "code", conflicts_with = "file")]
         code: Option<String>,
@@ -241,9 +270,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
             .spare_kernels(args.spare_kernels)
             .approval_timeout(approval_timeout),
     );
-    if let Some(python) = args.python {
-        builder = builder.python(python);
+    if args.sandbox && args.gateway.kernel_gateway.is_some() {
+        anyhow::bail!(
+            "--sandbox wraps local kernel processes; it cannot apply to kernels on a Jupyter server (--kernel-gateway)\n  help: use one of the two (isolate remote kernels on the server side, e.g. one pod per kernel)"
+        );
     }
+    builder = args.gateway.apply(builder, args.python);
     if args.sandbox {
         #[allow(clippy::needless_update)] // SandboxOptions may grow fields
         let options = ipybox::sandbox::SandboxOptions {
@@ -323,6 +355,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
             timeout,
             yes,
             shell,
+            gateway,
             code,
             file,
         } => {
@@ -336,9 +369,7 @@ async fn run(command: Command) -> anyhow::Result<u8> {
                     .progress(print_progress())
                     .without_spare_kernel(),
             );
-            if let Some(p) = python {
-                builder = builder.python(p);
-            }
+            builder = gateway.apply(builder, python);
             let executor = builder.build();
             executor.start().await.map_err(|e| match e {
                 ExecutorError::PythonEnv(e) => with_cli_help(e),

@@ -7,6 +7,9 @@ generated with the async style, await :meth:`ToolRunner.run_async` (one connecti
 running event loop, so many calls can be in flight at once). Standard library only.
 
 The tool server speaks HTTP/1.1 on a Unix socket whose path is in ``IPYBOX_TOOL_SOCKET``.
+Kernels on Jupyter servers send the same requests over the Jupyter stdin channel instead
+(``stdin_channel``) and import workspace modules from the host (``host_import``).
+
 ``POST /run`` takes ``{"server_name", "server_params", "tool_name", "arguments"}`` and answers
 ``{"structured": <object or null>, "text": <str>}`` or ``{"error": {"kind", "message"}}``; the kind
 selects the exception (``_ERRORS``). ``POST /approve`` (``{"tool_name", "arguments"}``) asks
@@ -128,7 +131,14 @@ def _decode(status: int, data: bytes) -> dict:
         raise ToolRunnerError(f"tool server sent an invalid response ({status})") from e
 
 
+# Set by ``stdin_channel.install`` in kernels on Jupyter servers: requests then travel over the
+# Jupyter stdin channel instead of the Unix socket (same requests, same replies).
+_channel: Any = None
+
+
 def _request(method: str, url: str, body: dict | None = None) -> dict:
+    if _channel is not None:
+        return _channel(method, url, body)
     path = _socket_path()
     payload, headers = _encode(body)
     for attempt in (0, 1):
@@ -177,7 +187,10 @@ def _request_text(method: str, url: str, payload: bytes, headers: dict[str, str]
 
 async def _request_async(method: str, url: str, body: dict | None = None) -> dict:
     """:func:`_request` on the running event loop: its own connection, closed by the server after
-    the reply (``Connection: close``), so concurrent calls never share one."""
+    the reply (``Connection: close``), so concurrent calls never share one. Over the stdin channel,
+    the call waits in a worker thread (calls queue there, see ``stdin_channel``)."""
+    if _channel is not None:
+        return await asyncio.get_running_loop().run_in_executor(None, _channel, method, url, body)
     path = _socket_path()
     payload, headers = _encode(body)
     try:

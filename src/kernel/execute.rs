@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::completion::Completion;
 use super::output::{OutputCollector, strip_ansi};
-use super::process::{Kernel, proto};
+use super::process::Kernel;
 use super::{KernelConfig, KernelError};
 use crate::pause::TimeoutPause;
 
@@ -91,20 +91,55 @@ pub(crate) async fn run(
     events: Option<&mpsc::UnboundedSender<ExecEvent>>,
     pause: &TimeoutPause,
 ) -> Outcome {
-    let mut out = OutputCollector::new(&config.images_dir);
-    if let Some(status) = kernel.exited() {
-        log_death(kernel, &status);
-        return died(status, out, false);
-    }
-    let request: JupyterMessage = ExecuteRequest {
+    let request = ExecuteRequest {
         code: code.to_string(),
         silent: false,
         store_history: true,
         user_expressions: None,
         allow_stdin: false,
         stop_on_error: true,
+    };
+    run_request(kernel, config, request, timeout, events, pause).await
+}
+
+/// Runs ipybox's own setup `code` on a new kernel (silently, outside the history); its failure
+/// is a start error.
+pub(crate) async fn bootstrap(
+    kernel: &mut Kernel,
+    config: &KernelConfig,
+    code: &str,
+) -> Result<(), KernelError> {
+    let request = ExecuteRequest {
+        code: code.to_string(),
+        silent: true,
+        store_history: false,
+        user_expressions: None,
+        allow_stdin: false,
+        stop_on_error: true,
+    };
+    let pause = TimeoutPause::default();
+    let outcome = run_request(kernel, config, request, None, None, &pause).await;
+    outcome.result.map(|_| ()).map_err(|e| KernelError::Start {
+        reason: format!("ipybox's setup cell failed in the new kernel: {e}"),
+        help: "the kernel needs Python >= 3.9 with ipykernel; check the Jupyter server's kernelspec"
+            .into(),
+    })
+}
+
+async fn run_request(
+    kernel: &mut Kernel,
+    config: &KernelConfig,
+    request: ExecuteRequest,
+    timeout: Option<Duration>,
+    events: Option<&mpsc::UnboundedSender<ExecEvent>>,
+    pause: &TimeoutPause,
+) -> Outcome {
+    let mut out = OutputCollector::new(&config.images_dir);
+    if let Some(status) = kernel.exited() {
+        log_death(kernel, &status);
+        return died(status, out, false);
     }
-    .into();
+    let request: JupyterMessage = request.into();
     let msg_id = request.header.msg_id.clone();
     let mut done = Completion::new(msg_id.clone());
     // If the caller drops this future before the execution completes, the kernel is still
@@ -113,10 +148,10 @@ pub(crate) async fn run(
         slot: kernel.abandoned.clone(),
         msg_id: Some(msg_id),
     };
-    if let Err(e) = kernel.shell_tx.send(request).await {
+    if let Err(e) = kernel.send_shell(request).await {
         guard.msg_id = None;
         return Outcome {
-            result: Err(proto(e)),
+            result: Err(e),
             replace_kernel: true,
         };
     }

@@ -1,7 +1,11 @@
 //! The kernel engine: stateful Python in an `ipykernel` process that ipybox launches and talks to
-//! over the Jupyter messaging protocol (ZMQ over IPC sockets in a private runtime directory).
+//! over the Jupyter messaging protocol (ZMQ over IPC sockets in a private runtime directory), or
+//! in a kernel on a Jupyter server (Kernel Gateway, Enterprise Gateway, Jupyter Server) spoken to
+//! over its WebSocket.
 //!
-//! - `process`: launching a kernel, its environment, readiness, death detection, shutdown;
+//! - `process`: starting a kernel (local or remote), its environment, readiness, death
+//!   detection, shutdown;
+//! - `gateway`: the Jupyter-server transport (REST, WebSocket, bootstrap, ledger);
 //! - `execute`: one execution: request, output assembly, completion, timeout and interrupt;
 //! - `output`: turning Jupyter outputs into text and image files;
 //! - `pool`: the current kernel plus a warm spare, so reset and restarts are near-instant;
@@ -12,6 +16,7 @@
 
 mod completion;
 pub(crate) mod execute;
+pub(crate) mod gateway;
 pub(crate) mod output;
 pub(crate) mod pool;
 pub(crate) mod process;
@@ -21,8 +26,26 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use include_dir::{Dir, include_dir};
+
 use crate::child_process::CommandWrapper;
 use crate::host_env::HostEnv;
+use gateway::Gateway;
+use gateway::connection::InputHandler;
+use gateway::ledger::Ledger;
+
+/// ipybox's kernel-side Python (`python/`): extracted to the runtime directory for local
+/// kernels, sent in the bootstrap cell to kernels on Jupyter servers.
+pub(crate) static RUNTIME: Dir<'_> = include_dir!("$CARGO_MANIFEST_DIR/python");
+
+/// Where kernels run.
+#[derive(Debug, Clone)]
+pub(crate) enum Backend {
+    /// Child processes of ipybox.
+    Local,
+    /// Kernels on a Jupyter server.
+    Gateway(Gateway),
+}
 
 pub(crate) use execute::ExecEvent;
 pub use execute::ExecutionOutput;
@@ -39,7 +62,7 @@ pub(crate) enum ShellApproval {
 }
 
 /// How kernels are launched. One config serves the current kernel and its spares.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct KernelConfig {
     /// Interpreter with `ipykernel` (see [`crate::pyenv`]).
     pub python: PathBuf,
@@ -64,6 +87,22 @@ pub(crate) struct KernelConfig {
     pub shell_approval: ShellApproval,
     /// How long an interrupted execution may take to stop before the kernel is restarted.
     pub interrupt_grace: Duration,
+    /// Local processes, or kernels on a Jupyter server.
+    pub backend: Backend,
+    /// Answers the kernel-side runtime's requests over the stdin channel (remote kernels).
+    pub input_handler: Option<InputHandler>,
+    /// Records remote kernels until they are deleted.
+    pub ledger: Option<Ledger>,
+}
+
+impl std::fmt::Debug for KernelConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelConfig")
+            .field("python", &self.python)
+            .field("workspace", &self.workspace)
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KernelConfig {
@@ -81,6 +120,9 @@ impl KernelConfig {
             restore_cwd: false,
             shell_approval: ShellApproval::Off,
             interrupt_grace: Duration::from_secs(3),
+            backend: Backend::Local,
+            input_handler: None,
+            ledger: None,
         }
     }
 }

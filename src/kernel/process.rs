@@ -1,4 +1,5 @@
-//! Launching one `ipykernel` process and holding its connections.
+//! Starting one kernel and holding its connections: an `ipykernel` process ipybox launches, or a
+//! kernel on a Jupyter server ([`super::gateway`]); [`Kernel`] hides which.
 //!
 //! The kernel runs `python -c <launcher> -f <connection file>` with a minimal environment, the
 //! workspace as cwd, stdout discarded and stderr kept as a bounded tail for diagnostics. It is
@@ -16,18 +17,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jupyter_protocol::connection_info::Transport;
+use jupyter_protocol::messaging::Channel;
 use jupyter_protocol::{ConnectionInfo, JupyterMessage, KernelInfoRequest};
 use jupyter_zmq_client::{ClientControlConnection, DealerSendConnection};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::completion::Completion;
-use super::{KernelConfig, KernelError, ShellApproval};
+use super::gateway::Gateway;
+use super::gateway::connection::{Inbound, RemoteKernel};
+use super::{Backend, KernelConfig, KernelError, ShellApproval};
 use crate::child_process::{StderrTail, own_group, signal_group};
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
-/// ipykernel patch, then the kernel app. (What needs the kernel running comes in through
-/// `exec_lines`, see `startup_line`.)
+/// ipykernel patch (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
+/// running comes in through `exec_lines`, see `startup_line`.)
 const LAUNCHER: &str = r#"import os, sys, threading
 def _ipybox_watch_parent():
     try:
@@ -37,30 +41,7 @@ def _ipybox_watch_parent():
         pass
     os._exit(0)
 threading.Thread(target=_ipybox_watch_parent, name="ipybox-parent-watch", daemon=True).start()
-from ipykernel import iostream as _ios
-_ipybox_flush, _ipybox_send = _ios.OutStream.flush, _ios.OutStream._flush
-def _ipybox_send_marked(self):
-    # Runs on ipykernel's IO thread: takes the buffers, then sends them. Marked busy from before
-    # it takes the buffers until the send is done.
-    self._ipybox_sending = True
-    try:
-        return _ipybox_send(self)
-    finally:
-        self._ipybox_sending = False
-def _ipybox_flush_if_pending(self):
-    # ipykernel flushes stdout and stderr after every execution: each a round trip to its IO
-    # thread, waited for, even when nothing was written. Skip it only when the buffers are empty
-    # AND no send is in flight (checked in that order), so stream output still goes out before
-    # the execution's idle status.
-    try:
-        empty = self.echo is None and not any(b.tell() for b in list(self._buffers.values()))
-        if empty and not getattr(self, "_ipybox_sending", False):
-            return
-    except Exception:
-        pass
-    return _ipybox_flush(self)
-_ios.OutStream._flush = _ipybox_send_marked
-_ios.OutStream.flush = _ipybox_flush_if_pending
+__import__("ipybox_runtime.output_flush", fromlist=["install"]).install()
 from ipykernel import kernelapp
 kernelapp.launch_new_instance()
 "#;
@@ -128,33 +109,65 @@ impl Drop for Process {
     }
 }
 
-/// A running, ready kernel and its connections.
+/// A running, ready kernel: a local process or a kernel on a Jupyter server. Executions see
+/// the same receivers and methods either way.
 pub(crate) struct Kernel {
-    pub(crate) shell_tx: DealerSendConnection,
-    pub(crate) control: ClientControlConnection,
     pub(crate) shell_rx: mpsc::UnboundedReceiver<JupyterMessage>,
     pub(crate) iopub_rx: mpsc::UnboundedReceiver<JupyterMessage>,
     /// msg_id of an execution whose caller went away before it completed (see
     /// `execute::settle_abandoned`); shared with that execution's drop guard.
     pub(crate) abandoned: Arc<Mutex<Option<String>>>,
-    // Declared last: dropped after the sockets, so they close before the process is reaped.
-    process: Process,
+    link: Link,
+}
+
+/// How messages reach the kernel.
+enum Link {
+    /// ZMQ over IPC sockets to a child process. The sockets are declared before the process:
+    /// they close before the process is reaped.
+    Local {
+        shell_tx: DealerSendConnection,
+        control: ClientControlConnection,
+        process: Process,
+    },
+    /// A WebSocket to a Jupyter server (see [`super::gateway`]).
+    Remote(RemoteKernel),
 }
 
 impl std::fmt::Debug for Kernel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Kernel")
-            .field("pid", &self.process.pid)
-            .field("dir", &self.process.dir)
-            .finish()
+        match &self.link {
+            Link::Local { process, .. } => f
+                .debug_struct("Kernel")
+                .field("pid", &process.pid)
+                .field("dir", &process.dir)
+                .finish(),
+            Link::Remote(remote) => f
+                .debug_struct("Kernel")
+                .field("remote", &remote.describe())
+                .finish(),
+        }
     }
 }
 
 impl Kernel {
-    /// Launches a kernel in `dir` (created if missing) and waits until it is ready.
-    /// Starts a kernel in `dir` and waits until it answers. `pid` receives the process id as
-    /// soon as the process exists, so whoever abandons a launch can wait for the process to end.
+    /// Starts a kernel as `config` says (a local process in `dir`, or a kernel on a Jupyter
+    /// server) and waits until it answers. `pid` receives a local process's id as soon as the
+    /// process exists, so whoever abandons a launch can wait for the process to end.
     pub(crate) async fn launch(
+        config: &KernelConfig,
+        dir: PathBuf,
+        pid: &AtomicU32,
+    ) -> Result<Kernel, KernelError> {
+        match &config.backend {
+            Backend::Local => Self::launch_local(config, dir, pid).await,
+            Backend::Gateway(gateway) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Self::launch_remote(config, gateway).await
+            }
+        }
+    }
+
+    async fn launch_local(
         config: &KernelConfig,
         dir: PathBuf,
         pid: &AtomicU32,
@@ -204,11 +217,16 @@ impl Kernel {
         }));
 
         let deadline = tokio::time::Instant::from(started + config.start_timeout);
-        match tokio::time::timeout_at(deadline, connect(&info, process)).await {
+        let ready = async {
+            let mut kernel = connect(&info, process).await?;
+            handshake(&mut kernel).await?;
+            Ok::<_, KernelError>(kernel)
+        };
+        match tokio::time::timeout_at(deadline, ready).await {
             Ok(result) => {
                 let kernel = result?;
                 tracing::debug!(
-                    pid = kernel.process.pid,
+                    pid = kernel.pid(),
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "kernel ready"
                 );
@@ -222,46 +240,140 @@ impl Kernel {
         }
     }
 
+    /// Creates a kernel on the Jupyter server, waits until it answers, and runs the bootstrap
+    /// cell. A kernel that fails any step is deleted again.
+    async fn launch_remote(config: &KernelConfig, gateway: &Gateway) -> Result<Kernel, KernelError> {
+        let started = Instant::now();
+        let (shell, shell_rx) = mpsc::unbounded_channel();
+        let (iopub, iopub_rx) = mpsc::unbounded_channel();
+        let ready = async {
+            let remote = RemoteKernel::create(
+                gateway,
+                config.ledger.as_ref(),
+                &config.env,
+                Inbound { shell, iopub },
+                config.input_handler.clone(),
+            )
+            .await?;
+            let mut kernel = Kernel {
+                shell_rx,
+                iopub_rx,
+                abandoned: Arc::new(Mutex::new(None)),
+                link: Link::Remote(remote),
+            };
+            handshake(&mut kernel).await?;
+            let code = super::gateway::bootstrap::cell(config, &super::RUNTIME);
+            super::execute::bootstrap(&mut kernel, config, &code).await?;
+            Ok::<_, KernelError>(kernel)
+        };
+        match tokio::time::timeout(config.start_timeout, ready).await {
+            Ok(result) => {
+                let kernel = result?;
+                tracing::debug!(
+                    kernel = ?kernel,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "remote kernel ready"
+                );
+                Ok(kernel)
+            }
+            Err(_) => Err(KernelError::Start {
+                reason: format!(
+                    "the kernel on {} did not answer within {} s",
+                    gateway.url(),
+                    config.start_timeout.as_secs()
+                ),
+                help: "check the Jupyter server's log; a cluster may need longer to schedule a kernel (kernel_start_timeout)".into(),
+            }),
+        }
+    }
+
+    /// The local process id (0 for a kernel on a Jupyter server).
     pub(crate) fn pid(&self) -> u32 {
-        self.process.pid
+        match &self.link {
+            Link::Local { process, .. } => process.pid,
+            Link::Remote(_) => 0,
+        }
     }
 
-    /// The process's exit status if it has exited.
+    /// How the kernel ended, if it has (a local process's exit status, or what the Jupyter
+    /// server said).
     pub(crate) fn exited(&self) -> Option<String> {
-        self.process.exited()
+        match &self.link {
+            Link::Local { process, .. } => process.exited(),
+            Link::Remote(remote) => remote.exited(),
+        }
     }
 
-    /// A receiver that changes when the process exits.
+    /// A receiver that changes when the kernel ends.
     pub(crate) fn exit_watch(&self) -> watch::Receiver<Option<ExitInfo>> {
-        self.process.exit.clone()
+        match &self.link {
+            Link::Local { process, .. } => process.exit.clone(),
+            Link::Remote(remote) => remote.exit_watch(),
+        }
     }
 
-    /// The kernel's recent stderr, for diagnostics.
+    /// The kernel's recent stderr (local kernels), for diagnostics.
     pub(crate) fn stderr_tail(&self) -> String {
-        self.process.stderr_tail()
+        match &self.link {
+            Link::Local { process, .. } => process.stderr_tail(),
+            Link::Remote(remote) => remote.describe(),
+        }
     }
 
-    /// Sends `interrupt_request` over the control channel (works inside a sandbox, where a host
-    /// signal would reach the sandbox wrapper instead of the kernel).
+    fn exited_err(&self) -> KernelError {
+        match &self.link {
+            Link::Local { process, .. } => process.exited_err(),
+            Link::Remote(remote) => KernelError::Start {
+                reason: format!(
+                    "{} ended while starting: {}",
+                    remote.describe(),
+                    remote.exited().unwrap_or_default()
+                ),
+                help: "check the Jupyter server's log for the kernel's output".into(),
+            },
+        }
+    }
+
+    /// Sends a request on the shell channel.
+    pub(crate) async fn send_shell(&mut self, msg: JupyterMessage) -> Result<(), KernelError> {
+        match &mut self.link {
+            Link::Local { shell_tx, .. } => shell_tx.send(msg).await.map_err(proto),
+            Link::Remote(remote) => remote.send(Channel::Shell, msg),
+        }
+    }
+
+    /// Interrupts the running code: `interrupt_request` on the control channel for a local
+    /// kernel (works inside a sandbox, where a host signal would reach the sandbox wrapper), the
+    /// server's interrupt endpoint for a remote one.
     pub(crate) async fn interrupt(&mut self) -> Result<(), KernelError> {
-        let msg: JupyterMessage = jupyter_protocol::InterruptRequest {}.into();
-        self.control.send(msg).await.map_err(proto)
+        match &mut self.link {
+            Link::Local { control, .. } => {
+                let msg: JupyterMessage = jupyter_protocol::InterruptRequest {}.into();
+                control.send(msg).await.map_err(proto)
+            }
+            Link::Remote(remote) => remote.interrupt().await,
+        }
     }
 
-    /// Stops the kernel: kills its process group (there is no state worth a graceful shutdown, and
-    /// ipykernel's own shutdown sometimes takes ~10 s), waits until it is gone, removes its files.
+    /// Stops the kernel. A local one is killed with its process group (there is no state worth
+    /// a graceful shutdown, and ipykernel's own shutdown sometimes takes ~10 s) and waited for;
+    /// a remote one is deleted on the server.
     pub(crate) async fn shutdown(self) {
-        self.process.kill();
-        let mut exit = self.process.exit.clone();
-        let _ = tokio::time::timeout(Duration::from_secs(2), exit.wait_for(|e| e.is_some())).await;
+        match self.link {
+            Link::Local { process, .. } => {
+                process.kill();
+                let mut exit = process.exit.clone();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(2), exit.wait_for(|e| e.is_some()))
+                        .await;
+            }
+            Link::Remote(remote) => remote.shutdown().await,
+        }
     }
 }
 
-/// Waits for the socket files, connects shell/iopub/control and does the `kernel_info`
-/// handshake, repeated until iopub has carried a status for one of our requests (proof that the
-/// PUB/SUB subscription is live, so no output of the first execution can be lost).
+/// Waits for the socket files and connects shell/iopub/control.
 async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, KernelError> {
-    let mut exit = process.exit.clone();
     let ports = [info.shell_port, info.iopub_port, info.control_port];
     while !ports
         .iter()
@@ -311,18 +423,24 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
             }
         }
     }));
-    let mut kernel = Kernel {
-        shell_tx,
-        control,
+    Ok(Kernel {
         shell_rx,
         iopub_rx,
         abandoned: Arc::new(Mutex::new(None)),
-        process,
-    };
+        link: Link::Local {
+            shell_tx,
+            control,
+            process,
+        },
+    })
+}
 
-    // kernel_info, resent every 200 ms until its reply AND its idle status arrived: iopub is a
-    // PUB/SUB socket, so messages published before the subscription took hold are lost (the
-    // slow joiner); an idle status seen means iopub is connected.
+/// `kernel_info`, resent every 200 ms until its reply AND its idle status arrived: iopub is a
+/// PUB/SUB socket, so messages published before the subscription took hold are lost (the slow
+/// joiner); an idle status seen means iopub is connected. (A Jupyter server's WebSocket has the
+/// same property: it subscribes when the socket opens.)
+async fn handshake(kernel: &mut Kernel) -> Result<(), KernelError> {
+    let mut exit = kernel.exit_watch();
     let mut ready: Option<Completion> = None;
     while !ready.as_ref().is_some_and(Completion::is_complete) {
         let req: JupyterMessage = KernelInfoRequest {}.into();
@@ -331,7 +449,7 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
             None => ready = Some(Completion::new(req.header.msg_id.clone())),
         }
         let Some(done) = ready.as_mut() else { break };
-        kernel.shell_tx.send(req).await.map_err(proto)?;
+        kernel.send_shell(req).await?;
         let round = tokio::time::sleep(Duration::from_millis(200));
         tokio::pin!(round);
         while !done.is_complete() {
@@ -340,12 +458,12 @@ async fn connect(info: &ConnectionInfo, process: Process) -> Result<Kernel, Kern
                 Some(msg) = kernel.iopub_rx.recv() => {
                     done.on_iopub(&msg);
                 }
-                _ = exit.changed() => return Err(kernel.process.exited_err()),
+                _ = exit.changed() => return Err(kernel.exited_err()),
                 _ = &mut round => break,
             }
         }
     }
-    Ok(kernel)
+    Ok(())
 }
 
 /// The line the kernel runs once it is up (ipykernel's `exec_lines`), if any: the
@@ -450,20 +568,27 @@ pub(crate) fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
         .collect();
     py_path.push(config.workspace.display().to_string());
     env.insert("PYTHONPATH".into(), py_path.join(":"));
-    env.insert("PYTHONUNBUFFERED".into(), "1".into());
-    env.insert("PYTHONIOENCODING".into(), "utf-8".into());
-    env.insert("JUPYTER_PLATFORM_DIRS".into(), "1".into());
-    env.insert("PYDEVD_DISABLE_FILE_VALIDATION".into(), "1".into());
-    env.insert(
-        "MPLBACKEND".into(),
-        "module://matplotlib_inline.backend_inline".into(),
-    );
-    env.insert("NO_COLOR".into(), "1".into());
-    env.insert("TERM".into(), "dumb".into());
+    for (k, v) in fixed_env() {
+        env.insert(k.into(), v.into());
+    }
     for (k, v) in &config.env {
         env.insert(k.clone(), v.clone());
     }
     env.into_iter().collect()
+}
+
+/// The variables every kernel gets, local or remote (remote kernels set them in their bootstrap
+/// cell): unbuffered UTF-8 output, inline matplotlib images, no colours.
+pub(crate) fn fixed_env() -> [(&'static str, &'static str); 7] {
+    [
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONIOENCODING", "utf-8"),
+        ("JUPYTER_PLATFORM_DIRS", "1"),
+        ("PYDEVD_DISABLE_FILE_VALIDATION", "1"),
+        ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),
+        ("NO_COLOR", "1"),
+        ("TERM", "dumb"),
+    ]
 }
 
 fn describe_exit(status: std::process::ExitStatus) -> String {

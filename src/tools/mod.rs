@@ -17,6 +17,7 @@ pub(crate) mod registry;
 pub(crate) mod server;
 pub mod sessions;
 pub(crate) mod sse_transport;
+pub(crate) mod stdin_channel;
 
 use std::time::Duration;
 

@@ -11,6 +11,8 @@
 //! - `GET /status` counts them.
 //!
 //! The bodies are typed in [`super::protocol`]; the kernel-side client is `python/ipybox_runtime`.
+//! Kernels on Jupyter servers send `/run` and `/approve` over their stdin channel instead
+//! ([`super::stdin_channel`]), to the same functions.
 //! Not here: connecting to MCP servers ([`super::sessions`]) or deciding approvals
 //! ([`super::approval`]).
 
@@ -246,7 +248,7 @@ async fn approve(
 
 /// `POST /approve`: a shell command about to run in the kernel (`approve_shell_cmds`). Accepted
 /// → `Done` (the kernel runs it); otherwise the same rejection kinds as tool calls.
-async fn approve_shell(state: &ToolServerState, request: ApproveRequest) -> RunReply {
+pub(super) async fn approve_shell(state: &ToolServerState, request: ApproveRequest) -> RunReply {
     let ApproveRequest {
         tool_name,
         arguments,
@@ -285,7 +287,7 @@ async fn approve_shell(state: &ToolServerState, request: ApproveRequest) -> RunR
     }
 }
 
-async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunReply {
+pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunReply {
     // Taken before anything can wait (approval): a reset after this point voids the call.
     let epoch = state.sessions.epoch();
     let RunRequest {

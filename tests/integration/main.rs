@@ -14,10 +14,12 @@ mod apigen_corpus;
 mod apigen_snapshots;
 mod cli_exec;
 mod codeact_example;
+mod jupyter_servers;
 mod kernel;
 mod mcp_approvals;
 mod mcp_client;
 mod mcp_server;
+mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;
 mod shell_approval;

@@ -1,0 +1,97 @@
+//! A record of the kernels ipybox created on Jupyter servers and has not deleted yet, so that a
+//! kernel outlives an ipybox that was killed only until the next ipybox starts.
+//!
+//! One file per kernel in `<data dir>/gateway-kernels/` (`<kernel id>.json`: the server's URL
+//! without token, the kernel id, the pid of the ipybox that owns it). Written right after the
+//! kernel is created, removed right after it is deleted. On start, an executor deletes the
+//! kernels of its server whose owner is no longer running. No secrets are written.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::Gateway;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Entry {
+    gateway: String,
+    kernel_id: String,
+    owner_pid: u32,
+}
+
+/// Where kernel records live (`None`: no data directory, nothing is recorded).
+#[derive(Debug, Clone)]
+pub(crate) struct Ledger {
+    dir: PathBuf,
+}
+
+impl Ledger {
+    pub(crate) fn new(data_dir: &Path) -> Self {
+        Self {
+            dir: data_dir.join("gateway-kernels"),
+        }
+    }
+
+    fn file(&self, kernel_id: &str) -> Option<PathBuf> {
+        // Kernel ids are UUIDs; anything else is not used as a file name.
+        let safe = !kernel_id.is_empty()
+            && kernel_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        safe.then(|| self.dir.join(format!("{kernel_id}.json")))
+    }
+
+    /// Records that this process created `kernel_id` on `gateway`.
+    pub(crate) fn record(&self, gateway: &Gateway, kernel_id: &str) {
+        let Some(file) = self.file(kernel_id) else {
+            return;
+        };
+        let entry = Entry {
+            gateway: gateway.url().to_string(),
+            kernel_id: kernel_id.to_string(),
+            owner_pid: std::process::id(),
+        };
+        let write = std::fs::create_dir_all(&self.dir).and_then(|()| {
+            std::fs::write(&file, serde_json::to_vec(&entry).unwrap_or_default())
+        });
+        if let Err(e) = write {
+            tracing::warn!("cannot record kernel {kernel_id} in {}: {e}", self.dir.display());
+        }
+    }
+
+    /// Forgets `kernel_id` (it was deleted).
+    pub(crate) fn forget(&self, kernel_id: &str) {
+        if let Some(file) = self.file(kernel_id) {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+
+    /// Kernels of `gateway` whose owning process is gone.
+    fn orphans(&self, gateway: &Gateway) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        dir.flatten()
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|bytes| serde_json::from_slice::<Entry>(&bytes).ok())
+            .filter(|e| e.gateway == gateway.url() && crate::child_process::process_ended(e.owner_pid))
+            .map(|e| e.kernel_id)
+            .collect()
+    }
+
+    /// Deletes the kernels a killed ipybox left on `gateway`; returns how many were deleted.
+    pub(crate) async fn clean_up(&self, gateway: &Gateway) -> usize {
+        let mut deleted = 0;
+        for id in self.orphans(gateway) {
+            match gateway.delete(&id).await {
+                Ok(()) => {
+                    tracing::info!(kernel = %id, gateway = gateway.url(), "deleted a kernel left behind by an earlier ipybox");
+                    self.forget(&id);
+                    deleted += 1;
+                }
+                Err(e) => tracing::debug!("could not delete left-behind kernel {id}: {e}"),
+            }
+        }
+        deleted
+    }
+}

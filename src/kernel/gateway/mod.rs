@@ -1,0 +1,341 @@
+//! Kernels on a Jupyter server: Jupyter Kernel Gateway, Jupyter Enterprise Gateway or Jupyter
+//! Server, which all serve the same kernels API.
+//!
+//! - this module: the server's address and token, and its REST calls (create, interrupt, delete);
+//! - `connection`: one kernel's WebSocket (`/api/kernels/{id}/channels`), reconnects, death,
+//!   and the stdin channel that carries tool calls;
+//! - `framing`: the two WebSocket framings (v1 subprotocol, legacy JSON);
+//! - `bootstrap`: the first cell a new kernel runs (ipybox's kernel-side runtime, sent over the
+//!   connection: the server's kernel image needs only ipykernel and pydantic);
+//! - `ledger`: kernels ipybox created and has not deleted yet, cleaned up on the next start.
+//!
+//! The token is sent as `Authorization: token …`, never logged and never written anywhere.
+
+pub(crate) mod bootstrap;
+pub(crate) mod connection;
+pub(crate) mod framing;
+pub(crate) mod ledger;
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode, Url};
+use serde_json::{Value, json};
+
+use super::KernelError;
+use crate::host_env::HostEnv;
+
+/// The variable the gateway's token is read from when the URL carries none.
+pub(crate) const TOKEN_VAR: &str = "IPYBOX_GATEWAY_TOKEN";
+
+/// A Jupyter server that runs ipybox's kernels.
+#[derive(Clone)]
+pub(crate) struct Gateway {
+    http: reqwest::Client,
+    /// Scheme, host, port and base path (ending in `/`); no query, no credentials.
+    base: Url,
+    token: Option<String>,
+    /// The kernelspec kernels are created with.
+    pub(crate) kernel_name: String,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("url", &self.base.as_str())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("kernel_name", &self.kernel_name)
+            .finish()
+    }
+}
+
+impl Gateway {
+    /// Parses `--kernel-gateway` / `kernel_gateway(url)`: `http[s]://host:port[/base][?token=…&kernel=…]`.
+    /// `${VAR}` placeholders are taken from `host`; without a `token` parameter the token is
+    /// `IPYBOX_GATEWAY_TOKEN` (if set).
+    pub(crate) fn parse(spec: &str, host: &HostEnv) -> Result<Self, KernelError> {
+        let bad = |reason: String| KernelError::Start {
+            reason,
+            help: "pass --kernel-gateway http://HOST:PORT (optionally ?token=${VAR}&kernel=NAME)"
+                .into(),
+        };
+        let vars: HashMap<String, String> = host.vars().clone();
+        let mut secrets = Vec::new();
+        let expanded =
+            crate::tools::env_subst::substitute_str(spec.trim(), &vars, "kernel gateway URL", &mut secrets)
+                .map_err(|e| bad(e.to_string()))?;
+        let mut url = Url::parse(&expanded).map_err(|e| {
+            bad(format!(
+                "invalid kernel gateway URL `{}`: {e}",
+                redact_query(spec.trim())
+            ))
+        })?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(bad(format!(
+                "the kernel gateway URL must start with http:// or https://, not `{}://`",
+                url.scheme()
+            )));
+        }
+        let mut token = None;
+        let mut kernel_name = "python3".to_string();
+        for (k, v) in url.query_pairs() {
+            match k.as_ref() {
+                "token" if !v.is_empty() => token = Some(v.into_owned()),
+                "kernel" | "kernel_name" if !v.is_empty() => kernel_name = v.into_owned(),
+                _ => {}
+            }
+        }
+        if token.is_none() {
+            token = host
+                .get(TOKEN_VAR)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string);
+        }
+        url.set_query(None);
+        url.set_fragment(None);
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        if !url.path().ends_with('/') {
+            let path = format!("{}/", url.path());
+            url.set_path(&path);
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| bad(format!("cannot build an HTTP client: {e}")))?;
+        Ok(Self {
+            http,
+            base: url,
+            token,
+            kernel_name,
+        })
+    }
+
+    /// The server's address, safe to show (no token).
+    pub(crate) fn url(&self) -> &str {
+        self.base.as_str()
+    }
+
+    fn endpoint(&self, path: &str) -> Url {
+        // `path` is relative ("api/kernels/…"); the base ends with '/'.
+        self.base.join(path).unwrap_or_else(|_| self.base.clone())
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, Value), KernelError> {
+        let mut req = self.http.request(method.clone(), self.endpoint(path));
+        if let Some(token) = &self.token {
+            req = req.header("Authorization", format!("token {token}"));
+        }
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
+        let resp = req.send().await.map_err(|e| self.unreachable(&e))?;
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(self.refused(status, &text));
+        }
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok((status, value))
+    }
+
+    fn unreachable(&self, e: &reqwest::Error) -> KernelError {
+        let mut cause = e.to_string();
+        let mut source = std::error::Error::source(e);
+        while let Some(s) = source {
+            cause = format!("{cause}: {s}");
+            source = s.source();
+        }
+        KernelError::Start {
+            reason: format!("cannot reach the kernel gateway at {}: {cause}", self.url()),
+            help: "check that the Jupyter server runs and that --kernel-gateway names it".into(),
+        }
+    }
+
+    fn refused(&self, status: StatusCode, body: &str) -> KernelError {
+        let detail = detail(body);
+        KernelError::Start {
+            reason: format!(
+                "the kernel gateway at {} refused ipybox's credentials (HTTP {}){}",
+                self.url(),
+                status.as_u16(),
+                if detail.is_empty() { String::new() } else { format!(": {detail}") }
+            ),
+            help: format!(
+                "{} (set {TOKEN_VAR}, or ?token=${{VAR}} in the URL, to the server's token)",
+                if self.token.is_some() { "the token is wrong" } else { "the server needs a token" }
+            ),
+        }
+    }
+
+    /// `POST /api/kernels`: starts a kernel; returns its id. `env` goes into the request (the
+    /// servers pass `KERNEL_*` variables, and those they allow, to the kernel).
+    pub(crate) async fn create_kernel(
+        &self,
+        env: &BTreeMap<String, String>,
+    ) -> Result<String, KernelError> {
+        let body = json!({"name": self.kernel_name, "env": env});
+        let (status, value) = self.call(Method::POST, "api/kernels", Some(body)).await?;
+        match value.get("id").and_then(Value::as_str) {
+            Some(id) if status.is_success() => Ok(id.to_string()),
+            _ => Err(KernelError::Start {
+                reason: format!(
+                    "the kernel gateway at {} could not start a `{}` kernel (HTTP {}): {}",
+                    self.url(),
+                    self.kernel_name,
+                    status.as_u16(),
+                    detail(&value.to_string())
+                ),
+                help: "check the server's log and its kernelspecs (?kernel=NAME picks another)"
+                    .into(),
+            }),
+        }
+    }
+
+    /// `POST /api/kernels/{id}/interrupt`.
+    pub(crate) async fn interrupt(&self, id: &str) -> Result<(), KernelError> {
+        let (status, value) = self
+            .call(Method::POST, &format!("api/kernels/{id}/interrupt"), None)
+            .await?;
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(super::process::proto(format!(
+                "interrupting kernel {id} failed (HTTP {}): {}",
+                status.as_u16(),
+                detail(&value.to_string())
+            )))
+        }
+    }
+
+    /// `DELETE /api/kernels/{id}`; a kernel the server no longer has counts as deleted.
+    pub(crate) async fn delete(&self, id: &str) -> Result<(), KernelError> {
+        let (status, value) = self
+            .call(Method::DELETE, &format!("api/kernels/{id}"), None)
+            .await?;
+        if status.is_success() || status == StatusCode::NOT_FOUND {
+            Ok(())
+        } else {
+            Err(super::process::proto(format!(
+                "deleting kernel {id} failed (HTTP {}): {}",
+                status.as_u16(),
+                detail(&value.to_string())
+            )))
+        }
+    }
+
+    /// Whether the server still has kernel `id` (`GET /api/kernels/{id}`).
+    pub(crate) async fn has_kernel(&self, id: &str) -> Result<bool, KernelError> {
+        let (status, _) = self
+            .call(Method::GET, &format!("api/kernels/{id}"), None)
+            .await?;
+        Ok(status.is_success())
+    }
+
+    /// The WebSocket request for kernel `id`, offering the v1 subprotocol.
+    pub(crate) fn channels_request(
+        &self,
+        id: &str,
+        session: &str,
+    ) -> Result<tokio_tungstenite::tungstenite::handshake::client::Request, KernelError> {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let mut url = self.endpoint(&format!("api/kernels/{id}/channels"));
+        let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
+        let _ = url.set_scheme(scheme);
+        url.set_query(Some(&format!("session_id={session}")));
+        let mut req = url
+            .as_str()
+            .into_client_request()
+            .map_err(super::process::proto)?;
+        let headers = req.headers_mut();
+        headers.insert(
+            "Sec-WebSocket-Protocol",
+            framing::V1_PROTOCOL.parse().map_err(super::process::proto)?,
+        );
+        if let Some(token) = &self.token {
+            headers.insert(
+                "Authorization",
+                format!("token {token}")
+                    .parse()
+                    .map_err(super::process::proto)?,
+            );
+        }
+        Ok(req)
+    }
+}
+
+/// A server's error body, shortened: Jupyter servers answer `{"message": …, "reason": …}`.
+fn detail(body: &str) -> String {
+    let text = match serde_json::from_str::<Value>(body) {
+        Ok(v) => v
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| body.to_string()),
+        Err(_) => body.to_string(),
+    };
+    crate::tools::shorten(text.trim(), 300)
+}
+
+/// `spec` with its query (which may hold a token) cut off, for messages.
+pub(crate) fn redact_query(spec: &str) -> String {
+    match spec.split_once('?') {
+        Some((base, _)) => format!("{base}?…"),
+        None => spec.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(vars: &[(&str, &str)]) -> HostEnv {
+        HostEnv::from_vars(
+            vars.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn parses_token_kernel_and_base_path() {
+        let gw = Gateway::parse(
+            "http://gw.example:8888/jupyter?token=${GW}&kernel=py311",
+            &host(&[("GW", "s3cret")]),
+        )
+        .unwrap();
+        assert_eq!(gw.url(), "http://gw.example:8888/jupyter/");
+        assert_eq!(gw.token.as_deref(), Some("s3cret"));
+        assert_eq!(gw.kernel_name, "py311");
+        assert_eq!(
+            gw.endpoint("api/kernels").as_str(),
+            "http://gw.example:8888/jupyter/api/kernels"
+        );
+        assert!(!format!("{gw:?}").contains("s3cret"));
+        let req = gw.channels_request("abc", "sess").unwrap();
+        assert_eq!(
+            req.uri().to_string(),
+            "ws://gw.example:8888/jupyter/api/kernels/abc/channels?session_id=sess"
+        );
+        assert_eq!(req.headers()["Authorization"], "token s3cret");
+    }
+
+    #[test]
+    fn token_from_the_environment_and_clear_errors() {
+        let gw = Gateway::parse("http://127.0.0.1:1", &host(&[(TOKEN_VAR, "t")])).unwrap();
+        assert_eq!(gw.token.as_deref(), Some("t"));
+        assert_eq!(gw.kernel_name, "python3");
+        let err = Gateway::parse("ftp://x", &host(&[])).unwrap_err().to_string();
+        assert!(err.contains("http:// or https://"), "{err}");
+        let err = Gateway::parse("http://x/?token=${NOPE}", &host(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("NOPE"), "{err}");
+    }
+}
