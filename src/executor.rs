@@ -812,7 +812,19 @@ impl CodeExecutor {
     /// on the host (uv when on PATH, else pip), also when the kernel is sandboxed, and refreshes
     /// the kernel's import caches so the package imports without a reset. Starts the executor if
     /// needed; does not wait for a running cell to install. Returns the installer's summary.
+    ///
+    /// With [`CodeExecutorBuilder::kernel_gateway`] there is no local kernel environment: this
+    /// fails with a message that says to add the package to the server's kernel image.
     pub async fn install_package(&self, spec: &str) -> Result<String, ExecutorError> {
+        if self.inner.builder.kernel_gateway.is_some() {
+            return Err(KernelError::Start {
+                reason: format!(
+                    "cannot install `{spec}`: the kernels run on a Jupyter server, whose kernel image holds their packages"
+                ),
+                help: "add the package to the server's kernel image, or run `%pip install PACKAGE` in a cell if that image has pip".into(),
+            }
+            .into());
+        }
         self.start().await?;
         let python = self.python().await.ok_or(KernelError::Stopped)?;
         let owned = spec.to_string();

@@ -103,6 +103,28 @@ async fn state_output_errors_images_env_and_imports() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn legacy_json_framing_works_too() {
+    require!(TestEnv);
+    let server = JupyterServer::start(Kind::JupyterServer);
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .host_env(host())
+        .kernel_gateway(format!("{}/?framing=legacy", server.url()))
+        .without_spare_kernel()
+        .build();
+    ex.start().await.unwrap();
+    assert_eq!(
+        run(&ex, "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='legacy')))\nprint('é' * 3)").await,
+        "Hello, legacy!\nééé"
+    );
+    let big = run(&ex, "print('y' * 2_000_000)").await;
+    assert_eq!(big.len(), 2_000_000);
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn thousand_random_sizes_and_ten_megabytes_arrive_intact() {
     require!(TestEnv);
     for kind in ALL {

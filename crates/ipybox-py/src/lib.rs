@@ -51,7 +51,7 @@ struct Executor {
 #[pymethods]
 impl Executor {
     #[new]
-    #[pyo3(signature = (*, python, working_dir, restore_working_dir, images_dir, kernel_env, approval_timeout, connect_timeout, kernel_start_timeout, sandbox, sandbox_config, spare_kernels, approve_shell_cmds, require_shell_escape))]
+    #[pyo3(signature = (*, python, working_dir, restore_working_dir, images_dir, kernel_env, approval_timeout, connect_timeout, kernel_start_timeout, sandbox, sandbox_config, spare_kernels, approve_shell_cmds, require_shell_escape, kernel_gateway=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         python: PathBuf,
@@ -67,13 +67,18 @@ impl Executor {
         spare_kernels: usize,
         approve_shell_cmds: bool,
         require_shell_escape: bool,
+        kernel_gateway: Option<String>,
     ) -> PyResult<Self> {
         let approval_timeout = match approval_timeout {
             Some(t) => secs(t, "approval_timeout")?,
             None => Duration::MAX,
         };
-        let mut builder = CodeExecutor::builder()
-            .python(python)
+        let mut builder = match kernel_gateway {
+            // Kernels on a Jupyter server use its kernelspec's Python.
+            Some(url) => CodeExecutor::builder().kernel_gateway(url),
+            None => CodeExecutor::builder().python(python),
+        };
+        builder = builder
             .workspace(working_dir)
             .restore_working_dir(restore_working_dir)
             .images_dir(images_dir)

@@ -37,6 +37,8 @@ pub(crate) struct Gateway {
     token: Option<String>,
     /// The kernelspec kernels are created with.
     pub(crate) kernel_name: String,
+    /// Offer the v1 subprotocol (`?framing=legacy` turns it off, for proxies that drop it).
+    offer_v1: bool,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -45,12 +47,14 @@ impl std::fmt::Debug for Gateway {
             .field("url", &self.base.as_str())
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("kernel_name", &self.kernel_name)
+            .field("offer_v1", &self.offer_v1)
             .finish()
     }
 }
 
 impl Gateway {
-    /// Parses `--kernel-gateway` / `kernel_gateway(url)`: `http[s]://host:port[/base][?token=…&kernel=…]`.
+    /// Parses `--kernel-gateway` / `kernel_gateway(url)`:
+    /// `http[s]://host:port[/base][?token=…&kernel=…&framing=legacy]`.
     /// `${VAR}` placeholders are taken from `host`; without a `token` parameter the token is
     /// `IPYBOX_GATEWAY_TOKEN` (if set).
     pub(crate) fn parse(spec: &str, host: &HostEnv) -> Result<Self, KernelError> {
@@ -78,11 +82,20 @@ impl Gateway {
         }
         let mut token = None;
         let mut kernel_name = "python3".to_string();
+        let mut offer_v1 = true;
         for (k, v) in url.query_pairs() {
-            match k.as_ref() {
-                "token" if !v.is_empty() => token = Some(v.into_owned()),
-                "kernel" | "kernel_name" if !v.is_empty() => kernel_name = v.into_owned(),
-                _ => {}
+            match (k.as_ref(), v.as_ref()) {
+                ("token", t) if !t.is_empty() => token = Some(t.to_string()),
+                ("kernel" | "kernel_name", name) if !name.is_empty() => {
+                    kernel_name = name.to_string()
+                }
+                ("framing", "legacy") => offer_v1 = false,
+                ("framing", "v1") => offer_v1 = true,
+                (other, _) => {
+                    return Err(bad(format!(
+                        "unknown kernel gateway URL parameter `{other}` (known: token, kernel, framing=v1|legacy)"
+                    )));
+                }
             }
         }
         if token.is_none() {
@@ -109,6 +122,7 @@ impl Gateway {
             base: url,
             token,
             kernel_name,
+            offer_v1,
         })
     }
 
@@ -238,7 +252,7 @@ impl Gateway {
         Ok(status.is_success())
     }
 
-    /// The WebSocket request for kernel `id`, offering the v1 subprotocol.
+    /// The WebSocket request for kernel `id`, offering the v1 subprotocol (unless turned off).
     pub(crate) fn channels_request(
         &self,
         id: &str,
@@ -254,10 +268,12 @@ impl Gateway {
             .into_client_request()
             .map_err(super::process::proto)?;
         let headers = req.headers_mut();
-        headers.insert(
-            "Sec-WebSocket-Protocol",
-            framing::V1_PROTOCOL.parse().map_err(super::process::proto)?,
-        );
+        if self.offer_v1 {
+            headers.insert(
+                "Sec-WebSocket-Protocol",
+                framing::V1_PROTOCOL.parse().map_err(super::process::proto)?,
+            );
+        }
         if let Some(token) = &self.token {
             headers.insert(
                 "Authorization",
@@ -331,6 +347,11 @@ mod tests {
         let gw = Gateway::parse("http://127.0.0.1:1", &host(&[(TOKEN_VAR, "t")])).unwrap();
         assert_eq!(gw.token.as_deref(), Some("t"));
         assert_eq!(gw.kernel_name, "python3");
+        let gw = Gateway::parse("http://h/?framing=legacy", &host(&[])).unwrap();
+        let req = gw.channels_request("k", "s").unwrap();
+        assert!(!req.headers().contains_key("Sec-WebSocket-Protocol"));
+        let err = Gateway::parse("http://h/?tokn=x", &host(&[])).unwrap_err().to_string();
+        assert!(err.contains("unknown kernel gateway URL parameter `tokn`"), "{err}");
         let err = Gateway::parse("ftp://x", &host(&[])).unwrap_err().to_string();
         assert!(err.contains("http:// or https://"), "{err}");
         let err = Gateway::parse("http://x/?token=${NOPE}", &host(&[]))

@@ -103,6 +103,7 @@ class CodeExecutor:
         approve_tool_calls: bool = True,
         approve_shell_cmds: bool = False,
         require_shell_escape: bool = False,
+        kernel_gateway_url: str | None = None,
     ):
         """Configure a code executor with optional sandboxing.
 
@@ -110,9 +111,15 @@ class CodeExecutor:
             tool_server_host: Accepted for compatibility and ignored: kernel code reaches
                 ipybox's tool server through a private Unix socket, not TCP.
             tool_server_port: Accepted for compatibility and ignored (see above).
-            kernel_gateway_host: Accepted for compatibility and ignored: the kernel is a child
-                process of this one, no Kernel Gateway is started.
-            kernel_gateway_port: Accepted for compatibility and ignored (see above).
+            kernel_gateway_host: With `kernel_gateway_port`: run kernels on the Jupyter Kernel
+                Gateway, Enterprise Gateway or Jupyter Server at `http://host:port` (it must be
+                running; ipybox does not start one). Its token is read from
+                `IPYBOX_GATEWAY_TOKEN`.
+            kernel_gateway_port: The port of that server; `None` (the default) runs the kernel
+                as a child process of this one.
+            kernel_gateway_url: The server's full URL instead of host and port,
+                `http[s]://host:port[/base][?token=${VAR}&kernel=NAME]`. Tool calls travel
+                over the kernel's Jupyter connection, so the server needs no route back here.
             kernel_env: Environment variables for the kernel, which otherwise inherits only a
                 minimal base environment (PATH, HOME, locale, ...), no secrets.
             working_dir: The kernel's working directory. If set, the kernel is changed back to
@@ -163,6 +170,9 @@ class CodeExecutor:
         self.approve_tool_calls = approve_tool_calls
         self.approve_shell_cmds = approve_shell_cmds
         self.require_shell_escape = require_shell_escape
+        if kernel_gateway_url is None and kernel_gateway_port is not None:
+            kernel_gateway_url = f"http://{kernel_gateway_host}:{int(kernel_gateway_port)}"
+        self.kernel_gateway_url = kernel_gateway_url
 
         _ipybox.init_logging(_LOG_LEVELS.get(str(log_level).upper(), "warn"))
         self._rs: _ipybox.Executor | None = None
@@ -196,6 +206,7 @@ class CodeExecutor:
             spare_kernels=1,
             approve_shell_cmds=self.approve_shell_cmds,
             require_shell_escape=self.require_shell_escape,
+            kernel_gateway=self.kernel_gateway_url,
         )
         await rs.start()
         self._rs = rs
