@@ -28,9 +28,9 @@ use tokio::sync::{Mutex, mpsc};
 
 use crate::apigen::ApiStyle;
 use crate::host_env::HostEnv;
-use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::gateway::Gateway;
 use crate::kernel::gateway::ledger::Ledger;
+use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::{
     Backend, ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
 };

@@ -121,8 +121,9 @@ pub(crate) async fn bootstrap(
     let outcome = run_request(kernel, config, request, None, None, &pause).await;
     outcome.result.map(|_| ()).map_err(|e| KernelError::Start {
         reason: format!("ipybox's setup cell failed in the new kernel: {e}"),
-        help: "the kernel needs Python >= 3.9 with ipykernel; check the Jupyter server's kernelspec"
-            .into(),
+        help:
+            "the kernel needs Python >= 3.9 with ipykernel; check the Jupyter server's kernelspec"
+                .into(),
     })
 }
 

@@ -120,7 +120,9 @@ pub(crate) struct Kernel {
     link: Link,
 }
 
-/// How messages reach the kernel.
+/// How messages reach the kernel. (One per kernel, moved only when a kernel is swapped in: the
+/// size difference between the variants does not matter.)
+#[allow(clippy::large_enum_variant)]
 enum Link {
     /// ZMQ over IPC sockets to a child process. The sockets are declared before the process:
     /// they close before the process is reaped.
@@ -242,7 +244,10 @@ impl Kernel {
 
     /// Creates a kernel on the Jupyter server, waits until it answers, and runs the bootstrap
     /// cell. A kernel that fails any step is deleted again.
-    async fn launch_remote(config: &KernelConfig, gateway: &Gateway) -> Result<Kernel, KernelError> {
+    async fn launch_remote(
+        config: &KernelConfig,
+        gateway: &Gateway,
+    ) -> Result<Kernel, KernelError> {
         let started = Instant::now();
         let (shell, shell_rx) = mpsc::unbounded_channel();
         let (iopub, iopub_rx) = mpsc::unbounded_channel();

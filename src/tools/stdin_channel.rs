@@ -48,7 +48,9 @@ pub(crate) async fn answer(state: &ToolServerState, workspace: &Path, payload: &
         },
     };
     serde_json::to_string(&reply).unwrap_or_else(|e| {
-        format!(r#"{{"error": {{"kind": "bad_request", "message": "cannot encode the reply: {e}"}}}}"#)
+        format!(
+            r#"{{"error": {{"kind": "bad_request", "message": "cannot encode the reply: {e}"}}}}"#
+        )
     })
 }
 
@@ -115,9 +117,7 @@ fn module_source(workspace: &Path, module: &str) -> RunReply {
 
 fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
-    chars
-        .next()
-        .is_some_and(|c| c == '_' || c.is_alphabetic())
+    chars.next().is_some_and(|c| c == '_' || c.is_alphabetic())
         && chars.all(|c| c == '_' || c.is_alphanumeric())
 }
 
@@ -151,9 +151,19 @@ mod tests {
         assert_eq!(v["path"], "mcptools/github/search.py");
         // A directory without __init__.py is a namespace package.
         let v = found(&module_source(ws, "mcptools.github"));
-        assert_eq!((v["found"].clone(), v["package"].clone()), (json!(true), json!(true)));
+        assert_eq!(
+            (v["found"].clone(), v["package"].clone()),
+            (json!(true), json!(true))
+        );
         assert_eq!(v["source"], "");
-        for name in ["nope", "mcptools..x", "../etc", "mcptools/github", "", "1abc"] {
+        for name in [
+            "nope",
+            "mcptools..x",
+            "../etc",
+            "mcptools/github",
+            "",
+            "1abc",
+        ] {
             assert_eq!(found(&module_source(ws, name))["found"], false, "{name}");
         }
         #[cfg(unix)]

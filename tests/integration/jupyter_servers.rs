@@ -21,7 +21,11 @@ pub(crate) enum Kind {
     JupyterServer,
 }
 
-pub(crate) const ALL: [Kind; 3] = [Kind::KernelGateway, Kind::EnterpriseGateway, Kind::JupyterServer];
+pub(crate) const ALL: [Kind; 3] = [
+    Kind::KernelGateway,
+    Kind::EnterpriseGateway,
+    Kind::JupyterServer,
+];
 
 pub(crate) struct JupyterServer {
     pub kind: Kind,
@@ -100,7 +104,11 @@ impl JupyterServer {
             });
         }
         let bin = root().join(format!("target/test-env/jupyter/{venv}/bin/jupyter"));
-        assert!(bin.exists(), "{} is missing: run `bash scripts/test-env.sh`", bin.display());
+        assert!(
+            bin.exists(),
+            "{} is missing: run `bash scripts/test-env.sh`",
+            bin.display()
+        );
         let jupyter = self.dir.path().join("jupyter");
         let log = std::fs::File::create(self.dir.path().join("server.log")).unwrap();
         let child = Command::new(bin)
@@ -111,6 +119,9 @@ impl JupyterServer {
             .env("JUPYTER_RUNTIME_DIR", jupyter.join("runtime"))
             .env("JUPYTER_PATH", jupyter.join("data"))
             .env("JUPYTER_PLATFORM_DIRS", "1")
+            // Enterprise Gateway kills kernels that take longer than this to start (default
+            // 30 s); a loaded 2-core machine starting many at once needs more.
+            .env("EG_KERNEL_LAUNCH_TIMEOUT", "120")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -122,9 +133,19 @@ impl JupyterServer {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 panic!("{:?} exited early ({status}):\n{}", self.kind, self.log());
             }
-            assert!(Instant::now() < deadline, "{:?} did not listen within 60 s", self.kind);
+            assert!(
+                Instant::now() < deadline,
+                "{:?} did not listen within 60 s",
+                self.kind
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The server's process id (the benchmark measures its memory).
+    #[allow(dead_code)]
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
     }
 
     /// The URL ipybox is given (token from `IPYBOX_GATEWAY_TOKEN` or `?token=`).
@@ -148,7 +169,12 @@ impl JupyterServer {
             .send()
             .await
             .expect("GET /api/kernels");
-        assert!(resp.status().is_success(), "GET /api/kernels: {}\n{}", resp.status(), self.log());
+        assert!(
+            resp.status().is_success(),
+            "GET /api/kernels: {}\n{}",
+            resp.status(),
+            self.log()
+        );
         let list: Value = resp.json().await.unwrap();
         list.as_array()
             .unwrap()

@@ -21,7 +21,10 @@ use crate::support::*;
 fn host() -> HostEnv {
     let mut vars = process_env();
     vars.insert("IPYBOX_GATEWAY_TOKEN".into(), TOKEN.into());
-    vars.insert("IPYBOX_HOST_ONLY".into(), "must not reach the kernel".into());
+    vars.insert(
+        "IPYBOX_HOST_ONLY".into(),
+        "must not reach the kernel".into(),
+    );
     HostEnv::from_vars(vars)
 }
 
@@ -34,7 +37,9 @@ fn builder(ws: &Path, server: &JupyterServer) -> ipybox::executor::CodeExecutorB
 
 async fn remote(ws: &Path, server: &JupyterServer) -> CodeExecutor {
     let ex = builder(ws, server).without_spare_kernel().build();
-    ex.start().await.unwrap_or_else(|e| panic!("{:?}: {e}\n{}", server.kind, server.log()));
+    ex.start()
+        .await
+        .unwrap_or_else(|e| panic!("{:?}: {e}\n{}", server.kind, server.log()));
     ex
 }
 
@@ -56,16 +61,31 @@ async fn state_output_errors_images_env_and_imports() {
         assert_eq!(run(&ex, "x = 6 * 7").await, "", "{kind:?}");
         assert_eq!(run(&ex, "print(x + 1)\nx * 2").await, "43\n84", "{kind:?}");
         assert_eq!(
-            run(&ex, "import sys\nprint('out')\nprint('err', file=sys.stderr)").await,
+            run(
+                &ex,
+                "import sys\nprint('out')\nprint('err', file=sys.stderr)"
+            )
+            .await,
             "out\nerr"
         );
         let err = ex
-            .execute("print('before')\ndef f():\n    raise ValueError('boom')\nf()", None)
+            .execute(
+                "print('before')\ndef f():\n    raise ValueError('boom')\nf()",
+                None,
+            )
             .await
             .unwrap_err();
         match &err {
-            ExecutorError::Kernel(KernelError::Failed { ename, evalue, output, traceback }) => {
-                assert_eq!((ename.as_str(), evalue.as_str(), output.as_str()), ("ValueError", "boom", "before"));
+            ExecutorError::Kernel(KernelError::Failed {
+                ename,
+                evalue,
+                output,
+                traceback,
+            }) => {
+                assert_eq!(
+                    (ename.as_str(), evalue.as_str(), output.as_str()),
+                    ("ValueError", "boom", "before")
+                );
                 assert!(traceback.ends_with("ValueError: boom"), "{traceback}");
                 assert!(!traceback.contains('\u{1b}'), "{traceback}");
             }
@@ -77,14 +97,20 @@ async fn state_output_errors_images_env_and_imports() {
             "from kernel_env module://matplotlib_inline.backend_inline None"
         );
         // The workspace's modules come from the host.
-        assert_eq!(run(&ex, "import helper_mod\nhelper_mod.VALUE").await, "'from the host'");
+        assert_eq!(
+            run(&ex, "import helper_mod\nhelper_mod.VALUE").await,
+            "'from the host'"
+        );
         assert_eq!(
             run(&ex, "try:\n    import no_such_module_anywhere\nexcept ImportError as e:\n    print(type(e).__name__)").await,
             "ModuleNotFoundError"
         );
         // input() is unavailable, as with local kernels.
         let err = ex.execute("input('? ')", None).await.unwrap_err();
-        assert!(err.to_string().contains("StdinNotImplementedError"), "{kind:?}: {err}");
+        assert!(
+            err.to_string().contains("StdinNotImplementedError"),
+            "{kind:?}: {err}"
+        );
         // PNG display data becomes an image file in the host's images directory.
         let png = "import struct, zlib\nfrom IPython.display import Image, display\ndef chunk(t, d):\n    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))\nraw = b''.join(b'\\x00' + b'\\xff\\x00\\x00' * 4 for _ in range(4))\npng = b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 4, 4, 8, 2, 0, 0, 0)) + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b'')\ndisplay(Image(data=png))\nimport base64\nprint(base64.b64encode(png).decode())";
         let result = ex.execute(png, None).await.unwrap();
@@ -93,12 +119,18 @@ async fn state_output_errors_images_env_and_imports() {
         use base64::Engine;
         assert_eq!(
             std::fs::read(&result.images[0]).unwrap(),
-            base64::engine::general_purpose::STANDARD.decode(b64).unwrap()
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap()
         );
         assert!(result.images[0].starts_with(ws.path().canonicalize().unwrap().join("images")));
         assert_eq!(server.kernels().await.len(), 1);
         ex.stop().await;
-        assert_eq!(server.wait_kernels(0).await, Vec::<String>::new(), "{kind:?}: left on the server");
+        assert_eq!(
+            server.wait_kernels(0).await,
+            Vec::<String>::new(),
+            "{kind:?}: left on the server"
+        );
     }
 }
 
@@ -138,15 +170,25 @@ async fn thousand_random_sizes_and_ten_megabytes_arrive_intact() {
             seed ^= seed >> 7;
             seed ^= seed << 17;
             let n = (seed % 100_001) as usize;
-            let line: String = (0..64).map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char).collect();
+            let line: String = (0..64)
+                .map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char)
+                .collect();
             let expected: String = line.repeat(n / 64 + 1).chars().take(n).collect();
             let got = run(&ex, &format!("emit({i}, {n})")).await;
-            assert!(got == expected, "{kind:?}: execution {i} differs ({} vs {n} bytes)", got.len());
+            assert!(
+                got == expected,
+                "{kind:?}: execution {i} differs ({} vs {n} bytes)",
+                got.len()
+            );
         }
         let out = run(&ex, "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')").await;
         assert_eq!(out.len(), 100_000 * 100 - 1, "{kind:?}");
         for (i, line) in out.lines().enumerate() {
-            assert_eq!(line, format!("{i:09}{}", "x".repeat(90)), "{kind:?}: line {i}");
+            assert_eq!(
+                line,
+                format!("{i:09}{}", "x".repeat(90)),
+                "{kind:?}: line {i}"
+            );
         }
         ex.stop().await;
     }
@@ -158,9 +200,20 @@ async fn output_a_rate_limited_server_drops_is_announced_in_the_output() {
     let server = JupyterServer::start_rate_limited(Kind::JupyterServer);
     let ws = tempfile::tempdir().unwrap();
     let ex = remote(ws.path(), &server).await;
-    let out = run(&ex, "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')").await;
-    assert!(out.len() < 100_000 * 100 - 1, "the default limit should have dropped output");
-    assert!(out.contains("IOPub data rate exceeded."), "silent loss: {} bytes", out.len());
+    let out = run(
+        &ex,
+        "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')",
+    )
+    .await;
+    assert!(
+        out.len() < 100_000 * 100 - 1,
+        "the default limit should have dropped output"
+    );
+    assert!(
+        out.contains("IOPub data rate exceeded."),
+        "silent loss: {} bytes",
+        out.len()
+    );
     ex.stop().await;
 }
 
@@ -176,29 +229,55 @@ async fn timeouts_interrupt_proof_code_death_and_reset() {
         run(&ex, "kept = 'still here'").await;
         let start = Instant::now();
         let err = ex
-            .execute("import time\nprint('started')\ntime.sleep(30)", Some(Duration::from_secs(1)))
+            .execute(
+                "import time\nprint('started')\ntime.sleep(30)",
+                Some(Duration::from_secs(1)),
+            )
             .await
             .unwrap_err();
-        assert!(start.elapsed() < Duration::from_secs(5), "{kind:?}: {:?}", start.elapsed());
-        assert_eq!(err.to_string(), "execution timed out after 1 s and was interrupted; kernel state was kept");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{kind:?}: {:?}",
+            start.elapsed()
+        );
+        assert_eq!(
+            err.to_string(),
+            "execution timed out after 1 s and was interrupted; kernel state was kept"
+        );
         assert_eq!(err.output(), "started");
         assert_eq!(run(&ex, "kept").await, "'still here'", "{kind:?}");
 
         let code = "import time\nwhile True:\n    try:\n        time.sleep(0.1)\n    except KeyboardInterrupt:\n        pass";
-        let err = ex.execute(code, Some(Duration::from_secs(1))).await.unwrap_err();
-        assert!(err.to_string().contains("kernel restarted, state lost"), "{kind:?}: {err}");
+        let err = ex
+            .execute(code, Some(Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("kernel restarted, state lost"),
+            "{kind:?}: {err}"
+        );
         let err = ex.execute("kept", None).await.unwrap_err();
         assert!(err.to_string().contains("NameError"), "{kind:?}: {err}");
 
         run(&ex, "lost = 1").await;
         let start = Instant::now();
         let err = ex
-            .execute("import os\nprint('bye', flush=True)\nos._exit(3)", Some(Duration::from_secs(30)))
+            .execute(
+                "import os\nprint('bye', flush=True)\nos._exit(3)",
+                Some(Duration::from_secs(30)),
+            )
             .await
             .unwrap_err();
-        assert!(start.elapsed() < Duration::from_secs(10), "{kind:?}: noticed after {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{kind:?}: noticed after {:?}",
+            start.elapsed()
+        );
         let text = err.to_string();
-        assert!(text.starts_with("kernel died (") && text.ends_with(") — restarted, state lost"), "{kind:?}: {text}");
+        assert!(
+            text.starts_with("kernel died (") && text.ends_with(") — restarted, state lost"),
+            "{kind:?}: {text}"
+        );
         assert_eq!(run(&ex, "'next runs'").await, "'next runs'");
         assert!(ex.execute("lost", None).await.is_err());
 
@@ -206,13 +285,20 @@ async fn timeouts_interrupt_proof_code_death_and_reset() {
         let start = Instant::now();
         ex.reset().await.unwrap();
         let reset_took = start.elapsed();
-        assert!(ex.execute("gone", None).await.is_err(), "{kind:?}: state survived reset");
+        assert!(
+            ex.execute("gone", None).await.is_err(),
+            "{kind:?}: state survived reset"
+        );
         assert_eq!(run(&ex, "'fresh'").await, "'fresh'");
         eprintln!("{kind:?}: reset with a warm spare took {reset_took:?}");
         // The current kernel and one spare, nothing else.
         assert_eq!(server.wait_kernels(2).await.len(), 2, "{kind:?}");
         ex.stop().await;
-        assert_eq!(server.wait_kernels(0).await, Vec::<String>::new(), "{kind:?}: left on the server");
+        assert_eq!(
+            server.wait_kernels(0).await,
+            Vec::<String>::new(),
+            "{kind:?}: left on the server"
+        );
     }
 }
 
@@ -243,12 +329,19 @@ async fn concurrent_executors_and_callers() {
     }))
     .await;
     for (i, seen) in outs.iter().enumerate() {
-        assert!(seen.iter().all(|s| *s == i.to_string()), "executor {i} saw {seen:?}");
+        assert!(
+            seen.iter().all(|s| *s == i.to_string()),
+            "executor {i} saw {seen:?}"
+        );
     }
     // Concurrent callers of one executor queue: each sees its own complete output.
     let ex = &executors[0];
     let results = futures::future::join_all((0..8).map(|i| async move {
-        run(ex, &format!("import time\nprint('start {i}')\ntime.sleep(0.05)\nprint('end {i}')")).await
+        run(
+            ex,
+            &format!("import time\nprint('start {i}')\ntime.sleep(0.05)\nprint('end {i}')"),
+        )
+        .await
     }))
     .await;
     for (i, out) in results.iter().enumerate() {
@@ -278,12 +371,25 @@ async fn tool_calls_over_the_stdin_channel_with_approvals_and_threads() {
             "{kind:?}"
         );
         let code = "from mcptools.fx import greet, ApprovalRejected\nfor name in ['ok', 'no']:\n    try:\n        print(greet.run(greet.Params(name=name)))\n    except ApprovalRejected as e:\n        print('rejected:', e)";
-        let (asked, out) = stream_with(&ex, code, None, |d| Some((!d.contains("\"no\""), Duration::ZERO))).await;
-        assert_eq!(asked, [r#"fx.greet({"name":"ok"})"#, r#"fx.greet({"name":"no"})"#], "{kind:?}");
-        assert_eq!(out.unwrap(), "Hello, ok!\nrejected: tool call fx.greet was rejected by the application");
+        let (asked, out) = stream_with(&ex, code, None, |d| {
+            Some((!d.contains("\"no\""), Duration::ZERO))
+        })
+        .await;
+        assert_eq!(
+            asked,
+            [r#"fx.greet({"name":"ok"})"#, r#"fx.greet({"name":"no"})"#],
+            "{kind:?}"
+        );
+        assert_eq!(
+            out.unwrap(),
+            "Hello, ok!\nrejected: tool call fx.greet was rejected by the application"
+        );
         let code = "from mcptools.fx import greet, ApprovalTimeout\ntry:\n    greet.run(greet.Params(name='late'))\nexcept ApprovalTimeout as e:\n    print('timeout:', e)";
         let (_, out) = stream_with(&ex, code, None, |_| None).await;
-        assert_eq!(out.unwrap(), "timeout: tool call fx.greet was not approved within 1 s, so it was not made");
+        assert_eq!(
+            out.unwrap(),
+            "timeout: tool call fx.greet was not approved within 1 s, so it was not made"
+        );
         // 16 threads call at once: the calls queue on the channel and all arrive.
         let code = "from concurrent.futures import ThreadPoolExecutor\nfrom mcptools.fx import add\nwith ThreadPoolExecutor(16) as pool:\n    sums = list(pool.map(lambda i: add.run(add.Params(a=i, b=1000)).sum, range(64)))\nprint(sums == [i + 1000 for i in range(64)], len(sums))";
         assert_eq!(run(&ex, code).await, "True 64", "{kind:?}");
@@ -333,7 +439,9 @@ impl Proxy {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let mut cut = cuts.subscribe();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", target)).await else {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                    else {
                         return;
                     };
                     tokio::select! {
@@ -395,7 +503,10 @@ async fn a_server_killed_mid_execution_and_restarted() {
     run(&ex, "state = 1").await;
     let started = Instant::now();
     let (result, ()) = tokio::join!(
-        ex.execute("import time\nprint('working', flush=True)\ntime.sleep(60)", Some(Duration::from_secs(120))),
+        ex.execute(
+            "import time\nprint('working', flush=True)\ntime.sleep(60)",
+            Some(Duration::from_secs(120))
+        ),
         async {
             tokio::time::sleep(Duration::from_millis(500)).await;
             server.kill();
@@ -403,15 +514,25 @@ async fn a_server_killed_mid_execution_and_restarted() {
     );
     let err = result.unwrap_err();
     let text = err.to_string();
-    assert!(text.starts_with("kernel died (") && text.contains("restarted, state lost"), "{text}");
+    assert!(
+        text.starts_with("kernel died (") && text.contains("restarted, state lost"),
+        "{text}"
+    );
     assert_eq!(err.output(), "working");
-    assert!(started.elapsed() < Duration::from_secs(30), "noticed after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "noticed after {:?}",
+        started.elapsed()
+    );
     // While the server is down, executions fail clearly; once it is back, they run again.
     let err = ex.execute("1", None).await.unwrap_err().to_string();
     assert!(err.contains("cannot reach the kernel gateway"), "{err}");
     server.restart();
     assert_eq!(run(&ex, "'back'").await, "'back'");
-    assert!(ex.execute("state", None).await.is_err(), "state cannot survive the server");
+    assert!(
+        ex.execute("state", None).await.is_err(),
+        "state cannot survive the server"
+    );
     ex.stop().await;
     assert_eq!(server.wait_kernels(0).await, Vec::<String>::new());
 }
@@ -426,7 +547,10 @@ async fn wrong_token_and_unreachable_url_are_clear_errors() {
         .kernel_gateway(format!("{}/?token=wrong", server.url()))
         .build();
     let err = ex.start().await.unwrap_err().to_string();
-    assert!(err.contains("refused ipybox's credentials (HTTP 403)"), "{err}");
+    assert!(
+        err.contains("refused ipybox's credentials (HTTP 403)"),
+        "{err}"
+    );
     assert!(err.contains("the token is wrong"), "{err}");
     assert!(!err.contains("token=wrong"), "token leaked: {err}");
     let port = free_port();
@@ -435,13 +559,26 @@ async fn wrong_token_and_unreachable_url_are_clear_errors() {
         .kernel_gateway(format!("http://127.0.0.1:{port}"))
         .build();
     let err = ex.start().await.unwrap_err().to_string();
-    assert!(err.contains(&format!("cannot reach the kernel gateway at http://127.0.0.1:{port}/")), "{err}");
-    assert!(err.contains("help: check that the Jupyter server runs"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "cannot reach the kernel gateway at http://127.0.0.1:{port}/"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains("help: check that the Jupyter server runs"),
+        "{err}"
+    );
     assert_eq!(server.kernels().await.len(), 0);
 }
 
 fn ipybox_params(ws: &Path, extra: &[&str], env: Value) -> ServerParams {
-    let mut args = vec![json!("--workspace"), json!(ws), json!("--log-level"), json!("warn")];
+    let mut args = vec![
+        json!("--workspace"),
+        json!(ws),
+        json!("--log-level"),
+        json!("warn"),
+    ];
     args.extend(extra.iter().map(|a| json!(a)));
     ServerParams::parse(&json!({"command": BIN, "args": args, "env": env})).unwrap()
 }
@@ -458,12 +595,27 @@ async fn mcp_server_with_kernel_gateway() {
     let server = JupyterServer::start(Kind::EnterpriseGateway);
     let ws = tempfile::tempdir().unwrap();
     let url = server.url();
-    let params = ipybox_params(ws.path(), &["--kernel-gateway", &url], json!({"IPYBOX_GATEWAY_TOKEN": TOKEN}));
-    let s = McpSession::connect(&params, &process_env(), Duration::from_secs(60)).await.unwrap();
-    let modules = ok_text(&s, "register_mcp_server", json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")})).await;
+    let params = ipybox_params(
+        ws.path(),
+        &["--kernel-gateway", &url],
+        json!({"IPYBOX_GATEWAY_TOKEN": TOKEN}),
+    );
+    let s = McpSession::connect(&params, &process_env(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let modules = ok_text(
+        &s,
+        "register_mcp_server",
+        json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")}),
+    )
+    .await;
     assert!(modules.lines().any(|m| m == "greet"), "{modules}");
     assert_eq!(
-        mcp_exec(&s, "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='mcp')))\nx = 5").await,
+        mcp_exec(
+            &s,
+            "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='mcp')))\nx = 5"
+        )
+        .await,
         (false, "Hello, mcp!".to_string())
     );
     assert_eq!(mcp_exec(&s, "x * 2").await, (false, "10".to_string()));
@@ -471,14 +623,27 @@ async fn mcp_server_with_kernel_gateway() {
     let (is_error, text) = mcp_exec(&s, "x").await;
     assert!(is_error && text.contains("NameError"), "{text}");
     s.close().await;
-    assert_eq!(server.wait_kernels(0).await, Vec::<String>::new(), "kernels left after the MCP server exited");
+    assert_eq!(
+        server.wait_kernels(0).await,
+        Vec::<String>::new(),
+        "kernels left after the MCP server exited"
+    );
 
     // A wrong token: the server starts and says so on each call.
-    let params = ipybox_params(ws.path(), &["--kernel-gateway", &url], json!({"IPYBOX_GATEWAY_TOKEN": "wrong"}));
-    let s = McpSession::connect(&params, &process_env(), Duration::from_secs(60)).await.unwrap();
+    let params = ipybox_params(
+        ws.path(),
+        &["--kernel-gateway", &url],
+        json!({"IPYBOX_GATEWAY_TOKEN": "wrong"}),
+    );
+    let s = McpSession::connect(&params, &process_env(), Duration::from_secs(60))
+        .await
+        .unwrap();
     for _ in 0..2 {
         let (is_error, text) = mcp_exec(&s, "1").await;
-        assert!(is_error && text.contains("refused ipybox's credentials"), "{text}");
+        assert!(
+            is_error && text.contains("refused ipybox's credentials"),
+            "{text}"
+        );
     }
     s.close().await;
 }
@@ -490,7 +655,13 @@ async fn kernels_of_a_killed_ipybox_are_deleted_on_the_next_start() {
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(BIN)
-        .args(["exec", "--kernel-gateway", &server.url(), "-c", "import time\nprint('up', flush=True)\ntime.sleep(120)"])
+        .args([
+            "exec",
+            "--kernel-gateway",
+            &server.url(),
+            "-c",
+            "import time\nprint('up', flush=True)\ntime.sleep(120)",
+        ])
         .current_dir(ws.path())
         .env("IPYBOX_GATEWAY_TOKEN", TOKEN)
         .env("IPYBOX_HOME", home.path())
@@ -499,16 +670,30 @@ async fn kernels_of_a_killed_ipybox_are_deleted_on_the_next_start() {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
     assert_eq!(line.trim(), "up");
     let left = server.kernels().await;
     assert_eq!(left.len(), 1);
     child.kill().unwrap();
     child.wait().unwrap();
-    assert_eq!(server.kernels().await, left, "the kernel outlives the killed ipybox");
-    let record = home.path().join("gateway-kernels").join(format!("{}.json", left[0]));
+    assert_eq!(
+        server.kernels().await,
+        left,
+        "the kernel outlives the killed ipybox"
+    );
+    let record = home
+        .path()
+        .join("gateway-kernels")
+        .join(format!("{}.json", left[0]));
     let text = std::fs::read_to_string(&record).unwrap();
-    assert!(!text.contains(TOKEN), "the ledger must not hold the token: {text}");
+    assert!(
+        !text.contains(TOKEN),
+        "the ledger must not hold the token: {text}"
+    );
 
     let mut vars = process_env();
     vars.insert("IPYBOX_GATEWAY_TOKEN".into(), TOKEN.into());
@@ -525,11 +710,16 @@ async fn kernels_of_a_killed_ipybox_are_deleted_on_the_next_start() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let now = server.kernels().await;
-    assert!(!now.contains(&left[0]), "the orphan is still there: {now:?}");
+    assert!(
+        !now.contains(&left[0]),
+        "the orphan is still there: {now:?}"
+    );
     assert_eq!(now.len(), 1);
     assert!(!record.exists());
     ex.stop().await;
     assert_eq!(server.wait_kernels(0).await, Vec::<String>::new());
-    let remaining: Vec<_> = std::fs::read_dir(home.path().join("gateway-kernels")).unwrap().collect();
+    let remaining: Vec<_> = std::fs::read_dir(home.path().join("gateway-kernels"))
+        .unwrap()
+        .collect();
     assert!(remaining.is_empty(), "{remaining:?}");
 }

@@ -121,10 +121,13 @@ mod tests {
             require_escape: false,
         };
         let code = cell(&config, &crate::kernel::RUNTIME);
-        assert!(code.contains(r#""ipybox_runtime": "#));
-        assert!(code.contains(r#""ipybox_runtime.stdin_channel": "#));
-        assert!(code.contains(r#""MY_VAR": "x'y""#));
-        assert!(code.contains(", False, False)\n"), "restore_cwd off, shell guard without escape");
-        assert!(!code.contains("IPYBOX_TOOL_SOCKET"));
+        assert!(code.contains(r#""ipybox_runtime":"#));
+        assert!(code.contains(r#""ipybox_runtime.stdin_channel":"#));
+        assert!(code.contains(r#""MY_VAR":"x'y""#));
+        assert!(
+            code.contains(", False, False)\n"),
+            "restore_cwd off, shell guard without escape"
+        );
+        assert!(!code.contains(r#""IPYBOX_TOOL_SOCKET":"#), "no host socket path");
     }
 }

@@ -170,8 +170,8 @@ mod tests {
 
     #[test]
     fn v1_layout_matches_jupyter_server() {
-        // jupyter_server's serialize_msg_to_ws_v1 for channel "iopub" and parts a, bb, ccc, dddd
-        // (a fixture written by hand from its definition: 6 offsets, the first 8 * 7 = 56).
+        // The layout of jupyter_server's serialize_msg_to_ws_v1: 6 offsets (channel + 4 parts
+        // + end), the first is 8 * (1 + 6) = 56, the channel name sits right after the offsets.
         let msg: JupyterMessage = ExecuteRequest::new(String::new()).into();
         let Message::Binary(frame) = encode(&msg, Channel::IOPub, Framing::V1).unwrap() else {
             panic!("v1 frames are binary");

@@ -51,11 +51,13 @@ impl Ledger {
             kernel_id: kernel_id.to_string(),
             owner_pid: std::process::id(),
         };
-        let write = std::fs::create_dir_all(&self.dir).and_then(|()| {
-            std::fs::write(&file, serde_json::to_vec(&entry).unwrap_or_default())
-        });
+        let write = std::fs::create_dir_all(&self.dir)
+            .and_then(|()| std::fs::write(&file, serde_json::to_vec(&entry).unwrap_or_default()));
         if let Err(e) = write {
-            tracing::warn!("cannot record kernel {kernel_id} in {}: {e}", self.dir.display());
+            tracing::warn!(
+                "cannot record kernel {kernel_id} in {}: {e}",
+                self.dir.display()
+            );
         }
     }
 
@@ -74,7 +76,9 @@ impl Ledger {
         dir.flatten()
             .filter_map(|e| std::fs::read(e.path()).ok())
             .filter_map(|bytes| serde_json::from_slice::<Entry>(&bytes).ok())
-            .filter(|e| e.gateway == gateway.url() && crate::child_process::process_ended(e.owner_pid))
+            .filter(|e| {
+                e.gateway == gateway.url() && crate::child_process::process_ended(e.owner_pid)
+            })
             .map(|e| e.kernel_id)
             .collect()
     }

@@ -65,9 +65,13 @@ impl Gateway {
         };
         let vars: HashMap<String, String> = host.vars().clone();
         let mut secrets = Vec::new();
-        let expanded =
-            crate::tools::env_subst::substitute_str(spec.trim(), &vars, "kernel gateway URL", &mut secrets)
-                .map_err(|e| bad(e.to_string()))?;
+        let expanded = crate::tools::env_subst::substitute_str(
+            spec.trim(),
+            &vars,
+            "kernel gateway URL",
+            &mut secrets,
+        )
+        .map_err(|e| bad(e.to_string()))?;
         let mut url = Url::parse(&expanded).map_err(|e| {
             bad(format!(
                 "invalid kernel gateway URL `{}`: {e}",
@@ -179,11 +183,19 @@ impl Gateway {
                 "the kernel gateway at {} refused ipybox's credentials (HTTP {}){}",
                 self.url(),
                 status.as_u16(),
-                if detail.is_empty() { String::new() } else { format!(": {detail}") }
+                if detail.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {detail}")
+                }
             ),
             help: format!(
                 "{} (set {TOKEN_VAR}, or ?token=${{VAR}} in the URL, to the server's token)",
-                if self.token.is_some() { "the token is wrong" } else { "the server needs a token" }
+                if self.token.is_some() {
+                    "the token is wrong"
+                } else {
+                    "the server needs a token"
+                }
             ),
         }
     }
@@ -244,12 +256,21 @@ impl Gateway {
         }
     }
 
-    /// Whether the server still has kernel `id` (`GET /api/kernels/{id}`).
+    /// Whether the server still has kernel `id` (`GET /api/kernels/{id}`): only a 404 says it
+    /// has not; another failure (a busy server's 5xx) is an error, to be asked again.
     pub(crate) async fn has_kernel(&self, id: &str) -> Result<bool, KernelError> {
-        let (status, _) = self
+        let (status, value) = self
             .call(Method::GET, &format!("api/kernels/{id}"), None)
             .await?;
-        Ok(status.is_success())
+        match status {
+            s if s.is_success() => Ok(true),
+            StatusCode::NOT_FOUND => Ok(false),
+            s => Err(super::process::proto(format!(
+                "asking for kernel {id} failed (HTTP {}): {}",
+                s.as_u16(),
+                detail(&value.to_string())
+            ))),
+        }
     }
 
     /// The WebSocket request for kernel `id`, offering the v1 subprotocol (unless turned off).
@@ -271,7 +292,9 @@ impl Gateway {
         if self.offer_v1 {
             headers.insert(
                 "Sec-WebSocket-Protocol",
-                framing::V1_PROTOCOL.parse().map_err(super::process::proto)?,
+                framing::V1_PROTOCOL
+                    .parse()
+                    .map_err(super::process::proto)?,
             );
         }
         if let Some(token) = &self.token {
@@ -350,9 +373,16 @@ mod tests {
         let gw = Gateway::parse("http://h/?framing=legacy", &host(&[])).unwrap();
         let req = gw.channels_request("k", "s").unwrap();
         assert!(!req.headers().contains_key("Sec-WebSocket-Protocol"));
-        let err = Gateway::parse("http://h/?tokn=x", &host(&[])).unwrap_err().to_string();
-        assert!(err.contains("unknown kernel gateway URL parameter `tokn`"), "{err}");
-        let err = Gateway::parse("ftp://x", &host(&[])).unwrap_err().to_string();
+        let err = Gateway::parse("http://h/?tokn=x", &host(&[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("unknown kernel gateway URL parameter `tokn`"),
+            "{err}"
+        );
+        let err = Gateway::parse("ftp://x", &host(&[]))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("http:// or https://"), "{err}");
         let err = Gateway::parse("http://x/?token=${NOPE}", &host(&[]))
             .unwrap_err()
