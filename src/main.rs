@@ -79,7 +79,12 @@ struct GatewayArgs {
     /// Run kernels on a Jupyter server (Kernel Gateway, Enterprise Gateway or Jupyter Server):
     /// http[s]://HOST:PORT[/BASE][?token=${VAR}&kernel=NAME]. The token defaults to
     /// $IPYBOX_GATEWAY_TOKEN. Tool calls travel over the kernel's Jupyter connection.
-    #[arg(long, value_name = "URL", env = "IPYBOX_KERNEL_GATEWAY", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "IPYBOX_KERNEL_GATEWAY",
+        hide_env_values = true
+    )]
     kernel_gateway: Option<String>,
 }
 

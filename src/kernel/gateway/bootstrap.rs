@@ -128,6 +128,9 @@ mod tests {
             code.contains(", False, False)\n"),
             "restore_cwd off, shell guard without escape"
         );
-        assert!(!code.contains(r#""IPYBOX_TOOL_SOCKET":"#), "no host socket path");
+        assert!(
+            !code.contains(r#""IPYBOX_TOOL_SOCKET":"#),
+            "no host socket path"
+        );
     }
 }
