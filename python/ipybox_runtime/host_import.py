@@ -42,9 +42,13 @@ class HostFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if path is not None and not any(str(p).startswith(ORIGIN) for p in path):
             return None  # a submodule of a package the kernel has itself
-        from ipybox_runtime import _request
+        from ipybox_runtime import ToolRunnerError, _request
 
-        reply = _request("POST", "/source", {"module": name})
+        try:
+            reply = _request("POST", "/source", {"module": name})
+        except ToolRunnerError:
+            return None  # no channel to the host: the module is simply not found
+
         if reply.get("error") is not None or not (reply.get("structured") or {}).get("found"):
             return None
         found = reply["structured"]
