@@ -41,6 +41,8 @@ mod support {
 #[allow(dead_code)]
 #[path = "../tests/integration/jupyter_servers.rs"]
 mod jupyter_servers;
+#[path = "../tests/integration/proc_tree.rs"]
+mod proc_tree;
 use jupyter_servers::{JupyterServer, Kind, TOKEN};
 
 fn host() -> HostEnv {
@@ -137,29 +139,11 @@ fn reference(ws: &Path) -> Option<serde_json::Value> {
 
 /// RSS in MB of `pid` and all its descendants.
 fn tree_rss_mb(pid: u32) -> f64 {
-    let mut total_kb = 0u64;
-    let mut stack = vec![pid];
-    let procs: Vec<(u32, u32)> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let p: u32 = e.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
-            let ppid = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some((p, ppid))
-        })
-        .collect();
-    while let Some(p) = stack.pop() {
-        total_kb += rss_kb(p);
-        stack.extend(procs.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-    }
-    total_kb as f64 / 1024.0
+    let kb: u64 = std::iter::once(pid)
+        .chain(proc_tree::descendants(pid))
+        .map(rss_kb)
+        .sum();
+    kb as f64 / 1024.0
 }
 
 fn rss_kb(pid: u32) -> u64 {

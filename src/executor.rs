@@ -430,11 +430,6 @@ impl CodeExecutor {
                     source,
                 })?,
             );
-        let python_dir = runtime.path().join("python");
-        extract(&crate::kernel::RUNTIME, &python_dir).map_err(|source| ExecutorError::Io {
-            path: python_dir.clone(),
-            source,
-        })?;
         if gateway.is_none() {
             let _ = self.inner.python.set(python.clone());
         }
@@ -466,6 +461,15 @@ impl CodeExecutor {
         config.env = b.kernel_env.clone();
         match gateway {
             None => {
+                // Remote kernels get the runtime in their bootstrap cell instead.
+                let python_dir = runtime.path().join("python");
+                extract(&crate::kernel::RUNTIME, &python_dir).map_err(|source| {
+                    ExecutorError::Io {
+                        path: python_dir.clone(),
+                        source,
+                    }
+                })?;
+                config.python_path = vec![python_dir];
                 config
                     .env
                     .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
@@ -489,7 +493,6 @@ impl CodeExecutor {
                 config.backend = Backend::Gateway(gateway);
             }
         }
-        config.python_path = vec![python_dir];
         config.restore_cwd = b.restore_working_dir;
         config.shell_approval = if b.approve_shell_cmds || b.require_shell_escape {
             ShellApproval::On {

@@ -195,12 +195,21 @@ impl JupyterServer {
         }
     }
 
+    /// Asserts that the server runs no kernels (after waiting up to 15 s for deletes).
+    pub(crate) async fn assert_empty(&self, what: &str) {
+        assert_eq!(
+            self.wait_kernels(0).await,
+            Vec::<String>::new(),
+            "{what}: kernels left on the server"
+        );
+    }
+
     /// Kills the server (SIGKILL: no chance to clean up) and its kernels.
     pub(crate) fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let pid = child.id();
             // The kernels are the server's children; kill them too, as a crashed host would.
-            for child_pid in children(pid) {
+            for child_pid in crate::proc_tree::descendants(pid) {
                 unsafe { libc::kill(child_pid as i32, libc::SIGKILL) };
             }
             let _ = child.kill();
@@ -219,23 +228,4 @@ impl Drop for JupyterServer {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// The pids of `parent`'s child processes (from /proc).
-fn children(parent: u32) -> Vec<u32> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let rest = stat.rsplit_once(')')?.1.to_string();
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(parent)
-        })
-        .collect()
 }

@@ -8,7 +8,7 @@ use ipybox::CodeExecutor;
 use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::kernel::KernelError;
 
-use crate::support::{executor, run, wait_gone};
+use crate::support::{executor, run, thousand_random_sizes_arrive_intact, wait_gone};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn state_expressions_stdout_and_stderr() {
@@ -102,22 +102,7 @@ async fn errors_carry_traceback_and_prior_output_without_colour() {
 async fn thousand_executions_with_random_sizes_arrive_intact() {
     let ws = tempfile::tempdir().unwrap();
     let ex = executor(ws.path()).await;
-    run(&ex, "def emit(i, n):\n    line = ''.join(chr(97 + (i * 7 + j) % 26) for j in range(64))\n    s = (line * (n // 64 + 1))[:n]\n    print(s, end='')").await;
-    // deterministic pseudo-random sizes in 0..=100_000
-    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-    for i in 0..1000u64 {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        let n = (seed % 100_001) as usize;
-        let line: String = (0..64)
-            .map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char)
-            .collect();
-        let expected: String = line.repeat(n / 64 + 1).chars().take(n).collect();
-        let got = run(&ex, &format!("emit({i}, {n})")).await;
-        assert_eq!(got.len(), n, "execution {i}: size");
-        assert!(got == expected, "execution {i}: content differs");
-    }
+    thousand_random_sizes_arrive_intact(&ex, "local kernel").await;
     ex.stop().await;
 }
 
@@ -125,15 +110,7 @@ async fn thousand_executions_with_random_sizes_arrive_intact() {
 async fn ten_megabytes_arrive_intact() {
     let ws = tempfile::tempdir().unwrap();
     let ex = executor(ws.path()).await;
-    let out = run(
-        &ex,
-        "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')",
-    )
-    .await;
-    assert_eq!(out.len(), 100_000 * 100 - 1);
-    for (i, line) in out.lines().enumerate() {
-        assert_eq!(line, format!("{i:09}{}", "x".repeat(90)), "line {i}");
-    }
+    crate::support::ten_megabytes_arrive_intact(&ex, "local kernel").await;
     ex.stop().await;
 }
 

@@ -19,6 +19,7 @@ mod kernel;
 mod mcp_approvals;
 mod mcp_client;
 mod mcp_server;
+mod proc_tree;
 mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;

@@ -557,41 +557,6 @@ fn gone_within(pids: &[u32], within: Duration) -> Vec<u32> {
     }
 }
 
-/// Every live descendant of `pid` (children of children, ...), from /proc.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut parent_of = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        // "pid (comm) state ppid ..." — comm may hold spaces, so split after the last ')'.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let mut fields = rest.split(' ');
-        let state = fields.next().unwrap_or("");
-        let ppid: u32 = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
-        if state != "Z" {
-            parent_of.push((p, ppid));
-        }
-    }
-    let mut found = vec![pid];
-    let mut i = 0;
-    while i < found.len() {
-        let parent = found[i];
-        found.extend(
-            parent_of
-                .iter()
-                .filter(|(_, pp)| *pp == parent)
-                .map(|(p, _)| *p),
-        );
-        i += 1;
-    }
-    found.remove(0);
-    found
-}
-
 /// How the client goes away.
 #[derive(Debug, Clone, Copy)]
 enum Trigger {
@@ -625,7 +590,7 @@ fn shutdown_with_calls_in_flight(trigger: Trigger) {
     let hang = json!({"command": python(), "args": [fixture_script(), "hang"]});
     raw.send(json!({"jsonrpc": "2.0", "id": 903, "method": "tools/call", "params": {"name": "register_mcp_server", "arguments": {"server_name": "hang", "server_params": hang}}}));
     std::thread::sleep(Duration::from_millis(1500));
-    let children = descendants(raw.child.id());
+    let children = crate::proc_tree::descendants(raw.child.id());
     // kernel (+ spare), the fixture server, the hanging server, at least.
     assert!(
         children.len() >= 3,
@@ -689,7 +654,7 @@ fn stdin_eof_when_idle_exits_at_once() {
         raw.call("execute_ipython_cell", json!({"code": "6 * 7"})),
         "42"
     );
-    let children = descendants(raw.child.id());
+    let children = crate::proc_tree::descendants(raw.child.id());
     let start = Instant::now();
     drop(raw.stdin.take());
     raw.wait_exit(Duration::from_secs(2))

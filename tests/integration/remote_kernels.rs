@@ -29,10 +29,15 @@ fn host() -> HostEnv {
 }
 
 fn builder(ws: &Path, server: &JupyterServer) -> ipybox::executor::CodeExecutorBuilder {
+    builder_at(ws, &server.url())
+}
+
+/// An executor builder for the server at `url` (a proxy, extra URL parameters).
+fn builder_at(ws: &Path, url: &str) -> ipybox::executor::CodeExecutorBuilder {
     CodeExecutor::builder()
         .workspace(ws)
         .host_env(host())
-        .kernel_gateway(server.url())
+        .kernel_gateway(url)
 }
 
 async fn remote(ws: &Path, server: &JupyterServer) -> CodeExecutor {
@@ -50,10 +55,7 @@ async fn state_output_errors_images_env_and_imports() {
         let server = JupyterServer::start(kind);
         let ws = tempfile::tempdir().unwrap();
         std::fs::write(ws.path().join("helper_mod.py"), "VALUE = 'from the host'\n").unwrap();
-        let ex = CodeExecutor::builder()
-            .workspace(ws.path())
-            .host_env(host())
-            .kernel_gateway(server.url())
+        let ex = builder(ws.path(), &server)
             .without_spare_kernel()
             .kernel_env([("IPYBOX_TEST_VAR", "from kernel_env")])
             .build();
@@ -66,7 +68,8 @@ async fn state_output_errors_images_env_and_imports() {
                 "import sys\nprint('out')\nprint('err', file=sys.stderr)"
             )
             .await,
-            "out\nerr"
+            "out\nerr",
+            "{kind:?}"
         );
         let err = ex
             .execute(
@@ -126,11 +129,7 @@ async fn state_output_errors_images_env_and_imports() {
         assert!(result.images[0].starts_with(ws.path().canonicalize().unwrap().join("images")));
         assert_eq!(server.kernels().await.len(), 1);
         ex.stop().await;
-        assert_eq!(
-            server.wait_kernels(0).await,
-            Vec::<String>::new(),
-            "{kind:?}: left on the server"
-        );
+        server.assert_empty(&format!("{kind:?}: after stop")).await;
     }
 }
 
@@ -140,10 +139,7 @@ async fn legacy_json_framing_works_too() {
     let server = JupyterServer::start(Kind::JupyterServer);
     let ws = tempfile::tempdir().unwrap();
     register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
-    let ex = CodeExecutor::builder()
-        .workspace(ws.path())
-        .host_env(host())
-        .kernel_gateway(format!("{}/?framing=legacy", server.url()))
+    let ex = builder_at(ws.path(), &format!("{}/?framing=legacy", server.url()))
         .without_spare_kernel()
         .build();
     ex.start().await.unwrap();
@@ -163,33 +159,9 @@ async fn thousand_random_sizes_and_ten_megabytes_arrive_intact() {
         let server = JupyterServer::start(kind);
         let ws = tempfile::tempdir().unwrap();
         let ex = remote(ws.path(), &server).await;
-        run(&ex, "def emit(i, n):\n    line = ''.join(chr(97 + (i * 7 + j) % 26) for j in range(64))\n    s = (line * (n // 64 + 1))[:n]\n    print(s, end='')").await;
-        let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
-        for i in 0..1000u64 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let n = (seed % 100_001) as usize;
-            let line: String = (0..64)
-                .map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char)
-                .collect();
-            let expected: String = line.repeat(n / 64 + 1).chars().take(n).collect();
-            let got = run(&ex, &format!("emit({i}, {n})")).await;
-            assert!(
-                got == expected,
-                "{kind:?}: execution {i} differs ({} vs {n} bytes)",
-                got.len()
-            );
-        }
-        let out = run(&ex, "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')").await;
-        assert_eq!(out.len(), 100_000 * 100 - 1, "{kind:?}");
-        for (i, line) in out.lines().enumerate() {
-            assert_eq!(
-                line,
-                format!("{i:09}{}", "x".repeat(90)),
-                "{kind:?}: line {i}"
-            );
-        }
+        let what = format!("{kind:?}");
+        thousand_random_sizes_arrive_intact(&ex, &what).await;
+        ten_megabytes_arrive_intact(&ex, &what).await;
         ex.stop().await;
     }
 }
@@ -200,11 +172,7 @@ async fn output_a_rate_limited_server_drops_is_announced_in_the_output() {
     let server = JupyterServer::start_rate_limited(Kind::JupyterServer);
     let ws = tempfile::tempdir().unwrap();
     let ex = remote(ws.path(), &server).await;
-    let out = run(
-        &ex,
-        "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')",
-    )
-    .await;
+    let out = run(&ex, TEN_MEGABYTES).await;
     assert!(
         out.len() < 100_000 * 100 - 1,
         "the default limit should have dropped output"
@@ -294,11 +262,7 @@ async fn timeouts_interrupt_proof_code_death_and_reset() {
         // The current kernel and one spare, nothing else.
         assert_eq!(server.wait_kernels(2).await.len(), 2, "{kind:?}");
         ex.stop().await;
-        assert_eq!(
-            server.wait_kernels(0).await,
-            Vec::<String>::new(),
-            "{kind:?}: left on the server"
-        );
+        server.assert_empty(&format!("{kind:?}: after stop")).await;
     }
 }
 
@@ -349,7 +313,7 @@ async fn concurrent_executors_and_callers() {
     }
     assert_eq!(server.kernels().await.len(), 4);
     futures::future::join_all(executors.iter().map(|ex| ex.stop())).await;
-    assert_eq!(server.wait_kernels(0).await, Vec::<String>::new());
+    server.assert_empty("after stop").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -370,26 +334,7 @@ async fn tool_calls_over_the_stdin_channel_with_approvals_and_threads() {
             "Hello, remote!\n5",
             "{kind:?}"
         );
-        let code = "from mcptools.fx import greet, ApprovalRejected\nfor name in ['ok', 'no']:\n    try:\n        print(greet.run(greet.Params(name=name)))\n    except ApprovalRejected as e:\n        print('rejected:', e)";
-        let (asked, out) = stream_with(&ex, code, None, |d| {
-            Some((!d.contains("\"no\""), Duration::ZERO))
-        })
-        .await;
-        assert_eq!(
-            asked,
-            [r#"fx.greet({"name":"ok"})"#, r#"fx.greet({"name":"no"})"#],
-            "{kind:?}"
-        );
-        assert_eq!(
-            out.unwrap(),
-            "Hello, ok!\nrejected: tool call fx.greet was rejected by the application"
-        );
-        let code = "from mcptools.fx import greet, ApprovalTimeout\ntry:\n    greet.run(greet.Params(name='late'))\nexcept ApprovalTimeout as e:\n    print('timeout:', e)";
-        let (_, out) = stream_with(&ex, code, None, |_| None).await;
-        assert_eq!(
-            out.unwrap(),
-            "timeout: tool call fx.greet was not approved within 1 s, so it was not made"
-        );
+        approvals_accept_reject_and_time_out_on(&ex, &format!("{kind:?}")).await;
         // 16 threads call at once: the calls queue on the channel and all arrive.
         let code = "from concurrent.futures import ThreadPoolExecutor\nfrom mcptools.fx import add\nwith ThreadPoolExecutor(16) as pool:\n    sums = list(pool.map(lambda i: add.run(add.Params(a=i, b=1000)).sum, range(64)))\nprint(sums == [i + 1000 for i in range(64)], len(sums))";
         assert_eq!(run(&ex, code).await, "True 64", "{kind:?}");
@@ -397,7 +342,7 @@ async fn tool_calls_over_the_stdin_channel_with_approvals_and_threads() {
         let code = "import asyncio\nfrom mcptools.fx import add\nasync def main():\n    return await asyncio.gather(*(asyncio.to_thread(add.run, add.Params(a=i, b=1)) for i in range(8)))\nprint([r.sum for r in await main()])";
         assert_eq!(run(&ex, code).await, "[1, 2, 3, 4, 5, 6, 7, 8]", "{kind:?}");
         ex.stop().await;
-        assert_eq!(server.wait_kernels(0).await, Vec::<String>::new());
+        server.assert_empty("after stop").await;
     }
 }
 
@@ -474,10 +419,7 @@ async fn a_dropped_connection_reconnects_without_losing_output() {
     let server = JupyterServer::start(Kind::JupyterServer);
     let proxy = Proxy::start(server.port).await;
     let ws = tempfile::tempdir().unwrap();
-    let ex = CodeExecutor::builder()
-        .workspace(ws.path())
-        .host_env(host())
-        .kernel_gateway(format!("http://127.0.0.1:{}", proxy.port))
+    let ex = builder_at(ws.path(), &format!("http://127.0.0.1:{}", proxy.port))
         .without_spare_kernel()
         .build();
     ex.start().await.unwrap();
@@ -534,7 +476,7 @@ async fn a_server_killed_mid_execution_and_restarted() {
         "state cannot survive the server"
     );
     ex.stop().await;
-    assert_eq!(server.wait_kernels(0).await, Vec::<String>::new());
+    server.assert_empty("after stop").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -623,11 +565,7 @@ async fn mcp_server_with_kernel_gateway() {
     let (is_error, text) = mcp_exec(&s, "x").await;
     assert!(is_error && text.contains("NameError"), "{text}");
     s.close().await;
-    assert_eq!(
-        server.wait_kernels(0).await,
-        Vec::<String>::new(),
-        "kernels left after the MCP server exited"
-    );
+    server.assert_empty("after the MCP server exited").await;
 
     // A wrong token: the server starts and says so on each call.
     let params = ipybox_params(
@@ -717,7 +655,7 @@ async fn kernels_of_a_killed_ipybox_are_deleted_on_the_next_start() {
     assert_eq!(now.len(), 1);
     assert!(!record.exists());
     ex.stop().await;
-    assert_eq!(server.wait_kernels(0).await, Vec::<String>::new());
+    server.assert_empty("after stop").await;
     let remaining: Vec<_> = std::fs::read_dir(home.path().join("gateway-kernels"))
         .unwrap()
         .collect();

@@ -361,3 +361,80 @@ pub(crate) fn kernel_python() -> PathBuf {
         .expect("kernel environment")
         .python
 }
+
+/// Defines `emit(i, n)` in the kernel: prints `n` characters of a pattern that depends on `i`.
+const EMIT_DEF: &str = "def emit(i, n):\n    line = ''.join(chr(97 + (i * 7 + j) % 26) for j in range(64))\n    s = (line * (n // 64 + 1))[:n]\n    print(s, end='')";
+
+/// 1 000 executions printing pseudo-random sizes in 0..=100 000 bytes: each result must be
+/// exactly what was printed. `what` names the executor in failures.
+pub(crate) async fn thousand_random_sizes_arrive_intact(ex: &CodeExecutor, what: &str) {
+    run(ex, EMIT_DEF).await;
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    for i in 0..1000u64 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let n = (seed % 100_001) as usize;
+        let line: String = (0..64)
+            .map(|j| (b'a' + ((i * 7 + j) % 26) as u8) as char)
+            .collect();
+        let expected: String = line.repeat(n / 64 + 1).chars().take(n).collect();
+        let got = run(ex, &format!("emit({i}, {n})")).await;
+        assert_eq!(got.len(), n, "{what}: execution {i}: size");
+        assert!(got == expected, "{what}: execution {i}: content differs");
+    }
+}
+
+/// Prints 10 MB: 100 000 numbered lines of 100 bytes.
+pub(crate) const TEN_MEGABYTES: &str =
+    "import sys\nfor i in range(100_000):\n    sys.stdout.write(f'{i:09d}' + 'x' * 90 + '\\n')";
+
+/// One execution printing 10 MB ([`TEN_MEGABYTES`]): every line must arrive, in order.
+pub(crate) async fn ten_megabytes_arrive_intact(ex: &CodeExecutor, what: &str) {
+    let out = run(ex, TEN_MEGABYTES).await;
+    assert_eq!(out.len(), 100_000 * 100 - 1, "{what}");
+    for (i, line) in out.lines().enumerate() {
+        assert_eq!(
+            line,
+            format!("{i:09}{}", "x".repeat(90)),
+            "{what}: line {i}"
+        );
+    }
+}
+
+/// On an executor with `fx` (the fixture server) registered and an approval timeout of 1 s:
+/// an accepted call runs, a rejected one raises `ApprovalRejected` in the kernel, an unanswered
+/// one `ApprovalTimeout`. `what` names the executor in failures.
+pub(crate) async fn approvals_accept_reject_and_time_out_on(ex: &CodeExecutor, what: &str) {
+    let code = r#"
+from mcptools.fx import greet, ApprovalRejected, ApprovalTimeout
+for name in ["ok", "no"]:
+    try:
+        print(greet.run(greet.Params(name=name)))
+    except ApprovalRejected as e:
+        print("rejected:", e)
+"#;
+    let (asked, out) = stream_with(ex, code, None, |d| {
+        Some((!d.contains("\"no\""), Duration::ZERO))
+    })
+    .await;
+    assert_eq!(
+        asked,
+        [r#"fx.greet({"name":"ok"})"#, r#"fx.greet({"name":"no"})"#],
+        "{what}"
+    );
+    assert_eq!(
+        out.unwrap(),
+        "Hello, ok!\nrejected: tool call fx.greet was rejected by the application",
+        "{what}"
+    );
+
+    // No decision within the approval timeout (1 s): the call fails in the kernel.
+    let code = "from mcptools.fx import greet, ApprovalTimeout\ntry:\n    greet.run(greet.Params(name='late'))\nexcept ApprovalTimeout as e:\n    print('timeout:', e)";
+    let (_, out) = stream_with(ex, code, None, |_| None).await;
+    assert_eq!(
+        out.unwrap(),
+        "timeout: tool call fx.greet was not approved within 1 s, so it was not made",
+        "{what}"
+    );
+}

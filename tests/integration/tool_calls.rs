@@ -194,34 +194,7 @@ async fn approvals_accept_reject_and_time_out() {
         .approval_timeout(Duration::from_secs(1))
         .build();
     ex.start().await.unwrap();
-    let code = r#"
-from mcptools.fx import greet, ApprovalRejected, ApprovalTimeout
-for name in ["ok", "no"]:
-    try:
-        print(greet.run(greet.Params(name=name)))
-    except ApprovalRejected as e:
-        print("rejected:", e)
-"#;
-    let (asked, out) = stream_with(&ex, code, None, |d| {
-        Some((!d.contains("\"no\""), Duration::ZERO))
-    })
-    .await;
-    assert_eq!(
-        asked,
-        [r#"fx.greet({"name":"ok"})"#, r#"fx.greet({"name":"no"})"#]
-    );
-    assert_eq!(
-        out.unwrap(),
-        "Hello, ok!\nrejected: tool call fx.greet was rejected by the application"
-    );
-
-    // No decision within the approval timeout (1 s): the call fails in the kernel.
-    let code = "from mcptools.fx import greet, ApprovalTimeout\ntry:\n    greet.run(greet.Params(name='late'))\nexcept ApprovalTimeout as e:\n    print('timeout:', e)";
-    let (_, out) = stream_with(&ex, code, None, |_| None).await;
-    assert_eq!(
-        out.unwrap(),
-        "timeout: tool call fx.greet was not approved within 1 s, so it was not made"
-    );
+    approvals_accept_reject_and_time_out_on(&ex, "local kernel").await;
 
     // execute() accepts everything.
     assert_eq!(

@@ -232,11 +232,7 @@ impl Gateway {
         if status.is_success() {
             Ok(())
         } else {
-            Err(super::process::proto(format!(
-                "interrupting kernel {id} failed (HTTP {}): {}",
-                status.as_u16(),
-                detail(&value.to_string())
-            )))
+            Err(failed(&format!("interrupting kernel {id}"), status, &value))
         }
     }
 
@@ -248,11 +244,7 @@ impl Gateway {
         if status.is_success() || status == StatusCode::NOT_FOUND {
             Ok(())
         } else {
-            Err(super::process::proto(format!(
-                "deleting kernel {id} failed (HTTP {}): {}",
-                status.as_u16(),
-                detail(&value.to_string())
-            )))
+            Err(failed(&format!("deleting kernel {id}"), status, &value))
         }
     }
 
@@ -265,11 +257,7 @@ impl Gateway {
         match status {
             s if s.is_success() => Ok(true),
             StatusCode::NOT_FOUND => Ok(false),
-            s => Err(super::process::proto(format!(
-                "asking for kernel {id} failed (HTTP {}): {}",
-                s.as_u16(),
-                detail(&value.to_string())
-            ))),
+            s => Err(failed(&format!("asking for kernel {id}"), s, &value)),
         }
     }
 
@@ -307,6 +295,15 @@ impl Gateway {
         }
         Ok(req)
     }
+}
+
+/// A failed REST call as a protocol error: what was attempted, the status and the server's words.
+fn failed(what: &str, status: StatusCode, body: &Value) -> KernelError {
+    super::process::proto(format!(
+        "{what} failed (HTTP {}): {}",
+        status.as_u16(),
+        detail(&body.to_string())
+    ))
 }
 
 /// A server's error body, shortened: Jupyter servers answer `{"message": …, "reason": …}`.
