@@ -200,7 +200,8 @@ impl JupyterServer {
         assert_eq!(
             self.wait_kernels(0).await,
             Vec::<String>::new(),
-            "{what}: kernels left on the server"
+            "{what}: kernels left on the server; server log:\n{}",
+            self.log()
         );
     }
 

@@ -260,7 +260,12 @@ async fn timeouts_interrupt_proof_code_death_and_reset() {
         assert_eq!(run(&ex, "'fresh'").await, "'fresh'");
         eprintln!("{kind:?}: reset with a warm spare took {reset_took:?}");
         // The current kernel and one spare, nothing else.
-        assert_eq!(server.wait_kernels(2).await.len(), 2, "{kind:?}");
+        assert_eq!(
+            server.wait_kernels(2).await.len(),
+            2,
+            "{kind:?}: server log:\n{}",
+            server.log()
+        );
         ex.stop().await;
         server.assert_empty(&format!("{kind:?}: after stop")).await;
     }

@@ -125,7 +125,8 @@ impl RemoteKernel {
     /// Deletes the kernel on the server and closes the connection.
     pub(crate) async fn shutdown(mut self) {
         self.task.abort();
-        match tokio::time::timeout(Duration::from_secs(10), self.gateway.delete(&self.id)).await {
+        // `delete` retries a failing server for 10 s; this bounds a server that does not answer.
+        match tokio::time::timeout(Duration::from_secs(20), self.gateway.delete(&self.id)).await {
             Ok(Ok(())) => {
                 self.deleted = true;
                 if let Some(ledger) = &self.ledger {

@@ -28,6 +28,9 @@ use crate::host_env::HostEnv;
 /// The variable the gateway's token is read from when the URL carries none.
 pub(crate) const TOKEN_VAR: &str = "IPYBOX_GATEWAY_TOKEN";
 
+/// How long [`Gateway::delete`] keeps asking a server that answers a delete with an error.
+const DELETE_RETRY_FOR: Duration = Duration::from_secs(10);
+
 /// A Jupyter server that runs ipybox's kernels.
 #[derive(Clone)]
 pub(crate) struct Gateway {
@@ -237,14 +240,26 @@ impl Gateway {
     }
 
     /// `DELETE /api/kernels/{id}`; a kernel the server no longer has counts as deleted.
+    ///
+    /// A server error is asked again, with backoff, for up to [`DELETE_RETRY_FOR`]: Jupyter
+    /// Server answers 500 to a delete that arrives while it restarts the kernel (its restarter
+    /// acts on a kernel that died), and accepts the same delete once the restart is done.
     pub(crate) async fn delete(&self, id: &str) -> Result<(), KernelError> {
-        let (status, value) = self
-            .call(Method::DELETE, &format!("api/kernels/{id}"), None)
-            .await?;
-        if status.is_success() || status == StatusCode::NOT_FOUND {
-            Ok(())
-        } else {
-            Err(failed(&format!("deleting kernel {id}"), status, &value))
+        let deadline = tokio::time::Instant::now() + DELETE_RETRY_FOR;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let (status, value) = self
+                .call(Method::DELETE, &format!("api/kernels/{id}"), None)
+                .await?;
+            if status.is_success() || status == StatusCode::NOT_FOUND {
+                return Ok(());
+            }
+            if !status.is_server_error() || tokio::time::Instant::now() + pause > deadline {
+                return Err(failed(&format!("deleting kernel {id}"), status, &value));
+            }
+            tracing::debug!(kernel = %id, %status, "the server failed a delete; asking again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 
@@ -385,5 +400,62 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("NOPE"), "{err}");
+    }
+
+    /// A server answering `statuses` in turn, one per connection; returns its port and the
+    /// request lines it saw.
+    async fn answering(
+        statuses: &'static [&'static str],
+    ) -> (u16, tokio::task::JoinHandle<Vec<String>>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for status in statuses {
+                let (mut sock, _) = listener.accept().await.unwrap();
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = sock.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the client closed mid-request");
+                    request.extend_from_slice(&buf[..n]);
+                }
+                let text = String::from_utf8_lossy(&request).to_string();
+                seen.push(text.lines().next().unwrap_or_default().to_string());
+                let reply =
+                    format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                sock.write_all(reply.as_bytes()).await.unwrap();
+            }
+            seen
+        });
+        (port, seen)
+    }
+
+    #[tokio::test]
+    async fn delete_asks_again_while_the_server_fails() {
+        // What Jupyter Server does to a delete that arrives while it restarts the kernel.
+        let (port, seen) = answering(&[
+            "500 Internal Server Error",
+            "500 Internal Server Error",
+            "204 No Content",
+        ])
+        .await;
+        let gw = Gateway::parse(&format!("http://127.0.0.1:{port}"), &host(&[])).unwrap();
+        gw.delete("k1").await.unwrap();
+        assert_eq!(
+            seen.await.unwrap(),
+            vec!["DELETE /api/kernels/k1 HTTP/1.1"; 3]
+        );
+    }
+
+    #[tokio::test]
+    async fn delete_does_not_repeat_a_refused_request() {
+        let (port, seen) = answering(&["400 Bad Request"]).await;
+        let gw = Gateway::parse(&format!("http://127.0.0.1:{port}"), &host(&[])).unwrap();
+        let err = gw.delete("k1").await.unwrap_err().to_string();
+        assert!(err.contains("deleting kernel k1"), "{err}");
+        assert!(err.contains("400"), "{err}");
+        assert_eq!(seen.await.unwrap(), vec!["DELETE /api/kernels/k1 HTTP/1.1"]);
     }
 }
