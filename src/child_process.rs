@@ -1,6 +1,6 @@
 //! What every long-running child ipybox starts shares: it leads its own process group (so what
 //! it starts dies with it), its stderr is kept as a bounded tail for error messages, and the
-//! group is signalled as a whole. Kernels (`kernel/process.rs`) and stdio MCP servers
+//! group is signalled as a whole. Kernels (`kernel/local.rs`) and stdio MCP servers
 //! (`tools/client.rs`) are started this way; short-lived commands (installers, probes) only use
 //! [`tail`] on their collected output.
 //!

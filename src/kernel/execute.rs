@@ -16,8 +16,8 @@ use jupyter_protocol::{ExecuteRequest, JupyterMessage, JupyterMessageContent, Re
 use tokio::sync::{mpsc, watch};
 
 use super::completion::Completion;
+use super::instance::Kernel;
 use super::output::{OutputCollector, strip_ansi};
-use super::process::Kernel;
 use super::{KernelConfig, KernelError};
 use crate::pause::TimeoutPause;
 

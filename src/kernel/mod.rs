@@ -3,8 +3,9 @@
 //! in a kernel on a Jupyter server (Kernel Gateway, Enterprise Gateway, Jupyter Server) spoken to
 //! over its WebSocket.
 //!
-//! - `process`: starting a kernel (local or remote), its environment, readiness, death
-//!   detection, shutdown;
+//! - `instance`: one running kernel, whichever transport: launch, readiness (`kernel_info`),
+//!   death watch, shutdown;
+//! - `local`: the `ipykernel` child process: its launch, environment, ZMQ sockets, kill;
 //! - `gateway`: the Jupyter-server transport (REST, WebSocket, bootstrap, ledger);
 //! - `execute`: one execution: request, output assembly, completion, timeout and interrupt;
 //! - `output`: turning Jupyter outputs into text and image files;
@@ -17,9 +18,10 @@
 mod completion;
 pub(crate) mod execute;
 pub(crate) mod gateway;
+pub(crate) mod instance;
+mod local;
 pub(crate) mod output;
 pub(crate) mod pool;
-pub(crate) mod process;
 pub(crate) mod runtime_dir;
 
 use std::collections::BTreeMap;
@@ -176,6 +178,25 @@ fn timeout_message(seconds: f64, state_kept: bool) -> String {
             "execution timed out after {seconds} s and did not stop when interrupted — kernel restarted, state lost"
         )
     }
+}
+
+/// A protocol error (ZMQ, WebSocket, serialization).
+pub(crate) fn proto(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> KernelError {
+    KernelError::Protocol(e.into())
+}
+
+/// The variables every kernel gets, local or remote (remote kernels set them in their bootstrap
+/// cell): unbuffered UTF-8 output, inline matplotlib images, no colours.
+pub(crate) fn fixed_env() -> [(&'static str, &'static str); 7] {
+    [
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONIOENCODING", "utf-8"),
+        ("JUPYTER_PLATFORM_DIRS", "1"),
+        ("PYDEVD_DISABLE_FILE_VALIDATION", "1"),
+        ("MPLBACKEND", "module://matplotlib_inline.backend_inline"),
+        ("NO_COLOR", "1"),
+        ("TERM", "dumb"),
+    ]
 }
 
 impl KernelError {

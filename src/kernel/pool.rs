@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::execute::{self, ExecEvent, ExecutionOutput};
-use super::process::Kernel;
+use super::instance::Kernel;
 use super::runtime_dir::RuntimeDir;
 use super::{KernelConfig, KernelError};
 use crate::pause::TimeoutPause;

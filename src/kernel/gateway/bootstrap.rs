@@ -56,7 +56,7 @@ pub(crate) fn cell(config: &KernelConfig, runtime: &Dir<'_>) -> String {
     let mut sources = serde_json::Map::new();
     collect(runtime, &mut sources);
     let mut env = serde_json::Map::new();
-    for (k, v) in crate::kernel::process::fixed_env() {
+    for (k, v) in crate::kernel::fixed_env() {
         env.insert(k.to_string(), Value::String(v.to_string()));
     }
     for (k, v) in &config.env {

@@ -32,7 +32,8 @@ use super::Gateway;
 use super::framing::{self, Framing};
 use super::ledger::Ledger;
 use crate::kernel::KernelError;
-use crate::kernel::process::{ExitInfo, proto};
+use crate::kernel::instance::ExitInfo;
+use crate::kernel::proto;
 
 /// Marks the input requests of `ipybox_runtime` (`python/ipybox_runtime/stdin_channel.py`).
 pub(crate) const PROMPT_PREFIX: &str = "\u{1e}ipybox\u{1e}";
@@ -58,7 +59,9 @@ pub(crate) struct RemoteKernel {
     pub(crate) id: String,
     outbound: mpsc::UnboundedSender<(Channel, JupyterMessage)>,
     exit: watch::Receiver<Option<ExitInfo>>,
-    task: JoinHandle<()>,
+    /// The connection's task; `None` until the WebSocket is open (a kernel whose connect fails
+    /// is still deleted by `Drop`).
+    task: Option<JoinHandle<()>>,
     deleted: bool,
 }
 
@@ -84,12 +87,12 @@ impl RemoteKernel {
             id: id.clone(),
             outbound: outbound.clone(),
             exit,
-            task: tokio::spawn(async {}),
+            task: None,
             deleted: false,
         };
         let session = uuid::Uuid::new_v4().to_string();
         let socket = connect(gateway, &id, &session).await?;
-        kernel.task = tokio::spawn(
+        kernel.task = Some(tokio::spawn(
             Link {
                 gateway: gateway.clone(),
                 id,
@@ -100,7 +103,7 @@ impl RemoteKernel {
                 exit: exit_tx,
             }
             .run(socket, outbound_rx),
-        );
+        ));
         Ok(kernel)
     }
 
@@ -124,7 +127,9 @@ impl RemoteKernel {
 
     /// Deletes the kernel on the server and closes the connection.
     pub(crate) async fn shutdown(mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
         // `delete` retries a failing server for 10 s; this bounds a server that does not answer.
         match tokio::time::timeout(Duration::from_secs(20), self.gateway.delete(&self.id)).await {
             Ok(Ok(())) => {
@@ -145,7 +150,9 @@ impl RemoteKernel {
 
 impl Drop for RemoteKernel {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(task) = &self.task {
+            task.abort();
+        }
         if self.deleted {
             return;
         }

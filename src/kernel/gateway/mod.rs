@@ -287,25 +287,18 @@ impl Gateway {
         let scheme = if url.scheme() == "https" { "wss" } else { "ws" };
         let _ = url.set_scheme(scheme);
         url.set_query(Some(&format!("session_id={session}")));
-        let mut req = url
-            .as_str()
-            .into_client_request()
-            .map_err(super::process::proto)?;
+        let mut req = url.as_str().into_client_request().map_err(super::proto)?;
         let headers = req.headers_mut();
         if self.offer_v1 {
             headers.insert(
                 "Sec-WebSocket-Protocol",
-                framing::V1_PROTOCOL
-                    .parse()
-                    .map_err(super::process::proto)?,
+                framing::V1_PROTOCOL.parse().map_err(super::proto)?,
             );
         }
         if let Some(token) = &self.token {
             headers.insert(
                 "Authorization",
-                format!("token {token}")
-                    .parse()
-                    .map_err(super::process::proto)?,
+                format!("token {token}").parse().map_err(super::proto)?,
             );
         }
         Ok(req)
@@ -314,7 +307,7 @@ impl Gateway {
 
 /// A failed REST call as a protocol error: what was attempted, the status and the server's words.
 fn failed(what: &str, status: StatusCode, body: &Value) -> KernelError {
-    super::process::proto(format!(
+    super::proto(format!(
         "{what} failed (HTTP {}): {}",
         status.as_u16(),
         detail(&body.to_string())

@@ -1,0 +1,433 @@
+//! A kernel ipybox launches: an `ipykernel` child process spoken to over ZMQ (IPC sockets in a
+//! private directory).
+//!
+//! The kernel runs `python -c <launcher> -f <connection file>` with a minimal environment, the
+//! workspace as cwd, stdout discarded and stderr kept as a bounded tail for diagnostics. A watcher
+//! task notices the process's exit at once. The kernel never outlives ipybox: it reads its stdin
+//! (a pipe from us) in a thread and exits on EOF, and on Linux it also gets `PR_SET_PDEATHSIG`.
+//! (Readiness, the `kernel_info` handshake, is the same for every kernel: [`super::instance`].)
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use jupyter_protocol::connection_info::Transport;
+use jupyter_protocol::{ConnectionInfo, JupyterMessage};
+use jupyter_zmq_client::{ClientControlConnection, DealerSendConnection};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::instance::ExitInfo;
+use super::{KernelConfig, KernelError, ShellApproval, fixed_env, proto};
+use crate::child_process::{StderrTail, own_group, signal_group};
+
+/// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
+/// ipykernel patch (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
+/// running comes in through `exec_lines`, see `startup_line`.)
+const LAUNCHER: &str = r#"import os, sys, threading
+def _ipybox_watch_parent():
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    os._exit(0)
+threading.Thread(target=_ipybox_watch_parent, name="ipybox-parent-watch", daemon=True).start()
+__import__("ipybox_runtime.output_flush", fromlist=["install"]).install()
+from ipykernel import kernelapp
+kernelapp.launch_new_instance()
+"#;
+
+/// The kernel process and what watches it. Dropping it kills the process group, stops the
+/// watcher tasks and removes the kernel's directory (connection file and IPC socket files).
+pub(super) struct Process {
+    pid: u32,
+    exit: watch::Receiver<Option<ExitInfo>>,
+    stderr_tail: StderrTail,
+    tasks: Vec<JoinHandle<()>>,
+    /// Held open: the kernel exits when this pipe closes (ipybox gone).
+    _stdin: Option<tokio::process::ChildStdin>,
+    dir: PathBuf,
+}
+
+impl Process {
+    fn exited(&self) -> Option<String> {
+        self.exit.borrow().as_ref().map(|e| e.0.clone())
+    }
+
+    fn stderr_suffix(&self) -> String {
+        let tail = self.stderr_tail.last_lines();
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!("; kernel stderr:\n{tail}")
+        }
+    }
+
+    fn exited_err(&self) -> KernelError {
+        let status = self.exited().unwrap_or_else(|| "exited".into());
+        start_err(format!(
+            "the kernel process exited ({status}){}",
+            self.stderr_suffix()
+        ))
+    }
+
+    fn kill(&self) {
+        if self.pid == 0 {
+            return;
+        }
+        // The group is killed even after the kernel itself died (segfault, OOM): what its code
+        // started lives on in the group. (A sandboxed kernel's group is led by the sandbox
+        // wrapper, which is our child; the kernel is in it.)
+        signal_group(self.pid, libc::SIGKILL);
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+        for t in &self.tasks {
+            t.abort();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The ZMQ sockets to a local kernel, and its process. The sockets are declared before the
+/// process: they close before the process is reaped.
+pub(super) struct LocalLink {
+    shell_tx: DealerSendConnection,
+    control: ClientControlConnection,
+    process: Process,
+}
+
+impl LocalLink {
+    pub(super) fn pid(&self) -> u32 {
+        self.process.pid
+    }
+
+    pub(super) fn dir(&self) -> &Path {
+        &self.process.dir
+    }
+
+    pub(super) fn exited(&self) -> Option<String> {
+        self.process.exited()
+    }
+
+    pub(super) fn exit_watch(&self) -> watch::Receiver<Option<ExitInfo>> {
+        self.process.exit.clone()
+    }
+
+    pub(super) fn stderr_tail(&self) -> String {
+        self.process.stderr_tail.last_lines()
+    }
+
+    pub(super) fn exited_err(&self) -> KernelError {
+        self.process.exited_err()
+    }
+
+    pub(super) async fn send_shell(&mut self, msg: JupyterMessage) -> Result<(), KernelError> {
+        self.shell_tx.send(msg).await.map_err(proto)
+    }
+
+    /// `interrupt_request` on the control channel (works inside a sandbox, where a host signal
+    /// would reach the sandbox wrapper).
+    pub(super) async fn interrupt(&mut self) -> Result<(), KernelError> {
+        let msg: JupyterMessage = jupyter_protocol::InterruptRequest {}.into();
+        self.control.send(msg).await.map_err(proto)
+    }
+
+    /// Kills the process group (there is no state worth a graceful shutdown, and ipykernel's
+    /// own shutdown sometimes takes ~10 s) and waits up to 2 s for the exit.
+    pub(super) async fn shutdown(self) {
+        self.process.kill();
+        let mut exit = self.process.exit.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(2), exit.wait_for(|e| e.is_some())).await;
+    }
+}
+
+/// What a connected local kernel hands to [`super::instance::Kernel`].
+pub(super) struct Connected {
+    pub(super) link: LocalLink,
+    pub(super) shell_rx: mpsc::UnboundedReceiver<JupyterMessage>,
+    pub(super) iopub_rx: mpsc::UnboundedReceiver<JupyterMessage>,
+}
+
+/// Writes the connection file in `dir` and starts the kernel process; `pid` receives its id at
+/// once, so whoever abandons a launch can wait for the process to end. The returned process
+/// guard kills the kernel when dropped.
+pub(super) fn spawn(
+    config: &KernelConfig,
+    dir: PathBuf,
+    pid: &AtomicU32,
+) -> Result<(ConnectionInfo, Process), KernelError> {
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| start_err(format!("cannot create {}: {e}", dir.display())))?;
+    let info = ConnectionInfo {
+        transport: Transport::IPC,
+        ip: dir.join("k").display().to_string(),
+        stdin_port: 1,
+        control_port: 2,
+        hb_port: 3,
+        shell_port: 4,
+        iopub_port: 5,
+        signature_scheme: "hmac-sha256".to_string(),
+        key: uuid::Uuid::new_v4().to_string(),
+        kernel_name: Some("python3".to_string()),
+    };
+    let conn_file = dir.join("connection.json");
+    write_private(&conn_file, &serde_json::to_vec(&info).map_err(proto)?)
+        .map_err(|e| start_err(format!("cannot write {}: {e}", conn_file.display())))?;
+
+    let mut child = spawn_process(config, &conn_file)?;
+    pid.store(child.id().unwrap_or(0), Ordering::SeqCst);
+    let mut process = Process {
+        pid: child.id().unwrap_or(0),
+        exit: watch::channel(None).1,
+        stderr_tail: StderrTail::default(),
+        tasks: Vec::new(),
+        _stdin: child.stdin.take(),
+        dir,
+    };
+    if let Some(stderr) = child.stderr.take() {
+        let (tail, reader) = StderrTail::capture(stderr);
+        process.stderr_tail = tail;
+        process.tasks.push(reader);
+    }
+    let (exit_tx, exit_rx) = watch::channel(None);
+    process.exit = exit_rx;
+    process.tasks.push(tokio::spawn(async move {
+        let desc = match child.wait().await {
+            Ok(s) => describe_exit(s),
+            Err(e) => format!("unknown exit: {e}"),
+        };
+        let _ = exit_tx.send(Some(ExitInfo(desc)));
+    }));
+    Ok((info, process))
+}
+
+/// Waits for the socket files and connects shell/iopub/control.
+pub(super) async fn connect(
+    info: &ConnectionInfo,
+    mut process: Process,
+) -> Result<Connected, KernelError> {
+    let ports = [info.shell_port, info.iopub_port, info.control_port];
+    while !ports
+        .iter()
+        .all(|p| Path::new(&format!("{}-{p}", info.ip)).exists())
+    {
+        if process.exited().is_some() {
+            return Err(process.exited_err());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let session_id = uuid::Uuid::new_v4().to_string();
+    let identity = jupyter_zmq_client::peer_identity_for_session(&session_id).map_err(proto)?;
+    let shell = jupyter_zmq_client::create_client_shell_connection_with_identity(
+        info,
+        &session_id,
+        identity,
+    )
+    .await
+    .map_err(proto)?;
+    let mut iopub = jupyter_zmq_client::create_client_iopub_connection(info, "", &session_id)
+        .await
+        .map_err(proto)?;
+    let control = jupyter_zmq_client::create_client_control_connection(info, &session_id)
+        .await
+        .map_err(proto)?;
+    let (shell_tx, mut shell_read) = shell.split();
+
+    let (to_shell_rx, shell_rx) = mpsc::unbounded_channel();
+    process.tasks.push(tokio::spawn(async move {
+        while let Ok(msg) = shell_read.read().await {
+            if to_shell_rx.send(msg).is_err() {
+                break;
+            }
+        }
+    }));
+    let (to_iopub_rx, iopub_rx) = mpsc::unbounded_channel();
+    process.tasks.push(tokio::spawn(async move {
+        loop {
+            match iopub.read().await {
+                Ok(msg) => {
+                    if to_iopub_rx.send(msg).is_err() {
+                        break;
+                    }
+                }
+                Err(e) => tracing::warn!("dropping an unreadable iopub message: {e}"),
+            }
+        }
+    }));
+    Ok(Connected {
+        link: LocalLink {
+            shell_tx,
+            control,
+            process,
+        },
+        shell_rx,
+        iopub_rx,
+    })
+}
+
+/// The line the kernel runs once it is up (ipykernel's `exec_lines`), if any: the
+/// working-directory guard (`restore_cwd`) and shell-command approval. `__import__` binds no name
+/// in the user's namespace.
+fn startup_line(config: &KernelConfig) -> Option<String> {
+    let mut parts = Vec::new();
+    if config.restore_cwd {
+        // A JSON string is a valid Python string literal.
+        let dir = serde_json::to_string(&config.workspace.display().to_string())
+            .unwrap_or_else(|_| "'.'".into());
+        parts.push(format!(
+            "__import__('ipybox_runtime.working_dir', fromlist=['install']).install({dir})"
+        ));
+    }
+    if let ShellApproval::On { require_escape } = config.shell_approval {
+        let flag = if require_escape { "True" } else { "False" };
+        parts.push(format!(
+            "__import__('ipybox_runtime.shell_guard', fromlist=['install']).install({flag})"
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+fn spawn_process(
+    config: &KernelConfig,
+    conn_file: &Path,
+) -> Result<tokio::process::Child, KernelError> {
+    let mut argv = vec![
+        config.python.display().to_string(),
+        "-c".to_string(),
+        LAUNCHER.to_string(),
+        "-f".to_string(),
+        conn_file.display().to_string(),
+        "--IPKernelApp.quiet=True".to_string(),
+        "--HistoryManager.enabled=False".to_string(),
+        // ipykernel sleeps 0.5 ms before every execute_reply so that clients which stop at the
+        // reply see trailing output; ipybox waits for the idle status instead, so it need not.
+        "--IPythonKernel._execute_sleep=0".to_string(),
+        "--InteractiveShell.colors=nocolor".to_string(),
+        "--InteractiveShell.xmode=Context".to_string(),
+    ];
+    if let Some(line) = startup_line(config) {
+        argv.push(format!("--IPKernelApp.exec_lines={line}"));
+    }
+    if let Some(wrap) = &config.wrapper {
+        argv = (wrap.0)(argv);
+    }
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .env_clear()
+        .envs(base_env(config))
+        .current_dir(&config.workspace)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    own_group(&mut cmd);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; runs in the child between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(|e| {
+        start_err_help(
+            format!("cannot run {}: {e}", argv[0]),
+            "check the interpreter path (--python / IPYBOX_PYTHON) or run `ipybox setup`",
+        )
+    })
+}
+
+/// The kernel's environment: a minimal base, then the caller's variables (which win).
+fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = Default::default();
+    let host = |k: &str| config.host.get(k).map(str::to_string);
+    let venv_bin = config.python.parent().map(|p| p.display().to_string());
+    let path = match (venv_bin, host("PATH")) {
+        (Some(bin), Some(p)) => format!("{bin}:{p}"),
+        (Some(bin), None) => format!("{bin}:/usr/local/bin:/usr/bin:/bin"),
+        (None, Some(p)) => p,
+        (None, None) => "/usr/local/bin:/usr/bin:/bin".to_string(),
+    };
+    env.insert("PATH".into(), path);
+    for k in crate::host_env::IDENTITY
+        .iter()
+        .chain(crate::host_env::NETWORK)
+    {
+        if let Some(v) = host(k) {
+            env.insert(k.to_string(), v);
+        }
+    }
+    env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
+    env.insert(
+        "TMPDIR".into(),
+        super::runtime_dir::temp_dir(&config.host)
+            .display()
+            .to_string(),
+    );
+    let mut py_path: Vec<String> = config
+        .python_path
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    py_path.push(config.workspace.display().to_string());
+    env.insert("PYTHONPATH".into(), py_path.join(":"));
+    for (k, v) in fixed_env() {
+        env.insert(k.into(), v.into());
+    }
+    for (k, v) in &config.env {
+        env.insert(k.clone(), v.clone());
+    }
+    env.into_iter().collect()
+}
+
+fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}{}", signal_name(sig)),
+        _ => "unknown exit status".to_string(),
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => " (SIGKILL)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGABRT => " (SIGABRT)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGBUS => " (SIGBUS)",
+        _ => "",
+    }
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
+
+/// A start failure whose fix is usually the kernel environment.
+pub(super) fn start_err(reason: String) -> KernelError {
+    start_err_help(
+        reason,
+        "run `ipybox setup` to check the kernel environment, or pass --python PATH",
+    )
+}
+
+fn start_err_help(reason: String, help: &str) -> KernelError {
+    KernelError::Start {
+        reason,
+        help: help.to_string(),
+    }
+}
