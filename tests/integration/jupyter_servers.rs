@@ -161,14 +161,23 @@ impl JupyterServer {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
-    /// The ids of the kernels the server runs.
+    /// The ids of the kernels the server runs. Asked again on a 5xx: jupyter_server's listing
+    /// fails while a kernel is still starting (its model reads `last_activity`, set once the
+    /// kernel runs).
     pub(crate) async fn kernels(&self) -> Vec<String> {
-        let resp = reqwest::Client::new()
-            .get(format!("{}/api/kernels", self.url()))
-            .header("Authorization", format!("token {TOKEN}"))
-            .send()
-            .await
-            .expect("GET /api/kernels");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let resp = loop {
+            let resp = reqwest::Client::new()
+                .get(format!("{}/api/kernels", self.url()))
+                .header("Authorization", format!("token {TOKEN}"))
+                .send()
+                .await
+                .expect("GET /api/kernels");
+            if !resp.status().is_server_error() || Instant::now() > deadline {
+                break resp;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(
             resp.status().is_success(),
             "GET /api/kernels: {}\n{}",

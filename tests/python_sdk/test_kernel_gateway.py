@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -59,9 +60,18 @@ def gateway(tmp_path, monkeypatch):
 
 
 def kernels(port: int) -> list:
+    """The gateway's kernels. Asked again on a 500: jupyter_server's listing fails while a kernel
+    is still starting (the model reads `last_activity`, set once the kernel runs)."""
     req = urllib.request.Request(f"http://127.0.0.1:{port}/api/kernels", headers={"Authorization": f"token {TOKEN}"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.loads(resp.read())
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(req, timeout=5) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            if e.code < 500 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 async def test_host_and_port_run_kernels_on_the_gateway(workspace, gateway):
