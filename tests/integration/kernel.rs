@@ -533,29 +533,13 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
 
 /// Pids of this process's ipykernel children whose connection files are under `dir`.
 fn kernel_children(dir: &Path) -> Vec<u32> {
-    let me = std::process::id();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rsplit_once(") ").map(|r| r.1) else {
-            continue;
-        };
-        let ppid: u32 = rest
-            .split(' ')
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == me && cmd.contains("ipykernel") && cmd.contains(&*dir.to_string_lossy()) {
-            out.push(pid);
-        }
-    }
-    out
+    crate::proc_tree::children(std::process::id())
+        .into_iter()
+        .filter(|pid| {
+            let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.contains("ipykernel") && cmd.contains(&*dir.to_string_lossy())
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]

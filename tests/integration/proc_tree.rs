@@ -1,8 +1,8 @@
 //! Process trees from /proc (Linux), for tests and benchmarks that must find what a process
 //! started.
 
-/// Every live descendant of `pid` (children of children, ...), from /proc.
-pub(crate) fn descendants(pid: u32) -> Vec<u32> {
+/// (pid, parent pid) of every live (not zombie) process, from /proc.
+fn live_parents() -> Vec<(u32, u32)> {
     let mut parent_of = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -20,6 +20,22 @@ pub(crate) fn descendants(pid: u32) -> Vec<u32> {
             parent_of.push((p, ppid));
         }
     }
+    parent_of
+}
+
+/// The live children of `pid`.
+#[allow(dead_code)] // the benchmark includes this file and needs only `descendants`
+pub(crate) fn children(pid: u32) -> Vec<u32> {
+    live_parents()
+        .into_iter()
+        .filter(|(_, pp)| *pp == pid)
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// Every live descendant of `pid` (children of children, ...), from /proc.
+pub(crate) fn descendants(pid: u32) -> Vec<u32> {
+    let parent_of = live_parents();
     let mut found = vec![pid];
     let mut i = 0;
     while i < found.len() {
