@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use include_dir::Dir;
 use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
 
 use crate::apigen::ApiStyle;
 use crate::host_env::HostEnv;
@@ -311,6 +312,7 @@ impl CodeExecutorBuilder {
                 registry: std::sync::OnceLock::new(),
                 python: std::sync::OnceLock::new(),
                 live: std::sync::Mutex::new(None),
+                current: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -335,6 +337,8 @@ struct Inner {
     python: std::sync::OnceLock<PathBuf>,
     /// What diagnostics read while an execution holds `state`; set by start, cleared by stop.
     live: std::sync::Mutex<Option<Live>>,
+    /// The canceller of the execution that holds `state` (for [`CodeExecutor::cancel`]).
+    current: std::sync::Mutex<Option<Canceller>>,
 }
 
 /// Read-only views of a started executor, shared with its [`Running`] parts.
@@ -360,6 +364,27 @@ impl Drop for SettleOnDrop {
                 }
             });
         }
+    }
+}
+
+/// Registered while an execution holds the executor's lock: [`CodeExecutor::cancel`] reaches it.
+/// Dropping it unregisters.
+struct CurrentExecution<'a>(&'a Inner);
+
+impl<'a> CurrentExecution<'a> {
+    fn register(inner: &'a Inner, canceller: Canceller) -> Self {
+        *inner.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(canceller);
+        Self(inner)
+    }
+}
+
+impl Drop for CurrentExecution<'_> {
+    fn drop(&mut self) {
+        self.0
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 }
 
@@ -662,6 +687,8 @@ impl CodeExecutor {
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
+        let _current = CurrentExecution::register(&self.inner, Canceller(Arc::new(cancel)));
         // This execution's own clock: only its calls' approval waits pause it.
         let pause = TimeoutPause::default();
         running
@@ -672,9 +699,36 @@ impl CodeExecutor {
         // of letting it run on (the next execution would otherwise wait behind it).
         let mut settle = SettleOnDrop(Some(self.inner.clone()));
         let run = running.pool.execute(code, timeout, None, &pause);
-        let result = self.inner.unless_stopping(run).await;
+        let result = tokio::select! {
+            result = self.inner.unless_stopping(run) => result.map_err(ExecutorError::from),
+            true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
+                running.pool.settle().await;
+                Err(ExecutorError::Cancelled)
+            }
+        };
         settle.0 = None;
-        Ok(result?)
+        result
+    }
+
+    /// Cancels the execution that is running now (from [`CodeExecutor::execute`] or
+    /// [`CodeExecutor::stream`]), as [`Canceller::cancel`] does: the kernel is interrupted
+    /// (state kept), tool calls waiting for approval are rejected (a later `accept()` runs
+    /// nothing), and the execution ends with [`ExecutorError::Cancelled`]. Returns whether an
+    /// execution was running. An execution still waiting for its turn is not affected.
+    pub fn cancel(&self) -> bool {
+        let current = self
+            .inner
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match current {
+            Some(canceller) => {
+                canceller.cancel();
+                true
+            }
+            None => false,
+        }
     }
 
     /// Runs `code`, yielding output chunks, images and approval requests as they arrive, then the
@@ -695,8 +749,10 @@ impl CodeExecutor {
     fn stream_with(&self, code: &str, timeout: Option<Duration>, ask: bool) -> Execution {
         let (tx, rx) = mpsc::unbounded_channel();
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
+        let canceller = Canceller(Arc::new(cancel));
         let inner = self.inner.clone();
         let code = code.to_string();
+        let registered = canceller.clone();
         tokio::spawn(async move {
             let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<ExecEvent>();
             let forward = {
@@ -710,11 +766,22 @@ impl CodeExecutor {
                     }
                 })
             };
+            // Cancelled when the execution ends: waiting tool calls are then rejected, and the
+            // forwarder below stops (a call still waiting holds a sender, so the channel alone
+            // would not close while the application holds an undecided request).
+            let ended = CancellationToken::new();
             let (ap_tx, mut ap_rx) = mpsc::unbounded_channel::<ApprovalRequest>();
             let approvals = {
                 let tx = tx.clone();
+                let ended = ended.clone();
                 tokio::spawn(async move {
-                    while let Some(request) = ap_rx.recv().await {
+                    loop {
+                        let request = tokio::select! {
+                            biased;
+                            request = ap_rx.recv() => request,
+                            () = ended.cancelled() => ap_rx.try_recv().ok(),
+                        };
+                        let Some(request) = request else { break };
                         // If the stream was dropped the request is dropped too: rejected.
                         let _ = tx.send(ExecutionEvent::Approval(request));
                     }
@@ -722,12 +789,17 @@ impl CodeExecutor {
             };
             let result = {
                 let mut state = inner.state.lock().await;
+                let _current = CurrentExecution::register(&inner, registered);
                 match state.as_mut() {
                     Some(running) => {
                         // This execution's own clock: only its calls' approval waits pause it.
                         let pause = TimeoutPause::default();
+                        // Waits end (rejected) when this execution is cancelled, not when it
+                        // merely ends: a leftover thread's request stays the application's to
+                        // decide.
+                        let waits = CancellationToken::new();
                         let policy = if ask {
-                            ApprovalPolicy::Ask(ap_tx)
+                            ApprovalPolicy::Ask(ap_tx, waits.clone())
                         } else {
                             // No requests: the forwarder must see its channel close.
                             drop(ap_tx);
@@ -741,8 +813,10 @@ impl CodeExecutor {
                         let result = tokio::select! {
                             result = inner.unless_stopping(run) => result.map_err(ExecutorError::from),
                             true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
-                                // The execution was dropped mid-way: interrupt it and wait until
-                                // the kernel is idle (or replace it) before the next one runs.
+                                // Reject what waits for a decision (the kernel's call then
+                                // returns), interrupt the code, and wait until the kernel is
+                                // idle (or replace it) before the next execution runs.
+                                waits.cancel();
                                 running.pool.settle().await;
                                 Err(ExecutorError::Cancelled)
                             }
@@ -751,7 +825,10 @@ impl CodeExecutor {
                         // (accepting executions accept them, as execute() does).
                         if ask {
                             running.tools.state().set_policy(
-                                ApprovalPolicy::Ask(mpsc::unbounded_channel().0),
+                                ApprovalPolicy::Ask(
+                                    mpsc::unbounded_channel().0,
+                                    CancellationToken::new(),
+                                ),
                                 TimeoutPause::default(),
                             );
                         }
@@ -761,12 +838,13 @@ impl CodeExecutor {
                 }
             };
             drop(ev_tx);
+            ended.cancel();
             let _ = tokio::join!(forward, approvals);
             let _ = tx.send(ExecutionEvent::Result(result));
         });
         Execution {
             rx,
-            cancel: Canceller(Arc::new(cancel)),
+            cancel: canceller,
         }
     }
 

@@ -38,8 +38,12 @@ from . import _approve
 __all__ = ["install", "ShellEscapeRequired"]
 
 
-class ShellEscapeRequired(PermissionError):
-    """Direct process creation was blocked (``require_shell_escape``): use ``!cmd``."""
+class ShellEscapeRequired(PermissionError, RuntimeError):
+    """Direct process creation was blocked (``require_shell_escape``): use ``!cmd``.
+
+    A ``PermissionError`` (code that copes with a missing program copes with this too) and a
+    ``RuntimeError`` (what Python ipybox 0.9.2 raised, so ``except RuntimeError`` keeps working).
+    """
 
 
 # Set while an approved `!` command runs (in this context) or an approved cell magic runs (any
@@ -57,9 +61,13 @@ def _allowed() -> bool:
 
 
 def _blocked(what: str) -> ShellEscapeRequired:
+    # Python ipybox 0.9.2's sentence first (code and prompts match on it), then ours. 0.9.2 blocks
+    # os.popen through subprocess.Popen, so both say "subprocess".
+    call = "subprocess" if what in ("subprocess", "os.popen") else f"{what}()"
     return ShellEscapeRequired(
-        f"direct process creation ({what}) is blocked in this kernel (require_shell_escape): "
-        "run shell commands as `!cmd` (or in a %%bash cell) so they can be approved"
+        f"Direct {call} calls are not allowed. Use ! syntax. "
+        f"(direct process creation ({what}) is blocked in this kernel (require_shell_escape): "
+        "run shell commands as `!cmd` (or in a %%bash cell) so they can be approved)"
     )
 
 

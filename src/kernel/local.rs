@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::instance::ExitInfo;
-use super::{KernelConfig, KernelError, ShellApproval, fixed_env, proto};
+use super::{KernelConfig, KernelError, ShellApproval, proto};
 use crate::child_process::{StderrTail, own_group, signal_group};
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
@@ -320,7 +320,7 @@ fn spawn_process(
     let mut cmd = tokio::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .env_clear()
-        .envs(base_env(config))
+        .envs(super::kernel_env::local(config))
         .current_dir(&config.workspace)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -340,49 +340,6 @@ fn spawn_process(
             "check the interpreter path (--python / IPYBOX_PYTHON) or run `ipybox setup`",
         )
     })
-}
-
-/// The kernel's environment: a minimal base, then the caller's variables (which win).
-fn base_env(config: &KernelConfig) -> Vec<(String, String)> {
-    let mut env: std::collections::BTreeMap<String, String> = Default::default();
-    let host = |k: &str| config.host.get(k).map(str::to_string);
-    let venv_bin = config.python.parent().map(|p| p.display().to_string());
-    let path = match (venv_bin, host("PATH")) {
-        (Some(bin), Some(p)) => format!("{bin}:{p}"),
-        (Some(bin), None) => format!("{bin}:/usr/local/bin:/usr/bin:/bin"),
-        (None, Some(p)) => p,
-        (None, None) => "/usr/local/bin:/usr/bin:/bin".to_string(),
-    };
-    env.insert("PATH".into(), path);
-    for k in crate::host_env::IDENTITY
-        .iter()
-        .chain(crate::host_env::NETWORK)
-    {
-        if let Some(v) = host(k) {
-            env.insert(k.to_string(), v);
-        }
-    }
-    env.entry("LANG".into()).or_insert_with(|| "C.UTF-8".into());
-    env.insert(
-        "TMPDIR".into(),
-        super::runtime_dir::temp_dir(&config.host)
-            .display()
-            .to_string(),
-    );
-    let mut py_path: Vec<String> = config
-        .python_path
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    py_path.push(config.workspace.display().to_string());
-    env.insert("PYTHONPATH".into(), py_path.join(":"));
-    for (k, v) in fixed_env() {
-        env.insert(k.into(), v.into());
-    }
-    for (k, v) in &config.env {
-        env.insert(k.clone(), v.clone());
-    }
-    env.into_iter().collect()
 }
 
 fn describe_exit(status: std::process::ExitStatus) -> String {

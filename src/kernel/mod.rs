@@ -19,6 +19,7 @@ mod completion;
 pub(crate) mod execute;
 pub(crate) mod gateway;
 pub(crate) mod instance;
+mod kernel_env;
 mod local;
 pub(crate) mod output;
 pub(crate) mod pool;

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::pause::TimeoutPause;
 
@@ -123,8 +124,10 @@ pub fn shorten(text: &str, max: usize) -> String {
 pub(crate) enum ApprovalPolicy {
     /// Every call is approved (the `execute()` and MCP-server behaviour).
     AcceptAll,
-    /// Each call is sent to this channel and waits for `accept()` / `reject()`.
-    Ask(mpsc::UnboundedSender<ApprovalRequest>),
+    /// Each call is sent to this channel and waits for `accept()` / `reject()`, or until the
+    /// token is cancelled (the execution that asks was cancelled): then it is rejected, also
+    /// while the application still holds the request.
+    Ask(mpsc::UnboundedSender<ApprovalRequest>, CancellationToken),
 }
 
 /// What became of a request.
@@ -151,10 +154,13 @@ pub(crate) async fn decide(
     timeout: Duration,
     pause: &TimeoutPause,
 ) -> Decision {
-    let tx = match policy {
+    let (tx, cancelled) = match policy {
         ApprovalPolicy::AcceptAll => return Decision::Accepted,
-        ApprovalPolicy::Ask(tx) => tx,
+        ApprovalPolicy::Ask(tx, cancelled) => (tx, cancelled),
     };
+    if cancelled.is_cancelled() {
+        return Decision::Rejected(Some(CANCELLED.into()));
+    }
     let (reply, decision) = oneshot::channel();
     let request = ApprovalRequest {
         server_name: subject.server_name.to_string(),
@@ -168,10 +174,17 @@ pub(crate) async fn decide(
         return Decision::Rejected(None);
     }
     let _paused = pause.pause();
-    match tokio::time::timeout(timeout, decision).await {
-        Ok(Ok(Verdict::Accept)) => Decision::Accepted,
-        Ok(Ok(Verdict::Reject(reason))) => Decision::Rejected(reason),
-        Ok(Err(_)) => Decision::Rejected(None),
-        Err(_) => Decision::TimedOut,
+    tokio::select! {
+        decided = tokio::time::timeout(timeout, decision) => match decided {
+            Ok(Ok(Verdict::Accept)) => Decision::Accepted,
+            Ok(Ok(Verdict::Reject(reason))) => Decision::Rejected(reason),
+            Ok(Err(_)) => Decision::Rejected(None),
+            Err(_) => Decision::TimedOut,
+        },
+        // A late accept() finds the reply channel closed: the call never goes ahead.
+        () = cancelled.cancelled() => Decision::Rejected(Some(CANCELLED.into())),
     }
 }
+
+/// Why a call waiting for approval was rejected when its execution was cancelled.
+const CANCELLED: &str = "the execution was cancelled";

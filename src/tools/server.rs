@@ -227,19 +227,25 @@ async fn approve(
     done: &str,
 ) -> Option<RunReply> {
     let (policy, pause) = state.policy();
+    // Python ipybox 0.9.2's sentence first ("Approval request for fx.add rejected" / "expired"):
+    // code and prompts written for it match on these words. Then what ipybox adds.
+    let request = format!(
+        "Approval request for {}.{}",
+        subject.server_name, subject.tool_name
+    );
     match approval::decide(&policy, subject, state.approval_timeout, &pause).await {
         Decision::Accepted => None,
         Decision::Rejected(reason) => Some(RunReply::error(
             ErrorKind::Rejected,
             match reason {
-                None => format!("{what} was rejected by the application"),
-                Some(reason) => format!("{what} was rejected: {reason}"),
+                None => format!("{request} rejected: {what} was rejected by the application"),
+                Some(reason) => format!("{request} rejected: {what} was rejected: {reason}"),
             },
         )),
         Decision::TimedOut => Some(RunReply::error(
             ErrorKind::ApprovalTimeout,
             format!(
-                "{what} was not approved within {} s, so it was not {done}",
+                "{request} expired: {what} was not approved within {} s, so it was not {done}",
                 state.approval_timeout.as_secs_f64()
             ),
         )),

@@ -233,7 +233,7 @@ fn exec_approve_shell_asks_and_yes_accepts() {
     );
     assert!(
         stderr.contains(
-            "ApprovalRejected: shell command `touch made.txt` was rejected by the application"
+            "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch made.txt` was rejected by the application"
         ),
         "{stderr}"
     );
@@ -253,7 +253,7 @@ fn exec_approve_shell_asks_and_yes_accepts() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("ShellEscapeRequired: direct process creation (os.system) is blocked"),
+        stderr.contains("ShellEscapeRequired: Direct os.system() calls are not allowed. Use ! syntax. (direct process creation (os.system) is blocked"),
         "{stderr}"
     );
 }

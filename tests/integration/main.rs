@@ -16,6 +16,7 @@ mod cli_exec;
 mod codeact_example;
 mod jupyter_servers;
 mod kernel;
+mod kernel_env;
 mod mcp_approvals;
 mod mcp_client;
 mod mcp_server;

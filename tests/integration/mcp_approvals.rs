@@ -218,7 +218,7 @@ async fn ask_accept_once_for_session_decline_and_cancel() {
     let (failed, out) = cell(&c, CALL_ADD).await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ApprovalRejected: tool call fx.add was rejected: declined by the user"),
+        out.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user"),
         "{out}"
     );
     let (failed, out) = cell(
@@ -232,7 +232,7 @@ async fn ask_accept_once_for_session_decline_and_cancel() {
     assert!(!failed, "{out}");
     assert_eq!(
         out,
-        "ApprovalRejected tool call fx.add was rejected: cancelled by the user"
+        "ApprovalRejected Approval request for fx.add rejected: tool call fx.add was rejected: cancelled by the user"
     );
     // Accept for the session: asked once, then never again for this tool, but still for others.
     for _ in 0..3 {
@@ -278,7 +278,7 @@ async fn ask_without_an_answer_times_out_and_the_server_keeps_working() {
     assert!(failed, "{out}");
     assert!(
         out.contains(
-            "ApprovalTimeout: tool call fx.add was not approved within 1 s, so it was not made"
+            "ApprovalTimeout: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made"
         ),
         "{out}"
     );
@@ -297,7 +297,7 @@ async fn ask_with_a_client_without_elicitation_fails_clearly() {
     let (failed, out) = cell(&c, CALL_ADD).await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ApprovalRejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with --approve ask, but this MCP client did not declare the elicitation capability"),
+        out.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with --approve ask, but this MCP client did not declare the elicitation capability"),
         "{out}"
     );
     let (failed, out) = cell(&c, "!echo never-runs").await;
@@ -305,7 +305,7 @@ async fn ask_with_a_client_without_elicitation_fails_clearly() {
     assert!(!out.contains("\nnever-runs"), "{out}");
     assert!(
         out.contains(
-            "ApprovalRejected: shell command `echo never-runs` was rejected: nobody could be asked"
+            "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `echo never-runs` was rejected: nobody could be asked"
         ),
         "{out}"
     );
@@ -342,7 +342,7 @@ async fn ask_about_shell_commands_and_magics() {
     let (failed, out) = cell(&c, "!touch declined.txt").await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ApprovalRejected: shell command `touch declined.txt` was rejected: declined by the user"),
+        out.contains("ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch declined.txt` was rejected: declined by the user"),
         "{out}"
     );
     assert!(!ws.path().join("declined.txt").exists());
@@ -357,7 +357,7 @@ async fn ask_about_shell_commands_and_magics() {
     let (failed, out) = cell(&c, "import subprocess\nsubprocess.run(['true'])").await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ShellEscapeRequired: direct process creation (subprocess) is blocked"),
+        out.contains("ShellEscapeRequired: Direct subprocess calls are not allowed. Use ! syntax. (direct process creation (subprocess) is blocked"),
         "{out}"
     );
     assert_eq!(
@@ -419,5 +419,72 @@ async fn progress_notifications_carry_the_output_in_order() {
     }
     let token = &progress[0].progress_token;
     assert!(progress.iter().all(|p| &p.progress_token == token));
+    c.cancel().await;
+}
+
+/// `notifications/cancelled` while the user is being asked (an elicitation is outstanding, the
+/// approval timeout is far off): the cell is interrupted with its state kept, the pending call
+/// is rejected and never made (no fixture server is started for it), and the next cell runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
+    use rmcp::model::{ClientRequest, Request};
+    use rmcp::service::PeerRequestOptions;
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let user = ScriptedClient::new(true, &[Answer::Never, Answer::Accept]);
+    let c = start(ws.path(), &user, &["--approve", "ask"]).await;
+    register_fixture(&c).await;
+    assert_eq!(cell(&c, "x = 41").await, (false, String::new()));
+    let code = format!(
+        "import pathlib\npathlib.Path('before').touch()\n{CALL_ADD}\npathlib.Path('after').touch()"
+    );
+    let request = ClientRequest::CallToolRequest(Request::new(
+        CallToolRequestParams::new("execute_ipython_cell")
+            .with_arguments(args(json!({"code": code, "timeout": 60}))),
+    ));
+    let handle = c
+        .peer()
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .unwrap();
+    let asked = std::time::Instant::now();
+    while user.questions().is_empty() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(60),
+            "the user was never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ws.path().join("before").exists());
+    let cancelled = std::time::Instant::now();
+    handle
+        .cancel(Some("user pressed Esc".into()))
+        .await
+        .unwrap();
+    assert_eq!(cell(&c, "print(x + 1)").await, (false, "42".into()));
+    let waited = cancelled.elapsed();
+    assert!(
+        waited < Duration::from_secs(5),
+        "next cell waited {waited:?}"
+    );
+    assert!(!ws.path().join("after").exists(), "the cell ran on");
+    let server = c._child.id().expect("ipybox runs");
+    let fixtures: Vec<u32> = crate::proc_tree::descendants(server)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains("mcp_fixture"))
+                .unwrap_or(false)
+        })
+        .collect();
+    assert_eq!(
+        fixtures,
+        Vec::<u32>::new(),
+        "the cancelled call reached a server"
+    );
+    assert_eq!(user.questions().len(), 1);
+    // The next call is asked again (and accepted) and runs.
+    assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
+    assert_eq!(user.questions().len(), 2);
     c.cancel().await;
 }

@@ -85,7 +85,7 @@ async fn shell_commands_are_approval_requests() {
     let err = out.unwrap_err();
     assert!(
         err.contains(
-            "ApprovalRejected: shell command `touch nope.txt` was rejected by the application"
+            "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch nope.txt` was rejected by the application"
         ),
         "{err}"
     );
@@ -103,7 +103,7 @@ async fn require_shell_escape_blocks_subprocess_but_not_bang() {
     assert!(requests.is_empty());
     let err = out.unwrap_err();
     assert!(
-        err.contains("ShellEscapeRequired: direct process creation (subprocess) is blocked in this kernel (require_shell_escape): run shell commands as `!cmd`"),
+        err.contains("ShellEscapeRequired: Direct subprocess calls are not allowed. Use ! syntax. (direct process creation (subprocess) is blocked in this kernel (require_shell_escape): run shell commands as `!cmd`"),
         "{err}"
     );
     let (requests, out) = asked(&ex, "!echo fine", "echo").await;

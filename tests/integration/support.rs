@@ -425,7 +425,7 @@ for name in ["ok", "no"]:
     );
     assert_eq!(
         out.unwrap(),
-        "Hello, ok!\nrejected: tool call fx.greet was rejected by the application",
+        "Hello, ok!\nrejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application",
         "{what}"
     );
 
@@ -434,7 +434,7 @@ for name in ["ok", "no"]:
     let (_, out) = stream_with(ex, code, None, |_| None).await;
     assert_eq!(
         out.unwrap(),
-        "timeout: tool call fx.greet was not approved within 1 s, so it was not made",
+        "timeout: Approval request for fx.greet expired: tool call fx.greet was not approved within 1 s, so it was not made",
         "{what}"
     );
 }

@@ -478,7 +478,7 @@ fn cli_exec_asks_for_approval_or_needs_yes() {
     assert!(
         stderr
             .trim_end()
-            .ends_with("ApprovalRejected: tool call fx.greet was rejected by the application"),
+            .ends_with("ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application"),
         "{stderr}"
     );
     let out = std::process::Command::new(ipybox)
@@ -487,4 +487,62 @@ fn cli_exec_asks_for_approval_or_needs_yes() {
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "Hello, cli!\n");
+}
+
+/// `cancel()` while the application holds an undecided approval request (a user pressing stop
+/// while a permission prompt is open): the stream ends promptly with `Cancelled`, the pending
+/// call is rejected (a late `accept()` runs nothing), and the executor keeps its state.
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_while_an_approval_is_pending_ends_the_stream() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    register(ws.path(), "fx", &fixture_stdio_params("stdio")).await;
+    // The default approval timeout (60 s): nothing but the cancel may end the wait.
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .build();
+    ex.start().await.unwrap();
+    run(&ex, "x = 41").await;
+    let mut execution = ex.stream(
+        "from mcptools.fx import greet\nprint('before')\nprint(greet.run(greet.Params(name='never')))\nprint('after')",
+        None,
+    );
+    let mut held = None;
+    while let Some(ev) = execution.next().await {
+        if let ExecutionEvent::Approval(request) = ev {
+            held = Some(request);
+            break;
+        }
+    }
+    let held = held.expect("the call asks for approval");
+    let start = Instant::now();
+    assert!(ex.cancel(), "an execution is running");
+    let mut rest = Vec::new();
+    let drained = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = execution.next().await {
+            rest.push(ev);
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the stream did not end after cancel()");
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed <= Duration::from_secs(1),
+        "stream ended after {elapsed:?}"
+    );
+    match rest.last() {
+        Some(ExecutionEvent::Result(Err(ExecutorError::Cancelled))) => {}
+        other => panic!("expected a Cancelled result last, got {other:?}"),
+    }
+    // Too late: the call was rejected when the execution was cancelled; nothing is called.
+    held.accept();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(ex.mcp_sessions().await, 0, "the tool was called");
+    assert_eq!(run(&ex, "x + 1").await, "42");
+    assert_eq!(
+        run(&ex, "print(greet.run(greet.Params(name='next')))").await,
+        "Hello, next!"
+    );
+    ex.stop().await;
 }

@@ -137,7 +137,7 @@ except ApprovalRejected as e:
     assert_eq!(asked, [r#"fx.greet({"name":"no"})"#]);
     assert_eq!(
         out.unwrap(),
-        "rejected: tool call fx.greet was rejected by the application"
+        "rejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application"
     );
     // Uncaught, it fails the execution with its own type.
     let code = "from mcptools.fx import greet\nawait greet.run(greet.Params(name='no'))";
@@ -145,7 +145,10 @@ except ApprovalRejected as e:
     match out.unwrap_err() {
         ExecutorError::Kernel(KernelError::Failed { ename, evalue, .. }) => {
             assert_eq!(ename, "ApprovalRejected");
-            assert_eq!(evalue, "tool call fx.greet was rejected by the application");
+            assert_eq!(
+                evalue,
+                "Approval request for fx.greet rejected: tool call fx.greet was rejected by the application"
+            );
         }
         other => panic!("expected ApprovalRejected, got {other}"),
     }
@@ -154,7 +157,7 @@ except ApprovalRejected as e:
     let (_, out) = stream_with(&ex, code, None, |_| None).await;
     assert_eq!(
         out.unwrap(),
-        "timeout: tool call fx.greet was not approved within 1 s, so it was not made"
+        "timeout: Approval request for fx.greet expired: tool call fx.greet was not approved within 1 s, so it was not made"
     );
     ex.stop().await;
 }
@@ -206,7 +209,7 @@ print([r if isinstance(r, str) else f"{type(r).__name__}: {r}" for r in results]
     }
     assert_eq!(
         out.unwrap(),
-        "['Hello, a!', 'ApprovalRejected: tool call fx.greet was rejected by the application', 'Hello, c!']"
+        "['Hello, a!', 'ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application', 'Hello, c!']"
     );
     ex.stop().await;
 }

@@ -38,15 +38,15 @@ ASK_ADD = (
     "ipybox: Allow executed code to call the tool `add` of the MCP server `fx`?\n\n"
     "Arguments: a=1, b=2"
 )
-REJECTED = "ApprovalRejected: tool call fx.add was rejected: "
+REJECTED = "ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: "
 NOBODY = (
-    "ApprovalRejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with "
+    "ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with "
     "--approve ask, but this MCP client did not declare the elicitation capability"
 )
-TIMEOUT = "ApprovalTimeout: tool call fx.add was not approved within 1 s, so it was not made"
+TIMEOUT = "ApprovalTimeout: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made"
 ASK_SHELL = "ipybox: Run this shell command from executed code?\n\n"
 SHELL_REJECTED = (
-    "ApprovalRejected: shell command `touch declined.txt` was rejected: declined by the user"
+    "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch declined.txt` was rejected: declined by the user"
 )
 PROGRESS_CELL = (
     "import time\n"

@@ -3,6 +3,7 @@
 import asyncio
 import inspect
 import operator
+import os
 import threading
 import time
 
@@ -295,3 +296,58 @@ async def test_cancel_stream_ends_without_result(workspace):
 
         result = await executor.execute("print('after cancel')")
         assert result.text == "after cancel"
+
+
+def _fixture_servers_under_this_process() -> list[int]:
+    """Pids of fixture MCP servers started (directly or not) by this test process."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = open(f"/proc/{entry}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"mcp_fixture.py" not in cmdline:
+            continue
+        pid = int(entry)
+        while pid > 1:
+            try:
+                stat = open(f"/proc/{pid}/stat").read()
+            except OSError:
+                break
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+            if pid == me:
+                found.append(int(entry))
+                break
+    return found
+
+
+async def test_cancel_while_an_approval_is_pending_ends_the_stream(workspace):
+    """A user presses stop while a permission prompt is open: the stream ends without a result,
+    the pending tool call is never made, the executor keeps its state."""
+    from ipybox import ApprovalRequest, CodeExecutor
+
+    code = "x = 'kept'\n" + ADD_CODE + "print('not reached')"
+    async with CodeExecutor() as executor:  # approval_timeout=None: nothing else ends the wait
+        items = []
+        cancelled_at = None
+        async for item in executor.stream(code):
+            items.append(item)
+            if isinstance(item, ApprovalRequest):
+                cancelled_at = time.monotonic()
+                executor.cancel()
+        ended_at = time.monotonic()
+        assert [type(item) for item in items] == [ApprovalRequest]
+        assert ended_at - cancelled_at <= 1.0, ended_at - cancelled_at
+        if is_ipybox_rs():
+            # too late: the call was rejected when the execution was cancelled
+            await items[0].accept()
+            await asyncio.sleep(0.3)
+        assert _fixture_servers_under_this_process() == []
+
+        result = await executor.execute("print(x)")
+        assert result.text == "kept"
+        result = await executor.execute(ADD_CODE)
+        assert result.text == "5"

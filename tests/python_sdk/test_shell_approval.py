@@ -133,6 +133,15 @@ BLOCKED_CALLS = {
 }
 
 
+# What Python ipybox 0.9.2 says for each blocked call (it blocks os.popen through subprocess.Popen).
+BLOCKED_MESSAGES = {
+    name: "Direct subprocess calls are not allowed. Use ! syntax."
+    if name.startswith("subprocess.") or name == "os.popen"
+    else f"Direct {name}() calls are not allowed. Use ! syntax."
+    for name in BLOCKED_CALLS
+}
+
+
 @pytest.mark.parametrize("name", list(BLOCKED_CALLS))
 async def test_require_shell_escape_blocks_direct_process_creation(workspace, name):
     if not RS and name == "os.popen":
@@ -141,13 +150,21 @@ async def test_require_shell_escape_blocks_direct_process_creation(workspace, na
         requests, error = await run(executor, BLOCKED_CALLS[name])
         assert requests == []
         assert isinstance(error, CodeExecutionError), error
-        assert "Use ! syntax" in str(error) or "run shell commands as `!cmd`" in str(error), str(error)
+        # 0.9.2's sentence for the call, exactly (code and prompts match on it)
+        assert BLOCKED_MESSAGES[name] in str(error), str(error)
         if RS:
             assert "ShellEscapeRequired" in str(error)
         # `!` still works, after approval
         requests, result = await run(executor, "!echo via bang")
         assert shell_requests(requests) == [("shell", "echo via bang")]
         assert result.text == "via bang"
+
+
+async def test_blocked_creation_is_a_runtime_error_as_in_0_9_2(workspace):
+    async with CodeExecutor(approve_shell_cmds=True, require_shell_escape=True) as executor:
+        code = "import subprocess\ntry:\n    subprocess.run(['true'])\nexcept RuntimeError as e:\n    print(str(e).split('. ')[0])"
+        requests, result = await run(executor, code)
+        assert result.text == "Direct subprocess calls are not allowed"
 
 
 @pytest.mark.skipif(not RS, reason="0.9.2 raises RuntimeError")

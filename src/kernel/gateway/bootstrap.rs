@@ -31,6 +31,10 @@ const BOOTSTRAP: &str = r#"def _ipybox_bootstrap(sources, env, restore_cwd, shel
 
     sys.meta_path.insert(0, EmbeddedRuntime())
     os.environ.update(env)
+    # kernel_env's PYTHONPATH: importable now, whether or not the server passed it to the
+    # kernel process (servers often drop variables that are not KERNEL_*).
+    entries = [e for e in env.get("PYTHONPATH", "").split(os.pathsep) if e and e not in sys.path]
+    sys.path[0:0] = entries
     ip = get_ipython()
     __import__("ipybox_runtime.output_flush", fromlist=["install"]).install()
     try:
