@@ -340,7 +340,9 @@ async def test_cancel_while_an_approval_is_pending_ends_the_stream(workspace):
                 executor.cancel()
         ended_at = time.monotonic()
         assert [type(item) for item in items] == [ApprovalRequest]
-        assert ended_at - cancelled_at <= 1.0, ended_at - cancelled_at
+        # ipybox-rs: within 1 s; 0.9.2 (the reference) took 1.2 s on this loaded 2-core machine
+        bound = 1.0 if is_ipybox_rs() else 3.0
+        assert ended_at - cancelled_at <= bound, ended_at - cancelled_at
         if is_ipybox_rs():
             # too late: the call was rejected when the execution was cancelled
             await items[0].accept()
