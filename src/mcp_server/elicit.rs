@@ -19,7 +19,7 @@ use std::time::Duration;
 use ipybox::tools::{ApprovalRequest, shorten};
 use rmcp::RoleServer;
 use rmcp::model::{
-    BooleanSchema, ElicitRequestParams, ElicitationAction, ElicitationSchema,
+    BooleanSchema, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema,
     PrimitiveSchemaDefinition,
 };
 use rmcp::service::{ElicitationMode, Peer};
@@ -43,7 +43,7 @@ impl SessionAllowances {
         }
     }
 
-    fn allows(&self, request: &ApprovalRequest) -> bool {
+    pub(super) fn allows(&self, request: &ApprovalRequest) -> bool {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -76,40 +76,53 @@ pub(crate) async fn decide(
             "rejected {}: the MCP client did not declare the elicitation capability",
             request.describe()
         );
-        return request.reject_with(
-            "nobody could be asked: ipybox runs with --approve ask, but this MCP client did not declare the elicitation capability (form mode)\n  help: use a client that supports elicitation (e.g. Claude Code), or start ipybox without --approve ask",
-        );
+        return request.reject_with(NO_ELICITATION);
     }
-    let params = ElicitRequestParams::FormElicitationParams {
-        meta: None,
-        message: question(&request),
-        requested_schema: form(&request),
-    };
+    let params = elicitation(&request);
     let timeout = approval_timeout
         .checked_add(Duration::from_secs(1))
         .filter(|t| *t < Duration::from_secs(86_400 * 365));
     match peer.create_elicitation_with_timeout(params, timeout).await {
-        Ok(result) => match result.action {
-            ElicitationAction::Accept => {
-                let remember = result
-                    .content
-                    .as_ref()
-                    .and_then(|c| c.get("remember"))
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
-                if remember {
-                    allowances.allow(&request);
-                }
-                request.accept();
-            }
-            ElicitationAction::Decline => request.reject_with("declined by the user"),
-            ElicitationAction::Cancel => request.reject_with("cancelled by the user"),
-            other => request.reject_with(format!("the client answered {other:?}")),
-        },
+        Ok(result) => answer(request, &result, allowances),
         Err(e) => {
             tracing::warn!("asking the client about {} failed: {e}", request.describe());
             request.reject_with(format!("the MCP client could not ask the user: {e}"));
         }
+    }
+}
+
+/// Why a request is rejected when the client cannot ask anyone (either era).
+pub(super) const NO_ELICITATION: &str = "nobody could be asked: ipybox runs with --approve ask, but this MCP client did not declare the elicitation capability (form mode)\n  help: use a client that supports elicitation (e.g. Claude Code), or start ipybox without --approve ask";
+
+/// Applies the user's answer (an `elicitation/create` result, or an `input_required` round's
+/// response) to `request`: accept (with `remember`, for the rest of the session), decline or
+/// cancel.
+pub(super) fn answer(request: ApprovalRequest, result: &ElicitResult, allowances: &SessionAllowances) {
+    match result.action {
+        ElicitationAction::Accept => {
+            let remember = result
+                .content
+                .as_ref()
+                .and_then(|c| c.get("remember"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if remember {
+                allowances.allow(&request);
+            }
+            request.accept();
+        }
+        ElicitationAction::Decline => request.reject_with("declined by the user"),
+        ElicitationAction::Cancel => request.reject_with("cancelled by the user"),
+        ref other => request.reject_with(format!("the client answered {other:?}")),
+    }
+}
+
+/// The form-mode elicitation that asks about `request`.
+pub(super) fn elicitation(request: &ApprovalRequest) -> ElicitRequestParams {
+    ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message: question(request),
+        requested_schema: form(request),
     }
 }
 

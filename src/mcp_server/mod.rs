@@ -13,6 +13,7 @@
 //! the executor does.
 
 mod elicit;
+mod mrtr;
 mod progress;
 mod stdio;
 
@@ -24,15 +25,19 @@ use std::time::Duration;
 
 use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState};
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ContentBlock, Implementation, ServerCapabilities,
+};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use ipybox::CodeExecutor;
-use ipybox::executor::{ExecutionEvent, ExecutorError};
+use ipybox::executor::{Execution, ExecutionEvent, ExecutorError};
+use ipybox::tools::ApprovalRequest;
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]
@@ -117,6 +122,8 @@ pub(crate) struct IpyboxServer {
     config: Arc<ServerConfig>,
     /// What the user allowed for the rest of the session (`--approve ask`).
     allowances: elicit::SessionAllowances,
+    /// Executions waiting for a 2026-07-28 client's retry (`--approve ask`).
+    pauses: Arc<mrtr::Pauses>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -145,38 +152,75 @@ pub(crate) fn truncate_output(text: &str, max: usize) -> String {
     }
 }
 
+/// How a cell's `tools/call` ends (this round).
+enum CellOutcome {
+    Done(Result<ipybox::executor::ExecutionResult, ExecutorError>),
+    /// The client cancelled the request (the execution was interrupted).
+    Cancelled,
+    /// 2026-07-28 with `--approve ask`: the execution is parked until the client retries with
+    /// the user's answers ([`mrtr`]).
+    InputRequired(rmcp::model::InputRequiredResult),
+}
+
+/// After the first approval of a round, how long the driver gathers more (concurrent calls of
+/// threads or `asyncio.gather` arrive within milliseconds) before answering `input_required`.
+const GATHER: Duration = Duration::from_millis(100);
+
+/// Whether this request speaks a revision without server-to-client requests (2026-07-28 on).
+fn stateless(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| !v.has_initialize())
+}
+
 impl IpyboxServer {
-    /// Runs one cell for `execute_ipython_cell`: asks the client about tool calls with
-    /// `--approve ask`, reports progress when the request carries a progress token. `None` when
-    /// the client cancelled the request (the execution is then interrupted).
+    /// Runs one cell (or resumes a parked one) for `execute_ipython_cell`: asks the client about
+    /// tool calls with `--approve ask` (elicitation/create for handshake-era clients,
+    /// input_required rounds for 2026-07-28 ones), reports progress when the request carries a
+    /// progress token.
     async fn run_cell(
         &self,
         code: &str,
         timeout: Duration,
         context: &RequestContext<RoleServer>,
-    ) -> Option<Result<ipybox::executor::ExecutionResult, ExecutorError>> {
+        resumed: Option<(Execution, (u64, u64))>,
+        binding: &[u8],
+    ) -> CellOutcome {
         let ask = self.config.approve == ApproveMode::Ask;
         let token = context.meta.get_progress_token();
-        if !ask && token.is_none() {
+        if resumed.is_none() && !ask && token.is_none() {
             // Dropping this future interrupts the code in the kernel.
             return tokio::select! {
-                result = self.executor.execute(code, Some(timeout)) => Some(result),
-                _ = context.ct.cancelled() => None,
+                result = self.executor.execute(code, Some(timeout)) => CellOutcome::Done(result),
+                _ = context.ct.cancelled() => CellOutcome::Cancelled,
             };
         }
-        let mut execution = if ask {
-            self.executor.stream(code, Some(timeout))
-        } else {
-            self.executor.stream_accepting(code, Some(timeout))
+        let (mut execution, round) = match resumed {
+            Some((execution, round)) => (execution, Some(round)),
+            None if ask => (self.executor.stream(code, Some(timeout)), None),
+            None => (self.executor.stream_accepting(code, Some(timeout)), None),
         };
         let canceller = execution.canceller();
+        let stateless = stateless(context);
+        let can_elicit = if stateless {
+            context
+                .client_capabilities()
+                .and_then(|c| c.elicitation)
+                .is_some_and(|e| e.form.is_some() || e.url.is_none())
+        } else {
+            true // the handshake-era path checks the peer's declared capabilities itself
+        };
         let mut progress = token.map(|t| progress::ProgressReporter::new(context.peer.clone(), t));
         let mut deciding = tokio::task::JoinSet::new();
+        let mut asking: Vec<ApprovalRequest> = Vec::new();
+        let mut gather_until: Option<tokio::time::Instant> = None;
         loop {
             let tick = progress
                 .as_ref()
                 .map(|p| p.next_tick())
                 .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(3600));
+            let gathered = gather_until
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             let event = tokio::select! {
                 event = execution.next() => event,
                 _ = tokio::time::sleep_until(tick.into()) => {
@@ -185,9 +229,19 @@ impl IpyboxServer {
                     }
                     continue;
                 }
+                _ = tokio::time::sleep_until(gathered), if gather_until.is_some() => {
+                    if let Some(p) = progress.as_mut() {
+                        p.finish().await;
+                    }
+                    let ttl = self.config.approval_timeout;
+                    let pending = std::mem::take(&mut asking);
+                    return CellOutcome::InputRequired(
+                        self.pauses.park(round, execution, pending, binding, ttl),
+                    );
+                }
                 _ = context.ct.cancelled() => {
                     canceller.cancel();
-                    return None;
+                    return CellOutcome::Cancelled;
                 }
             };
             match event {
@@ -197,6 +251,21 @@ impl IpyboxServer {
                     }
                 }
                 Some(ExecutionEvent::Image(_)) => {}
+                Some(ExecutionEvent::Approval(request)) if stateless => {
+                    if self.allowances.allows(&request) {
+                        request.accept();
+                    } else if !can_elicit {
+                        tracing::warn!(
+                            "rejected {}: the MCP client did not declare the elicitation capability",
+                            request.describe()
+                        );
+                        request.reject_with(elicit::NO_ELICITATION);
+                    } else {
+                        asking.push(request);
+                        gather_until
+                            .get_or_insert_with(|| tokio::time::Instant::now() + GATHER);
+                    }
+                }
                 Some(ExecutionEvent::Approval(request)) => {
                     // Each on its own task: concurrent calls are asked about concurrently, and
                     // output keeps flowing while the user thinks.
@@ -210,9 +279,9 @@ impl IpyboxServer {
                     if let Some(p) = progress.as_mut() {
                         p.finish().await;
                     }
-                    return Some(result);
+                    return CellOutcome::Done(result);
                 }
-                None => return Some(Err(ipybox::kernel::KernelError::Stopped.into())),
+                None => return CellOutcome::Done(Err(ipybox::kernel::KernelError::Stopped.into())),
             }
         }
     }
@@ -232,6 +301,7 @@ impl IpyboxServer {
             executor,
             config: Arc::new(config),
             allowances: elicit::SessionAllowances::default(),
+            pauses: Arc::new(mrtr::Pauses::new()),
             tool_router: Self::tool_router(),
         }
     }
@@ -267,26 +337,53 @@ impl IpyboxServer {
     async fn execute_ipython_cell(
         &self,
         Parameters(p): Parameters<ExecuteParams>,
+        RequestState(request_state): RequestState,
+        ToolInputResponses(responses): ToolInputResponses,
         context: RequestContext<RoleServer>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<CallToolResponse, ErrorData> {
         if !(p.timeout.is_finite() && p.timeout > 0.0) {
             return Ok(text_error(format!(
                 "invalid timeout {}: pass a positive number of seconds",
                 p.timeout
-            )));
+            ))
+            .into());
         }
-        if let Err(e) = self.executor.start().await {
-            return Ok(text_error(format!("the kernel could not be started: {e}")));
+        // A retry must carry the arguments its requestState was sealed for.
+        let binding = serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars))
+            .unwrap_or_default();
+        let resumed = match request_state {
+            None => None,
+            Some(state) => match self.pauses.resume(
+                &state,
+                &binding,
+                responses.as_ref(),
+                &self.allowances,
+            ) {
+                Ok(resumed) => Some(resumed),
+                Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
+            },
+        };
+        if resumed.is_none()
+            && let Err(e) = self.executor.start().await
+        {
+            return Ok(text_error(format!("the kernel could not be started: {e}")).into());
         }
         let timeout = Duration::from_secs_f64(p.timeout.min(86_400.0 * 365.0));
-        let executed = self.run_cell(&p.code, timeout, &context).await;
-        let Some(executed) = executed else {
-            // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code): the code
-            // in the kernel was interrupted; state is kept.
-            return Ok(text_error(
-                "execution cancelled by the client; the kernel was interrupted and its state kept"
-                    .into(),
-            ));
+        let executed = match self
+            .run_cell(&p.code, timeout, &context, resumed, &binding)
+            .await
+        {
+            CellOutcome::Done(result) => result,
+            CellOutcome::InputRequired(asked) => return Ok(asked.into()),
+            CellOutcome::Cancelled => {
+                // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code): the
+                // code in the kernel was interrupted; state is kept.
+                return Ok(text_error(
+                    "execution cancelled by the client; the kernel was interrupted and its state kept"
+                        .into(),
+                )
+                .into());
+            }
         };
         match executed {
             Ok(result) => {
@@ -309,12 +406,9 @@ impl IpyboxServer {
                     }
                 }
                 content.insert(0, ContentBlock::text(text));
-                Ok(CallToolResult::success(content))
+                Ok(CallToolResult::success(content).into())
             }
-            Err(e) => Ok(text_error(truncate_output(
-                &failure_text(&e),
-                p.max_output_chars,
-            ))),
+            Err(e) => Ok(text_error(truncate_output(&failure_text(&e), p.max_output_chars)).into()),
         }
     }
 

@@ -12,7 +12,9 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ElicitRequestParams,
     ElicitResult, ElicitationAction, Implementation, ProgressNotificationParam, ProtocolVersion,
 };
-use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::service::{
+    ClientLifecycleMode, ClientServiceExt, NotificationContext, RequestContext, RunningService,
+};
 use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
@@ -33,16 +35,42 @@ struct Seen {
     progress: Vec<ProgressNotificationParam>,
 }
 
+/// Which MCP revision the client speaks: the handshake era (`initialize`, server-to-client
+/// `elicitation/create`) or 2026-07-28 (`server/discover`, stateless, `input_required` rounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Era {
+    Handshake,
+    Stateless,
+}
+
+/// Runs an `async fn NAME(era: Era)` test once per era: `NAME::handshake`, `NAME::stateless`.
+macro_rules! both_eras {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread")]
+            async fn handshake() {
+                super::$name(super::Era::Handshake).await
+            }
+            #[tokio::test(flavor = "multi_thread")]
+            async fn stateless() {
+                super::$name(super::Era::Stateless).await
+            }
+        }
+    };
+}
+
 #[derive(Clone)]
 struct ScriptedClient {
+    era: Era,
     elicitation: bool,
     answers: Arc<Mutex<VecDeque<Answer>>>,
     seen: Arc<Mutex<Seen>>,
 }
 
 impl ScriptedClient {
-    fn new(elicitation: bool, answers: &[Answer]) -> Self {
+    fn new(era: Era, elicitation: bool, answers: &[Answer]) -> Self {
         Self {
+            era,
             elicitation,
             answers: Arc::new(Mutex::new(answers.iter().copied().collect())),
             seen: Arc::default(),
@@ -62,8 +90,12 @@ impl ClientHandler for ScriptedClient {
         } else {
             ClientCapabilities::default()
         };
+        let version = match self.era {
+            Era::Handshake => ProtocolVersion::LATEST_WITH_INITIALIZE,
+            Era::Stateless => ProtocolVersion::V_2026_07_28,
+        };
         ClientConfig::new(capabilities, Implementation::new("scripted-client", "1.0"))
-            .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+            .with_protocol_version(version)
     }
 
     async fn create_elicitation(
@@ -144,11 +176,28 @@ async fn start(ws: &Path, client: &ScriptedClient, flags: &[&str]) -> Client {
         .spawn()
         .unwrap();
     let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let service = client
-        .clone()
-        .serve(transport)
-        .await
-        .expect("ipybox MCP server starts");
+    let service = match client.era {
+        Era::Handshake => client.clone().serve(transport).await,
+        Era::Stateless => {
+            let lifecycle = ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            };
+            client
+                .clone()
+                .serve_with_lifecycle(transport, lifecycle)
+                .await
+        }
+    }
+    .expect("ipybox MCP server starts");
+    let negotiated = service
+        .peer()
+        .peer_info()
+        .map(|info| info.protocol_version.clone());
+    let expected = match client.era {
+        Era::Handshake => ProtocolVersion::LATEST_WITH_INITIALIZE,
+        Era::Stateless => ProtocolVersion::V_2026_07_28,
+    };
+    assert_eq!(negotiated, Some(expected), "negotiated revision");
     Client {
         service,
         _child: child,
@@ -158,11 +207,7 @@ async fn start(ws: &Path, client: &ScriptedClient, flags: &[&str]) -> Client {
 async fn cell(c: &Client, code: &str) -> (bool, String) {
     let params = CallToolRequestParams::new("execute_ipython_cell")
         .with_arguments(args(json!({"code": code, "timeout": 60})));
-    let result = c
-        .peer()
-        .call_tool(params)
-        .await
-        .expect("tools/call answers");
+    let result = c.service.call_tool(params).await.expect("tools/call answers");
     (result.is_error == Some(true), text(&result))
 }
 
@@ -174,7 +219,7 @@ async fn register_fixture(c: &Client) {
     let params = CallToolRequestParams::new("register_mcp_server").with_arguments(args(
         json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")}),
     ));
-    let result = c.peer().call_tool(params).await.unwrap();
+    let result = c.service.call_tool(params).await.unwrap();
     assert_ne!(result.is_error, Some(true), "{}", text(&result));
 }
 
@@ -182,11 +227,11 @@ const CALL_ADD: &str = "from mcptools.fx import add\nprint(add.run(add.Params(a=
 const CALL_GREET: &str =
     "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='x' * 500)))";
 
-#[tokio::test(flavor = "multi_thread")]
-async fn ask_accept_once_for_session_decline_and_cancel() {
+async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let user = ScriptedClient::new(
+        era,
         true,
         &[
             Answer::Accept,
@@ -251,7 +296,7 @@ async fn ask_accept_once_for_session_decline_and_cancel() {
     assert_eq!(questions[4], expected);
     // The allowance outlives a reset (it is the MCP session's).
     let reset = c
-        .peer()
+        .service
         .call_tool(CallToolRequestParams::new("reset"))
         .await
         .unwrap();
@@ -261,11 +306,10 @@ async fn ask_accept_once_for_session_decline_and_cancel() {
     c.cancel().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn ask_without_an_answer_times_out_and_the_server_keeps_working() {
+async fn ask_without_an_answer_times_out_and_the_server_keeps_working(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let user = ScriptedClient::new(true, &[Answer::Never, Answer::Accept]);
+    let user = ScriptedClient::new(era, true, &[Answer::Never, Answer::Accept]);
     let c = start(
         ws.path(),
         &user,
@@ -287,11 +331,10 @@ async fn ask_without_an_answer_times_out_and_the_server_keeps_working() {
     c.cancel().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn ask_with_a_client_without_elicitation_fails_clearly() {
+async fn ask_with_a_client_without_elicitation_fails_clearly(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let user = ScriptedClient::new(false, &[]);
+    let user = ScriptedClient::new(era, false, &[]);
     let c = start(ws.path(), &user, &["--approve", "ask", "--approve-shell"]).await;
     register_fixture(&c).await;
     let (failed, out) = cell(&c, CALL_ADD).await;
@@ -315,11 +358,11 @@ async fn ask_with_a_client_without_elicitation_fails_clearly() {
     c.cancel().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn ask_about_shell_commands_and_magics() {
+async fn ask_about_shell_commands_and_magics(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let user = ScriptedClient::new(
+        era,
         true,
         &[
             Answer::Accept,
@@ -387,18 +430,17 @@ async fn approve_shell_without_ask_is_refused_at_start() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn progress_notifications_carry_the_output_in_order() {
+async fn progress_notifications_carry_the_output_in_order(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let user = ScriptedClient::new(false, &[]);
+    let user = ScriptedClient::new(era, false, &[]);
     let c = start(ws.path(), &user, &[]).await;
     let code = "import time\nfor i in range(6):\n    print(f'line {i}', flush=True)\n    time.sleep(0.2)\nprint('end', end='')";
     // rmcp's client puts a progress token on every request (the Python test covers requests
     // without one).
     let params = CallToolRequestParams::new("execute_ipython_cell")
         .with_arguments(args(json!({"code": code})));
-    let result = c.peer().call_tool(params).await.unwrap();
+    let result = c.service.call_tool(params).await.unwrap();
     let expected = "line 0\nline 1\nline 2\nline 3\nline 4\nline 5\nend";
     assert_eq!(text(&result), expected, "the result is unchanged");
     // Notifications are handled in order of arrival; give the last one a moment.
@@ -427,11 +469,13 @@ async fn progress_notifications_carry_the_output_in_order() {
 /// is rejected and never made (no fixture server is started for it), and the next cell runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
+    // Handshake era only: a 2026-07-28 client is asked between rounds, with no request open.
+    let era = Era::Handshake;
     use rmcp::model::{ClientRequest, Request};
     use rmcp::service::PeerRequestOptions;
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let user = ScriptedClient::new(true, &[Answer::Never, Answer::Accept]);
+    let user = ScriptedClient::new(era, true, &[Answer::Never, Answer::Accept]);
     let c = start(ws.path(), &user, &["--approve", "ask"]).await;
     register_fixture(&c).await;
     assert_eq!(cell(&c, "x = 41").await, (false, String::new()));
@@ -488,3 +532,9 @@ async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
     assert_eq!(user.questions().len(), 2);
     c.cancel().await;
 }
+
+both_eras!(ask_accept_once_for_session_decline_and_cancel);
+both_eras!(ask_without_an_answer_times_out_and_the_server_keeps_working);
+both_eras!(ask_with_a_client_without_elicitation_fails_clearly);
+both_eras!(ask_about_shell_commands_and_magics);
+both_eras!(progress_notifications_carry_the_output_in_order);
