@@ -18,4 +18,10 @@ pub mod sandbox;
 pub mod tools;
 
 pub use executor::CodeExecutor;
+
+/// The skills this repository ships (`skills/`: the `codeact` skill), embedded at build time:
+/// the MCP server serves them over the skills extension from the same files the Claude Code
+/// plugin marketplace installs.
+pub static SKILLS: include_dir::Dir<'static> =
+    include_dir::include_dir!("$CARGO_MANIFEST_DIR/skills");
 pub use register::{generate_mcp_sources, generate_mcp_sources_with};

@@ -67,6 +67,14 @@ struct ServeArgs {
     /// ApprovalTimeout (seconds; 0 waits without limit).
     #[arg(long, value_name = "SECS", default_value_t = 120.0)]
     approval_timeout: f64,
+    /// For MCP clients with the tasks extension: a cell still running after this long becomes a
+    /// task the client polls (seconds; 0: every cell; "off": never).
+    #[arg(long, value_name = "SECS", default_value = "5")]
+    task_after: String,
+    /// How long a task lives beyond its cell's timeout; a finished task's result stays at least
+    /// this long (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = 300.0)]
+    task_ttl: f64,
     #[command(flatten)]
     shell: ShellArgs,
     #[command(flatten)]
@@ -290,10 +298,27 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
         builder = builder.sandbox(options);
     }
     let executor = builder.build();
+    let task_after = match args.task_after.as_str() {
+        "off" | "never" => None,
+        secs => match secs.parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s.min(86_400.0))),
+            _ => anyhow::bail!(
+                "invalid --task-after {secs}\n  help: pass a number of seconds (0: every cell becomes a task) or `off`"
+            ),
+        },
+    };
+    if !(args.task_ttl.is_finite() && args.task_ttl > 0.0) {
+        anyhow::bail!(
+            "invalid --task-ttl {}\n  help: pass a positive number of seconds",
+            args.task_ttl
+        );
+    }
     let config = mcp_server::ServerConfig {
         workspace,
         approve: args.approve,
         approval_timeout,
+        task_after,
+        task_ttl: Duration::from_secs_f64(args.task_ttl.min(86_400.0 * 365.0)),
     };
     mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?;
     Ok(SUCCESS)

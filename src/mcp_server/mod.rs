@@ -12,10 +12,14 @@
 //! command line (the binary's `dotenv` module builds the executor's environments), and everything
 //! the executor does.
 
+mod cell;
 mod elicit;
 mod mrtr;
 mod progress;
+mod request;
+mod skills;
 mod stdio;
+mod tasks;
 
 pub(crate) use stdio::serve_stdio;
 
@@ -28,7 +32,11 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResponse, CallToolResult, ContentBlock, Implementation, ServerCapabilities,
+    CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult,
+    GetSkillRequestParams, GetSkillResult, GetTaskParams, GetTaskResult, Implementation,
+    ListResourcesResult, ListSkillsResult, PaginatedRequestParams,
+    ReadResourceDirectoryRequestParams, ReadResourceDirectoryResult, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
@@ -36,8 +44,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use ipybox::CodeExecutor;
-use ipybox::executor::{Execution, ExecutionEvent, ExecutorError};
-use ipybox::tools::ApprovalRequest;
+use ipybox::executor::ExecutorError;
+
+use cell::CellRun;
+use request::Outcome;
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]
@@ -48,6 +58,12 @@ pub(crate) struct ServerConfig {
     pub approve: ApproveMode,
     /// How long a call waits for the user's answer with [`ApproveMode::Ask`].
     pub approval_timeout: Duration,
+    /// For clients with the tasks extension: a cell still running after this long becomes a
+    /// task (`None`: never).
+    pub task_after: Option<Duration>,
+    /// A task lives for its cell's timeout plus this long (a finished task's result stays at
+    /// least this long).
+    pub task_ttl: Duration,
 }
 
 /// `--approve`: who approves the tool calls (and approved-category shell commands) of executed
@@ -122,8 +138,12 @@ pub(crate) struct IpyboxServer {
     config: Arc<ServerConfig>,
     /// What the user allowed for the rest of the session (`--approve ask`).
     allowances: elicit::SessionAllowances,
-    /// Executions waiting for a 2026-07-28 client's retry (`--approve ask`).
-    pauses: Arc<mrtr::Pauses>,
+    /// Cells waiting for a 2026-07-28 client's retry (`--approve ask`).
+    rounds: Arc<mrtr::Rounds>,
+    /// Cells running as tasks (the tasks extension).
+    tasks: tasks::CellTasks,
+    /// The codeact skill (the skills extension).
+    skills: Arc<skills::Skills>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -152,141 +172,6 @@ pub(crate) fn truncate_output(text: &str, max: usize) -> String {
     }
 }
 
-/// How a cell's `tools/call` ends (this round).
-enum CellOutcome {
-    Done(Result<ipybox::executor::ExecutionResult, ExecutorError>),
-    /// The client cancelled the request (the execution was interrupted).
-    Cancelled,
-    /// 2026-07-28 with `--approve ask`: the execution is parked until the client retries with
-    /// the user's answers ([`mrtr`]).
-    InputRequired(rmcp::model::InputRequiredResult),
-}
-
-/// After the first approval of a round, how long the driver gathers more (concurrent calls of
-/// threads or `asyncio.gather` arrive within milliseconds) before answering `input_required`.
-const GATHER: Duration = Duration::from_millis(100);
-
-/// Whether this request speaks a revision without server-to-client requests (2026-07-28 on).
-fn stateless(context: &RequestContext<RoleServer>) -> bool {
-    context
-        .protocol_version()
-        .is_some_and(|v| !v.has_initialize())
-}
-
-impl IpyboxServer {
-    /// Runs one cell (or resumes a parked one) for `execute_ipython_cell`: asks the client about
-    /// tool calls with `--approve ask` (elicitation/create for handshake-era clients,
-    /// input_required rounds for 2026-07-28 ones), reports progress when the request carries a
-    /// progress token.
-    async fn run_cell(
-        &self,
-        code: &str,
-        timeout: Duration,
-        context: &RequestContext<RoleServer>,
-        resumed: Option<(Execution, (u64, u64))>,
-        binding: &[u8],
-    ) -> CellOutcome {
-        let ask = self.config.approve == ApproveMode::Ask;
-        let token = context.meta.get_progress_token();
-        if resumed.is_none() && !ask && token.is_none() {
-            // Dropping this future interrupts the code in the kernel.
-            return tokio::select! {
-                result = self.executor.execute(code, Some(timeout)) => CellOutcome::Done(result),
-                _ = context.ct.cancelled() => CellOutcome::Cancelled,
-            };
-        }
-        let (mut execution, round) = match resumed {
-            Some((execution, round)) => (execution, Some(round)),
-            None if ask => (self.executor.stream(code, Some(timeout)), None),
-            None => (self.executor.stream_accepting(code, Some(timeout)), None),
-        };
-        let canceller = execution.canceller();
-        let stateless = stateless(context);
-        let can_elicit = if stateless {
-            context
-                .client_capabilities()
-                .and_then(|c| c.elicitation)
-                .is_some_and(|e| e.form.is_some() || e.url.is_none())
-        } else {
-            true // the handshake-era path checks the peer's declared capabilities itself
-        };
-        let mut progress = token.map(|t| progress::ProgressReporter::new(context.peer.clone(), t));
-        let mut deciding = tokio::task::JoinSet::new();
-        let mut asking: Vec<ApprovalRequest> = Vec::new();
-        let mut gather_until: Option<tokio::time::Instant> = None;
-        loop {
-            let tick = progress
-                .as_ref()
-                .map(|p| p.next_tick())
-                .unwrap_or_else(|| std::time::Instant::now() + Duration::from_secs(3600));
-            let gathered = gather_until
-                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            let event = tokio::select! {
-                event = execution.next() => event,
-                _ = tokio::time::sleep_until(tick.into()) => {
-                    if let Some(p) = progress.as_mut() {
-                        p.tick().await;
-                    }
-                    continue;
-                }
-                _ = tokio::time::sleep_until(gathered), if gather_until.is_some() => {
-                    if let Some(p) = progress.as_mut() {
-                        p.finish().await;
-                    }
-                    let ttl = self.config.approval_timeout;
-                    let pending = std::mem::take(&mut asking);
-                    return CellOutcome::InputRequired(
-                        self.pauses.park(round, execution, pending, binding, ttl),
-                    );
-                }
-                _ = context.ct.cancelled() => {
-                    canceller.cancel();
-                    return CellOutcome::Cancelled;
-                }
-            };
-            match event {
-                Some(ExecutionEvent::Chunk(text)) => {
-                    if let Some(p) = progress.as_mut() {
-                        p.output(&text).await;
-                    }
-                }
-                Some(ExecutionEvent::Image(_)) => {}
-                Some(ExecutionEvent::Approval(request)) if stateless => {
-                    if self.allowances.allows(&request) {
-                        request.accept();
-                    } else if !can_elicit {
-                        tracing::warn!(
-                            "rejected {}: the MCP client did not declare the elicitation capability",
-                            request.describe()
-                        );
-                        request.reject_with(elicit::NO_ELICITATION);
-                    } else {
-                        asking.push(request);
-                        gather_until
-                            .get_or_insert_with(|| tokio::time::Instant::now() + GATHER);
-                    }
-                }
-                Some(ExecutionEvent::Approval(request)) => {
-                    // Each on its own task: concurrent calls are asked about concurrently, and
-                    // output keeps flowing while the user thinks.
-                    let (peer, allowances) = (context.peer.clone(), self.allowances.clone());
-                    let approval_timeout = self.config.approval_timeout;
-                    deciding.spawn(async move {
-                        elicit::decide(request, &peer, &allowances, approval_timeout).await;
-                    });
-                }
-                Some(ExecutionEvent::Result(result)) => {
-                    if let Some(p) = progress.as_mut() {
-                        p.finish().await;
-                    }
-                    return CellOutcome::Done(result);
-                }
-                None => return CellOutcome::Done(Err(ipybox::kernel::KernelError::Stopped.into())),
-            }
-        }
-    }
-}
-
 #[tool_router]
 impl IpyboxServer {
     /// Creates the server and starts the kernel in the background.
@@ -301,7 +186,9 @@ impl IpyboxServer {
             executor,
             config: Arc::new(config),
             allowances: elicit::SessionAllowances::default(),
-            pauses: Arc::new(mrtr::Pauses::new()),
+            rounds: Arc::new(mrtr::Rounds::new()),
+            tasks: tasks::CellTasks::default(),
+            skills: Arc::new(skills::Skills::load()),
             tool_router: Self::tool_router(),
         }
     }
@@ -349,66 +236,58 @@ impl IpyboxServer {
             .into());
         }
         // A retry must carry the arguments its requestState was sealed for.
-        let binding = serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars))
-            .unwrap_or_default();
-        let resumed = match request_state {
-            None => None,
-            Some(state) => match self.pauses.resume(
-                &state,
-                &binding,
-                responses.as_ref(),
-                &self.allowances,
-            ) {
-                Ok(resumed) => Some(resumed),
-                Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
-            },
-        };
-        if resumed.is_none()
-            && let Err(e) = self.executor.start().await
-        {
-            return Ok(text_error(format!("the kernel could not be started: {e}")).into());
-        }
+        let binding =
+            serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars)).unwrap_or_default();
         let timeout = Duration::from_secs_f64(p.timeout.min(86_400.0 * 365.0));
-        let executed = match self
-            .run_cell(&p.code, timeout, &context, resumed, &binding)
-            .await
-        {
-            CellOutcome::Done(result) => result,
-            CellOutcome::InputRequired(asked) => return Ok(asked.into()),
-            CellOutcome::Cancelled => {
-                // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code): the
-                // code in the kernel was interrupted; state is kept.
-                return Ok(text_error(
-                    "execution cancelled by the client; the kernel was interrupted and its state kept"
-                        .into(),
-                )
-                .into());
+        let (run, resumed) = match request_state {
+            Some(state) => {
+                match self
+                    .rounds
+                    .resume(&state, &binding, responses.as_ref(), &self.allowances)
+                {
+                    Ok((run, round)) => (run, Some(round)),
+                    Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
+                }
+            }
+            None => {
+                if let Some(busy) = self.tasks.busy_error() {
+                    return Ok(text_error(busy).into());
+                }
+                if let Err(e) = self.executor.start().await {
+                    return Ok(text_error(format!("the kernel could not be started: {e}")).into());
+                }
+                let execution = if self.config.approve == ApproveMode::Ask {
+                    self.executor.stream(&p.code, Some(timeout))
+                } else {
+                    self.executor.stream_accepting(&p.code, Some(timeout))
+                };
+                (CellRun::start(execution, self.allowances.clone()), None)
             }
         };
-        match executed {
-            Ok(result) => {
-                let mut text = truncate_output(&result.text, p.max_output_chars);
-                let mut content = Vec::new();
-                if !result.images.is_empty() {
-                    if !text.is_empty() {
-                        text.push_str("\n\n");
-                    }
-                    text.push_str("Generated images:");
-                    for path in &result.images {
-                        text.push_str(&format!("\n- {}", path.display()));
-                        match tokio::fs::read(path).await {
-                            Ok(bytes) => content.push(ContentBlock::image(
-                                base64::engine::general_purpose::STANDARD.encode(bytes),
-                                "image/png",
-                            )),
-                            Err(e) => tracing::warn!("cannot read image {}: {e}", path.display()),
-                        }
-                    }
-                }
-                content.insert(0, ContentBlock::text(text));
-                Ok(CallToolResult::success(content).into())
-            }
-            Err(e) => Ok(text_error(truncate_output(&failure_text(&e), p.max_output_chars)).into()),
+        let serve = request::Serve {
+            config: &self.config,
+            allowances: &self.allowances,
+            rounds: &self.rounds,
+            tasks: &self.tasks,
+            context: &context,
+            binding: &binding,
+            timeout,
+        };
+        let max_chars = p.max_output_chars;
+        let finish = move || -> tasks::Finish {
+            Box::new(move |result| Box::pin(async move { cell_result(result, max_chars).await }))
+        };
+        match serve.serve(run, resumed, finish).await {
+            Outcome::Done(result) => Ok(cell_result(result, max_chars).await.into()),
+            Outcome::InputRequired(asked) => Ok(asked.into()),
+            Outcome::Task(task) => Ok(CreateTaskResult::new(task).into()),
+            // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code): the code
+            // in the kernel was interrupted; state is kept.
+            Outcome::Cancelled => Ok(text_error(
+                "execution cancelled by the client; the kernel was interrupted and its state kept"
+                    .into(),
+            )
+            .into()),
         }
     }
 
@@ -419,6 +298,9 @@ impl IpyboxServer {
         &self,
         Parameters(p): Parameters<InstallParams>,
     ) -> Result<CallToolResult, ErrorData> {
+        if let Some(busy) = self.tasks.busy_error() {
+            return Ok(text_error(busy));
+        }
         match self.executor.install_package(&p.package_name).await {
             Ok(summary) => Ok(CallToolResult::success(vec![ContentBlock::text(summary)])),
             Err(e) => Ok(text_error(e.to_string())),
@@ -429,6 +311,8 @@ impl IpyboxServer {
         description = "Reset the IPython kernel: a fresh kernel replaces the current one, clearing all variables, imports and definitions, and the MCP server sessions used by generated tools are closed. Files in the workspace (generated modules included) and installed packages are kept."
     )]
     async fn reset(&self) -> Result<CallToolResult, ErrorData> {
+        // A cell running as a task would make the reset wait for it: it is cancelled instead.
+        self.tasks.cancel_running().await;
         if let Err(e) = self.executor.start().await {
             return Ok(text_error(format!("the kernel could not be started: {e}")));
         }
@@ -439,6 +323,38 @@ impl IpyboxServer {
             Err(e) => Ok(text_error(format!("reset failed: {e}"))),
         }
     }
+}
+
+/// The tool's result for a cell's result: the output (truncated to `max_chars`) and the images,
+/// or the error with the output printed before it.
+async fn cell_result(
+    result: Result<ipybox::executor::ExecutionResult, ExecutorError>,
+    max_chars: usize,
+) -> CallToolResult {
+    let result = match result {
+        Ok(result) => result,
+        Err(e) => return text_error(truncate_output(&failure_text(&e), max_chars)),
+    };
+    let mut text = truncate_output(&result.text, max_chars);
+    let mut content = Vec::new();
+    if !result.images.is_empty() {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str("Generated images:");
+        for path in &result.images {
+            text.push_str(&format!("\n- {}", path.display()));
+            match tokio::fs::read(path).await {
+                Ok(bytes) => content.push(ContentBlock::image(
+                    base64::engine::general_purpose::STANDARD.encode(bytes),
+                    "image/png",
+                )),
+                Err(e) => tracing::warn!("cannot read image {}: {e}", path.display()),
+            }
+        }
+    }
+    content.insert(0, ContentBlock::text(text));
+    CallToolResult::success(content)
 }
 
 /// The text of a failed execution: what was printed before, then the error.
@@ -455,9 +371,87 @@ fn failure_text(e: &ExecutorError) -> String {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for IpyboxServer {
     fn get_info(&self) -> rmcp::model::ServerConfig {
-        rmcp::model::ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("ipybox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+        rmcp::model::ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_skills_with_directory_read()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new("ipybox", env!("CARGO_PKG_VERSION")))
+        .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        Ok(GetTaskResult::new(
+            self.tasks.manager().get_task(&request.task_id)?,
+        ))
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks
+            .manager()
+            .update_task(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.manager().cancel_task(&request.task_id)
+    }
+
+    async fn list_skills(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListSkillsResult, ErrorData> {
+        Ok(self.skills.list())
+    }
+
+    async fn get_skill(
+        &self,
+        request: GetSkillRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetSkillResult, ErrorData> {
+        self.skills.get(&request.uri)
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        Ok(self.skills.resources())
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        self.skills
+            .read(&request.uri)
+            .map(Into::into)
+            .ok_or_else(|| ErrorData::resource_not_found(format!("no resource {}: ipybox serves the codeact skill's files (skill://codeact/...)", request.uri), None))
+    }
+
+    async fn read_resource_directory(
+        &self,
+        request: ReadResourceDirectoryRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceDirectoryResult, ErrorData> {
+        self.skills.read_directory(&request.uri)
     }
 }
 

@@ -7,6 +7,7 @@
 //! Generated-code snapshots (exact text, no Python) live in `apigen_snapshots`, apart from the
 //! tests that run generated code (`apigen`, `apigen_corpus`, `tool_calls`, `tool_calls_async`).
 
+mod mcp_eras;
 mod support;
 
 mod apigen;
@@ -19,6 +20,7 @@ mod kernel;
 mod kernel_env;
 mod mcp_approvals;
 mod mcp_client;
+mod mcp_modern;
 mod mcp_server;
 mod proc_tree;
 mod remote_kernels;

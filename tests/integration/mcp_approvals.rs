@@ -2,220 +2,37 @@
 //! elicitation capability and answers from a script, one that does not declare it, and progress
 //! notifications for a request that carries a progress token.
 
-use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::mcp_eras::{Answer, Connected, Era, ScriptedClient, both_eras, start_with};
 use crate::support::*;
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ElicitRequestParams,
-    ElicitResult, ElicitationAction, Implementation, ProgressNotificationParam, ProtocolVersion,
-};
-use rmcp::service::{
-    ClientLifecycleMode, ClientServiceExt, NotificationContext, RequestContext, RunningService,
-};
-use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
-use serde_json::{Value, json};
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use serde_json::json;
 
-/// How the scripted user answers one question.
-#[derive(Debug, Clone, Copy)]
-enum Answer {
-    Accept,
-    AcceptForSession,
-    Decline,
-    Cancel,
-    /// Never answers (the approval timeout decides).
-    Never,
+/// A client whose user answers from a script, connected to an ipybox it started.
+pub(crate) type Client = Connected<ScriptedClient>;
+
+pub(crate) async fn start(ws: &Path, client: &ScriptedClient, flags: &[&str]) -> Client {
+    start_with(ws, &[], flags, client.clone(), client.era()).await
 }
 
-#[derive(Default)]
-struct Seen {
-    questions: Vec<(String, Value)>,
-    progress: Vec<ProgressNotificationParam>,
-}
-
-/// Which MCP revision the client speaks: the handshake era (`initialize`, server-to-client
-/// `elicitation/create`) or 2026-07-28 (`server/discover`, stateless, `input_required` rounds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Era {
-    Handshake,
-    Stateless,
-}
-
-/// Runs an `async fn NAME(era: Era)` test once per era: `NAME::handshake`, `NAME::stateless`.
-macro_rules! both_eras {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread")]
-            async fn handshake() {
-                super::$name(super::Era::Handshake).await
-            }
-            #[tokio::test(flavor = "multi_thread")]
-            async fn stateless() {
-                super::$name(super::Era::Stateless).await
-            }
-        }
-    };
-}
-
-#[derive(Clone)]
-struct ScriptedClient {
-    era: Era,
-    elicitation: bool,
-    answers: Arc<Mutex<VecDeque<Answer>>>,
-    seen: Arc<Mutex<Seen>>,
-}
-
-impl ScriptedClient {
-    fn new(era: Era, elicitation: bool, answers: &[Answer]) -> Self {
-        Self {
-            era,
-            elicitation,
-            answers: Arc::new(Mutex::new(answers.iter().copied().collect())),
-            seen: Arc::default(),
-        }
-    }
-
-    fn questions(&self) -> Vec<String> {
-        let seen = self.seen.lock().unwrap();
-        seen.questions.iter().map(|(m, _)| m.clone()).collect()
-    }
-}
-
-impl ClientHandler for ScriptedClient {
-    fn get_info(&self) -> ClientConfig {
-        let capabilities = if self.elicitation {
-            ClientCapabilities::builder().enable_elicitation().build()
-        } else {
-            ClientCapabilities::default()
-        };
-        let version = match self.era {
-            Era::Handshake => ProtocolVersion::LATEST_WITH_INITIALIZE,
-            Era::Stateless => ProtocolVersion::V_2026_07_28,
-        };
-        ClientConfig::new(capabilities, Implementation::new("scripted-client", "1.0"))
-            .with_protocol_version(version)
-    }
-
-    async fn create_elicitation(
-        &self,
-        request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
-    ) -> Result<ElicitResult, ErrorData> {
-        let ElicitRequestParams::FormElicitationParams {
-            message,
-            requested_schema,
-            ..
-        } = request
-        else {
-            panic!("ipybox asks in form mode");
-        };
-        let schema = serde_json::to_value(&requested_schema).unwrap();
-        self.seen.lock().unwrap().questions.push((message, schema));
-        let answer = self
-            .answers
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or(Answer::Decline);
-        let result = |action, content: Option<Value>| match content {
-            Some(c) => ElicitResult::new(action).with_content(c),
-            None => ElicitResult::new(action),
-        };
-        Ok(match answer {
-            Answer::Accept => result(ElicitationAction::Accept, Some(json!({}))),
-            Answer::AcceptForSession => {
-                result(ElicitationAction::Accept, Some(json!({"remember": true})))
-            }
-            Answer::Decline => result(ElicitationAction::Decline, None),
-            Answer::Cancel => result(ElicitationAction::Cancel, None),
-            Answer::Never => {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
-                result(ElicitationAction::Decline, None)
-            }
-        })
-    }
-
-    async fn on_progress(
-        &self,
-        params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.seen.lock().unwrap().progress.push(params);
-    }
-}
-
-/// A connected client; the server exits when its stdin closes (dropping this).
-struct Client {
-    service: RunningService<RoleClient, ScriptedClient>,
-    _child: tokio::process::Child,
-}
-
-impl Client {
-    fn peer(&self) -> &rmcp::Peer<RoleClient> {
-        self.service.peer()
-    }
-
-    async fn cancel(self) {
-        let _ = self.service.cancel().await;
-    }
-}
-
-async fn start(ws: &Path, client: &ScriptedClient, flags: &[&str]) -> Client {
-    use std::process::Stdio;
-    let mut child = tokio::process::Command::new(BIN)
-        .arg("--workspace")
-        .arg(ws)
-        .args(["--log-level", "warn"])
-        .args(flags)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let service = match client.era {
-        Era::Handshake => client.clone().serve(transport).await,
-        Era::Stateless => {
-            let lifecycle = ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            };
-            client
-                .clone()
-                .serve_with_lifecycle(transport, lifecycle)
-                .await
-        }
-    }
-    .expect("ipybox MCP server starts");
-    let negotiated = service
-        .peer()
-        .peer_info()
-        .map(|info| info.protocol_version.clone());
-    let expected = match client.era {
-        Era::Handshake => ProtocolVersion::LATEST_WITH_INITIALIZE,
-        Era::Stateless => ProtocolVersion::V_2026_07_28,
-    };
-    assert_eq!(negotiated, Some(expected), "negotiated revision");
-    Client {
-        service,
-        _child: child,
-    }
-}
-
-async fn cell(c: &Client, code: &str) -> (bool, String) {
+pub(crate) async fn cell(c: &Client, code: &str) -> (bool, String) {
     let params = CallToolRequestParams::new("execute_ipython_cell")
         .with_arguments(args(json!({"code": code, "timeout": 60})));
-    let result = c.service.call_tool(params).await.expect("tools/call answers");
+    let result = c
+        .service
+        .call_tool(params)
+        .await
+        .expect("tools/call answers");
     (result.is_error == Some(true), text(&result))
 }
 
-fn text(result: &CallToolResult) -> String {
+pub(crate) fn text(result: &CallToolResult) -> String {
     ipybox::tools::tool_output(result).text
 }
 
-async fn register_fixture(c: &Client) {
+pub(crate) async fn register_fixture(c: &Client) {
     let params = CallToolRequestParams::new("register_mcp_server").with_arguments(args(
         json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")}),
     ));
@@ -223,7 +40,8 @@ async fn register_fixture(c: &Client) {
     assert_ne!(result.is_error, Some(true), "{}", text(&result));
 }
 
-const CALL_ADD: &str = "from mcptools.fx import add\nprint(add.run(add.Params(a=1, b=2)).sum)";
+pub(crate) const CALL_ADD: &str =
+    "from mcptools.fx import add\nprint(add.run(add.Params(a=1, b=2)).sum)";
 const CALL_GREET: &str =
     "from mcptools.fx import greet\nprint(greet.run(greet.Params(name='x' * 500)))";
 
@@ -303,13 +121,15 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     assert_ne!(reset.is_error, Some(true));
     assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
     assert_eq!(user.questions().len(), 5);
-    c.cancel().await;
+    c.close().await;
 }
 
 async fn ask_without_an_answer_times_out_and_the_server_keeps_working(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let user = ScriptedClient::new(era, true, &[Answer::Never, Answer::Accept]);
+    // The answer comes after the timeout: handshake era, the executor stopped waiting; 2026,
+    // the retry finds the cell ended with the call failed.
+    let user = ScriptedClient::new(era, true, &[Answer::Late(2500), Answer::Accept]);
     let c = start(
         ws.path(),
         &user,
@@ -328,7 +148,7 @@ async fn ask_without_an_answer_times_out_and_the_server_keeps_working(era: Era) 
     );
     assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
-    c.cancel().await;
+    c.close().await;
 }
 
 async fn ask_with_a_client_without_elicitation_fails_clearly(era: Era) {
@@ -355,7 +175,7 @@ async fn ask_with_a_client_without_elicitation_fails_clearly(era: Era) {
     // Code without tool calls or shell commands runs as usual.
     assert_eq!(cell(&c, "print(6 * 7)").await, (false, "42".into()));
     assert!(user.questions().is_empty());
-    c.cancel().await;
+    c.close().await;
 }
 
 async fn ask_about_shell_commands_and_magics(era: Era) {
@@ -412,7 +232,7 @@ async fn ask_about_shell_commands_and_magics(era: Era) {
             "ipybox: Run this %%bash cell from executed code?\n\necho from bash $((6 * 7))\n",
         ]
     );
-    c.cancel().await;
+    c.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -461,7 +281,7 @@ async fn progress_notifications_carry_the_output_in_order(era: Era) {
     }
     let token = &progress[0].progress_token;
     assert!(progress.iter().all(|p| &p.progress_token == token));
-    c.cancel().await;
+    c.close().await;
 }
 
 /// `notifications/cancelled` while the user is being asked (an elicitation is outstanding, the
@@ -512,7 +332,7 @@ async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
         "next cell waited {waited:?}"
     );
     assert!(!ws.path().join("after").exists(), "the cell ran on");
-    let server = c._child.id().expect("ipybox runs");
+    let server = c.pid();
     let fixtures: Vec<u32> = crate::proc_tree::descendants(server)
         .into_iter()
         .filter(|pid| {
@@ -530,7 +350,7 @@ async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
     // The next call is asked again (and accepted) and runs.
     assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
     assert_eq!(user.questions().len(), 2);
-    c.cancel().await;
+    c.close().await;
 }
 
 both_eras!(ask_accept_once_for_session_decline_and_cancel);

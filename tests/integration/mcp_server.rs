@@ -6,30 +6,30 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::mcp_eras::{CallTool, Era, Plain, both_eras, both_eras_blocking, start};
 use crate::support::*;
-use ipybox::tools::{McpSession, tool_output};
+use ipybox::tools::tool_output;
 use rmcp::model::ContentBlock;
 use serde_json::{Value, json};
 
-async fn connect(ws: &Path, extra_env: &[(&str, &str)]) -> McpSession {
-    connect_ipybox(ws, extra_env).await
+async fn connect(ws: &Path, extra_env: &[(&str, &str)], era: Era) -> Plain {
+    start(ws, extra_env, &[], era).await
 }
 
-async fn err_text(s: &McpSession, tool: &str, arguments: Value) -> String {
+async fn err_text(s: &impl CallTool, tool: &str, arguments: Value) -> String {
     let out = tool_output(&call(s, tool, arguments).await);
     assert!(out.is_error, "{tool} should fail, got: {}", out.text);
     out.text
 }
 
-async fn exec(s: &McpSession, code: &str) -> String {
+async fn exec(s: &impl CallTool, code: &str) -> String {
     ok_text(s, "execute_ipython_cell", json!({"code": code})).await
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn server_identity_and_tool_schemas() {
+async fn server_identity_and_tool_schemas(era: Era) {
     let ws = tempfile::tempdir().unwrap();
-    let s = connect(ws.path(), &[]).await;
-    let info = s.server_info().unwrap();
+    let s = connect(ws.path(), &[], era).await;
+    let info = s.peer().peer_info().unwrap();
     let imp = info.server_info.as_ref().unwrap();
     assert_eq!(imp.name, "ipybox");
     assert_eq!(imp.version, env!("CARGO_PKG_VERSION"));
@@ -42,7 +42,7 @@ async fn server_identity_and_tool_schemas() {
     ] {
         assert!(instructions.contains(word), "instructions lack {word}");
     }
-    let mut tools = s.list_tools().await.unwrap();
+    let mut tools = s.peer().list_all_tools().await.unwrap();
     tools.sort_by(|a, b| a.name.cmp(&b.name));
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
     assert_eq!(
@@ -75,8 +75,7 @@ async fn server_identity_and_tool_schemas() {
     s.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn initialize_does_not_wait_for_the_kernel() {
+async fn initialize_does_not_wait_for_the_kernel(era: Era) {
     // An interpreter that takes 3 s to start: initialize must still answer at once.
     let ws = tempfile::tempdir().unwrap();
     let python = kernel_python();
@@ -89,7 +88,7 @@ async fn initialize_does_not_wait_for_the_kernel() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
     let start = Instant::now();
-    let s = connect(ws.path(), &[("IPYBOX_PYTHON", slow.to_str().unwrap())]).await;
+    let s = connect(ws.path(), &[("IPYBOX_PYTHON", slow.to_str().unwrap())], era).await;
     let connected = start.elapsed();
     assert!(
         connected < Duration::from_millis(2500),
@@ -100,10 +99,9 @@ async fn initialize_does_not_wait_for_the_kernel() {
     s.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn execute_ipython_cell_outputs_errors_timeouts_truncation_images() {
+async fn execute_ipython_cell_outputs_errors_timeouts_truncation_images(era: Era) {
     let ws = tempfile::tempdir().unwrap();
-    let s = connect(ws.path(), &[]).await;
+    let s = connect(ws.path(), &[], era).await;
     assert_eq!(exec(&s, "x = 40").await, "");
     assert_eq!(exec(&s, "print('x is', x)\nx + 2").await, "x is 40\n42");
     // Errors: isError, output printed before, then the traceback, no colour codes.
@@ -190,7 +188,7 @@ async fn execute_ipython_cell_outputs_errors_timeouts_truncation_images() {
     .await;
     assert_eq!(err, "invalid timeout -1: pass a positive number of seconds");
     match s
-        .call_tool("execute_ipython_cell", args(json!({"timeout": 5})))
+        .call_tool_json("execute_ipython_cell", args(json!({"timeout": 5})))
         .await
     {
         Err(e) => assert!(e.to_string().contains("code"), "{e}"),
@@ -207,8 +205,7 @@ async fn execute_ipython_cell_outputs_errors_timeouts_truncation_images() {
     s.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn dotenv_kernel_env_and_secrets() {
+async fn dotenv_kernel_env_and_secrets(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     std::fs::write(
@@ -216,7 +213,7 @@ async fn dotenv_kernel_env_and_secrets() {
         "# comment\nKERNEL_ENV_GREETING=from dotenv\nKERNEL_ENV_WINNER=file\nFIXTURE_TOKEN=s3cr3t-value\nexport QUOTED=\"a b\"\n",
     )
     .unwrap();
-    let s = connect(ws.path(), &[("KERNEL_ENV_WINNER", "process")]).await;
+    let s = connect(ws.path(), &[("KERNEL_ENV_WINNER", "process")], era).await;
     let out = exec(&s, "import os\nprint(os.environ.get('GREETING'), os.environ.get('WINNER'), os.environ.get('FIXTURE_TOKEN'), os.environ.get('KERNEL_ENV_GREETING'))").await;
     assert_eq!(out, "from dotenv process None None");
     // Other variables reach MCP servers through ${VAR} only, and never the generated code.
@@ -241,7 +238,7 @@ async fn dotenv_kernel_env_and_secrets() {
     s.close().await;
 }
 
-async fn register_and_call(s: &McpSession, name: &str, params: Value) {
+async fn register_and_call(s: &impl CallTool, name: &str, params: Value) {
     let modules = ok_text(
         s,
         "register_mcp_server",
@@ -253,11 +250,10 @@ async fn register_and_call(s: &McpSession, name: &str, params: Value) {
     assert_eq!(out, format!("Hello, {name}!\n3"));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn register_servers_over_all_transports_and_call_them() {
+async fn register_servers_over_all_transports_and_call_them(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let s = connect(ws.path(), &[]).await;
+    let s = connect(ws.path(), &[], era).await;
     register_and_call(&s, "over_stdio", fixture_stdio_params("stdio")).await;
     let sse = start_fixture("sse", None);
     register_and_call(&s, "over_sse", json!({"url": sse.url("/sse")})).await;
@@ -293,11 +289,10 @@ async fn register_servers_over_all_transports_and_call_them() {
     s.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn reset_clears_state_and_closes_mcp_sessions() {
+async fn reset_clears_state_and_closes_mcp_sessions(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let s = connect(ws.path(), &[]).await;
+    let s = connect(ws.path(), &[], era).await;
     ok_text(
         &s,
         "register_mcp_server",
@@ -331,8 +326,7 @@ async fn reset_clears_state_and_closes_mcp_sessions() {
     s.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn install_package_from_index_and_git() {
+async fn install_package_from_index_and_git(era: Era) {
     let ws = tempfile::tempdir().unwrap();
     // A tiny package in a local git repository, installed through a git+file:// URL.
     let repo = ws.path().join("pkgrepo");
@@ -370,7 +364,12 @@ async fn install_package_from_index_and_git() {
         );
     }
     let home = tempfile::tempdir().unwrap(); // a private kernel environment: installs must not leak into the shared one
-    let s = connect(ws.path(), &[("IPYBOX_HOME", home.path().to_str().unwrap())]).await;
+    let s = connect(
+        ws.path(),
+        &[("IPYBOX_HOME", home.path().to_str().unwrap())],
+        era,
+    )
+    .await;
     assert_eq!(
         exec(
             &s,
@@ -419,11 +418,10 @@ async fn install_package_from_index_and_git() {
     s.close().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn concurrent_requests_queue_executions_and_register_while_running() {
+async fn concurrent_requests_queue_executions_and_register_while_running(era: Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let s = std::sync::Arc::new(connect(ws.path(), &[]).await);
+    let s = std::sync::Arc::new(connect(ws.path(), &[], era).await);
     exec(&s, "log = []").await;
     let slow = {
         let s = s.clone();
@@ -464,10 +462,11 @@ struct Raw {
     stdin: Option<std::process::ChildStdin>,
     stdout: BufReader<std::process::ChildStdout>,
     next_id: u64,
+    era: Era,
 }
 
 impl Raw {
-    fn start(ws: &Path) -> Raw {
+    fn start(ws: &Path, era: Era) -> Raw {
         let mut child = Command::new(BIN)
             .args(["--workspace"])
             .arg(ws)
@@ -483,11 +482,47 @@ impl Raw {
             stdin,
             stdout,
             next_id: 1,
+            era,
         };
-        let init = raw.request("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}));
-        assert_eq!(init["result"]["serverInfo"]["name"], "ipybox");
-        raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        match era {
+            Era::Handshake => {
+                let init = raw.request("initialize", json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}));
+                assert_eq!(init["result"]["serverInfo"]["name"], "ipybox");
+                raw.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+            }
+            Era::Stateless => {
+                let found = raw.request("server/discover", json!({}));
+                assert_eq!(
+                    found["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+                    "ipybox",
+                    "{found}"
+                );
+            }
+        }
         raw
+    }
+
+    /// `_meta` of a request: 2026-07-28 requests carry the revision and the client's
+    /// capabilities in every request; `extra` is merged in.
+    fn meta(&self, extra: Value) -> Value {
+        let mut meta = match self.era {
+            Era::Handshake => json!({}),
+            Era::Stateless => json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"},
+            }),
+        };
+        if let (Some(meta), Value::Object(extra)) = (meta.as_object_mut(), extra) {
+            meta.extend(extra);
+        }
+        meta
+    }
+
+    /// Sends `tools/call` with request id `id` without waiting for the answer.
+    fn send_call(&mut self, id: u64, tool: &str, arguments: Value, meta: Value) {
+        let meta = self.meta(meta);
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": tool, "arguments": arguments, "_meta": meta}}));
     }
 
     fn send(&mut self, msg: Value) {
@@ -499,6 +534,10 @@ impl Raw {
     fn request(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;
         self.next_id += 1;
+        let mut params = params;
+        if let Some(p) = params.as_object_mut() {
+            p.insert("_meta".into(), self.meta(json!({})));
+        }
         self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
         loop {
             let mut line = String::new();
@@ -568,9 +607,9 @@ enum Trigger {
 /// a second cell queued behind it, a registration of a server that never answers — when the
 /// client goes away: ipybox, its kernels and every MCP child server are gone within 2 s, and its
 /// runtime directory is removed.
-fn shutdown_with_calls_in_flight(trigger: Trigger) {
+fn shutdown_with_calls_in_flight(trigger: Trigger, era: Era) {
     let ws = tempfile::tempdir().unwrap();
-    let mut raw = Raw::start(ws.path());
+    let mut raw = Raw::start(ws.path(), era);
     let params = fixture_stdio_params("stdio");
     raw.call(
         "register_mcp_server",
@@ -585,10 +624,25 @@ fn shutdown_with_calls_in_flight(trigger: Trigger) {
     );
     // 1: a cell whose tool call sleeps in the fixture server; 2: a cell queued behind it;
     // 3: a registration of a server that never speaks MCP.
-    raw.send(json!({"jsonrpc": "2.0", "id": 901, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "print(sleep.run(sleep.Params(seconds=60)))"}}}));
-    raw.send(json!({"jsonrpc": "2.0", "id": 902, "method": "tools/call", "params": {"name": "execute_ipython_cell", "arguments": {"code": "import time\ntime.sleep(60)"}}}));
+    raw.send_call(
+        901,
+        "execute_ipython_cell",
+        json!({"code": "print(sleep.run(sleep.Params(seconds=60)))"}),
+        json!({}),
+    );
+    raw.send_call(
+        902,
+        "execute_ipython_cell",
+        json!({"code": "import time\ntime.sleep(60)"}),
+        json!({}),
+    );
     let hang = json!({"command": python(), "args": [fixture_script(), "hang"]});
-    raw.send(json!({"jsonrpc": "2.0", "id": 903, "method": "tools/call", "params": {"name": "register_mcp_server", "arguments": {"server_name": "hang", "server_params": hang}}}));
+    raw.send_call(
+        903,
+        "register_mcp_server",
+        json!({"server_name": "hang", "server_params": hang}),
+        json!({}),
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let children = crate::proc_tree::descendants(raw.child.id());
     // kernel (+ spare), the fixture server, the hanging server, at least.
@@ -628,28 +682,24 @@ fn shutdown_with_calls_in_flight(trigger: Trigger) {
     );
 }
 
-#[test]
-fn stdin_eof_with_calls_in_flight_stops_everything_within_two_seconds() {
+fn stdin_eof_with_calls_in_flight_stops_everything_within_two_seconds(era: Era) {
     require!(TestEnv);
-    shutdown_with_calls_in_flight(Trigger::StdinEof);
+    shutdown_with_calls_in_flight(Trigger::StdinEof, era);
 }
 
-#[test]
-fn sigterm_with_calls_in_flight_stops_everything_within_two_seconds() {
+fn sigterm_with_calls_in_flight_stops_everything_within_two_seconds(era: Era) {
     require!(TestEnv);
-    shutdown_with_calls_in_flight(Trigger::Signal(libc::SIGTERM));
+    shutdown_with_calls_in_flight(Trigger::Signal(libc::SIGTERM), era);
 }
 
-#[test]
-fn sigint_with_calls_in_flight_stops_everything_within_two_seconds() {
+fn sigint_with_calls_in_flight_stops_everything_within_two_seconds(era: Era) {
     require!(TestEnv);
-    shutdown_with_calls_in_flight(Trigger::Signal(libc::SIGINT));
+    shutdown_with_calls_in_flight(Trigger::Signal(libc::SIGINT), era);
 }
 
-#[test]
-fn stdin_eof_when_idle_exits_at_once() {
+fn stdin_eof_when_idle_exits_at_once(era: Era) {
     let ws = tempfile::tempdir().unwrap();
-    let mut raw = Raw::start(ws.path());
+    let mut raw = Raw::start(ws.path(), era);
     assert_eq!(
         raw.call("execute_ipython_cell", json!({"code": "6 * 7"})),
         "42"
@@ -668,25 +718,28 @@ fn stdin_eof_when_idle_exits_at_once() {
     );
 }
 
-#[test]
-fn cancelled_requests_interrupt_the_execution_and_keep_state() {
-    cancelled_request_keeps_state(json!({}));
+fn cancelled_requests_interrupt_the_execution_and_keep_state(era: Era) {
+    cancelled_request_keeps_state(json!({}), era);
 }
 
-/// The same through the streaming path (a request with a progress token).
-#[test]
-fn cancelled_requests_with_progress_interrupt_the_execution_and_keep_state() {
-    cancelled_request_keeps_state(json!({"progressToken": "p1"}));
+/// The same with a progress token (progress notifications while it runs).
+fn cancelled_requests_with_progress_interrupt_the_execution_and_keep_state(era: Era) {
+    cancelled_request_keeps_state(json!({"progressToken": "p1"}), era);
 }
 
-fn cancelled_request_keeps_state(meta: Value) {
+fn cancelled_request_keeps_state(meta: Value, era: Era) {
     let ws = tempfile::tempdir().unwrap();
-    let mut raw = Raw::start(ws.path());
+    let mut raw = Raw::start(ws.path(), era);
     assert_eq!(
         raw.call("execute_ipython_cell", json!({"code": "kept = 1"})),
         ""
     );
-    raw.send(json!({"jsonrpc": "2.0", "id": 777, "method": "tools/call", "params": {"name": "execute_ipython_cell", "_meta": meta, "arguments": {"code": "import time\ntime.sleep(60)\nkept = 2"}}}));
+    raw.send_call(
+        777,
+        "execute_ipython_cell",
+        json!({"code": "import time\ntime.sleep(60)\nkept = 2"}),
+        meta,
+    );
     std::thread::sleep(Duration::from_millis(700));
     raw.send(json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 777, "reason": "user pressed Esc"}}));
     let start = Instant::now();
@@ -700,3 +753,18 @@ fn cancelled_request_keeps_state(meta: Value) {
         start.elapsed()
     );
 }
+
+both_eras!(server_identity_and_tool_schemas);
+both_eras!(initialize_does_not_wait_for_the_kernel);
+both_eras!(execute_ipython_cell_outputs_errors_timeouts_truncation_images);
+both_eras!(dotenv_kernel_env_and_secrets);
+both_eras!(register_servers_over_all_transports_and_call_them);
+both_eras!(reset_clears_state_and_closes_mcp_sessions);
+both_eras!(install_package_from_index_and_git);
+both_eras!(concurrent_requests_queue_executions_and_register_while_running);
+both_eras_blocking!(stdin_eof_with_calls_in_flight_stops_everything_within_two_seconds);
+both_eras_blocking!(sigterm_with_calls_in_flight_stops_everything_within_two_seconds);
+both_eras_blocking!(sigint_with_calls_in_flight_stops_everything_within_two_seconds);
+both_eras_blocking!(stdin_eof_when_idle_exits_at_once);
+both_eras_blocking!(cancelled_requests_interrupt_the_execution_and_keep_state);
+both_eras_blocking!(cancelled_requests_with_progress_interrupt_the_execution_and_keep_state);

@@ -20,6 +20,8 @@ use ipybox::apigen::ApiStyle;
 use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::tools::{DEFAULT_CONNECT_TIMEOUT, McpSession, ServerParams, tool_output};
 use rmcp::model::CallToolResult;
+
+pub(crate) use crate::mcp_eras::CallTool;
 use serde_json::{Map, Value, json};
 
 /// The ipybox binary under test.
@@ -335,15 +337,16 @@ pub(crate) async fn connect_ipybox(ws: &Path, extra_env: &[(&str, &str)]) -> Mcp
         .expect("ipybox MCP server starts")
 }
 
-/// `tools/call` on an MCP session; panics if the request itself fails.
-pub(crate) async fn call(s: &McpSession, tool: &str, arguments: Value) -> CallToolResult {
-    s.call_tool(tool, args(arguments))
+/// `tools/call` on an MCP session (or a client of the ipybox MCP server); panics if the
+/// request itself fails.
+pub(crate) async fn call(s: &impl CallTool, tool: &str, arguments: Value) -> CallToolResult {
+    s.call_tool_json(tool, args(arguments))
         .await
         .unwrap_or_else(|e| panic!("{tool}: tools/call failed: {e}"))
 }
 
 /// Text of a successful, text-only result (panics with the text on isError).
-pub(crate) async fn ok_text(s: &McpSession, tool: &str, arguments: Value) -> String {
+pub(crate) async fn ok_text(s: &impl CallTool, tool: &str, arguments: Value) -> String {
     let r = call(s, tool, arguments).await;
     let out = tool_output(&r);
     assert!(!out.is_error, "{tool} failed:\n{}", out.text);

@@ -1,0 +1,197 @@
+//! One `execute_ipython_cell` request, in either MCP era: it waits on the cell's [`CellRun`]
+//! and ends in one of four ways ([`Outcome`]):
+//!
+//! - the cell ended: its result;
+//! - the client cancelled the request (`notifications/cancelled`): the cell is interrupted,
+//!   the kernel keeps its state;
+//! - 2026-07-28 with `--approve ask`: the cell waits for approvals, so the request answers
+//!   `input_required` and the run is parked until the retry ([`super::mrtr`]); approvals
+//!   arriving within [`GATHER`] of the first go into the same round;
+//! - the request declared the tasks extension and the cell outlived `--task-after`: the run
+//!   becomes a task ([`super::tasks`]).
+//!
+//! Handshake-era clients are asked with `elicitation/create` while the request is open
+//! ([`super::elicit::decide`], one task per approval: concurrent calls are asked about
+//! concurrently and output keeps flowing). A request with a progress token gets the output as
+//! `notifications/progress` ([`super::progress`]), in both eras.
+//!
+//! Not here: the tool's arguments and result text (the tool in [`super`]).
+
+use std::time::Duration;
+
+use rmcp::RoleServer;
+use rmcp::model::{InputRequiredResult, Task};
+use rmcp::service::RequestContext;
+use tokio::time::Instant;
+
+use ipybox::executor::{ExecutionResult, ExecutorError};
+
+use super::cell::CellRun;
+use super::mrtr::{RoundId, Rounds};
+use super::progress::ProgressReporter;
+use super::tasks::{Adopt, CellTasks, Finish};
+use super::{ApproveMode, ServerConfig, elicit};
+
+/// After the first approval of a round, how long more are gathered (concurrent calls of threads
+/// or `asyncio.gather` arrive within milliseconds) before answering `input_required`.
+pub(crate) const GATHER: Duration = Duration::from_millis(100);
+
+/// How one request for a cell ends.
+pub(crate) enum Outcome {
+    Done(Result<ExecutionResult, ExecutorError>),
+    /// The client cancelled the request; the cell was interrupted.
+    Cancelled,
+    /// The run is parked until the client retries with the user's answers.
+    InputRequired(InputRequiredResult),
+    /// The run became a task.
+    Task(Task),
+}
+
+/// What serving a request needs of the server.
+pub(crate) struct Serve<'a> {
+    pub(crate) config: &'a ServerConfig,
+    pub(crate) allowances: &'a elicit::SessionAllowances,
+    pub(crate) rounds: &'a std::sync::Arc<Rounds>,
+    pub(crate) tasks: &'a CellTasks,
+    pub(crate) context: &'a RequestContext<RoleServer>,
+    /// The call's arguments (a retry must carry the same).
+    pub(crate) binding: &'a [u8],
+    /// The cell's own timeout (a task lives this long plus `--task-ttl`).
+    pub(crate) timeout: Duration,
+}
+
+/// Whether this request speaks a revision without server-to-client requests (2026-07-28 on).
+fn stateless(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| !v.has_initialize())
+}
+
+/// Whether the client of this request can be asked in form mode: from the request's `_meta` on
+/// 2026-07-28, from `initialize` before.
+fn can_elicit(context: &RequestContext<RoleServer>) -> bool {
+    if stateless(context) {
+        context
+            .client_capabilities()
+            .and_then(|c| c.elicitation)
+            .is_some_and(|e| e.form.is_some() || e.url.is_none())
+    } else {
+        context
+            .peer
+            .supported_elicitation_modes()
+            .contains(&rmcp::service::ElicitationMode::Form)
+    }
+}
+
+impl Serve<'_> {
+    /// Serves `run` (round `resumed` of a parked run, or a new one) until one of the outcomes.
+    /// `finish` turns the result into the tool's result if the run becomes a task.
+    pub(crate) async fn serve(
+        &self,
+        run: CellRun,
+        resumed: Option<RoundId>,
+        finish: impl FnOnce() -> Finish,
+    ) -> Outcome {
+        let context = self.context;
+        let ask = self.config.approve == ApproveMode::Ask;
+        let stateless = stateless(context);
+        let can_elicit = can_elicit(context);
+        let mut progress = context
+            .meta
+            .get_progress_token()
+            .map(|t| ProgressReporter::new(context.peer.clone(), t));
+        let task_at = match self.config.task_after {
+            Some(after)
+                if context
+                    .client_capabilities()
+                    .is_some_and(|c| c.supports_tasks()) =>
+            {
+                Some(Instant::now() + after)
+            }
+            _ => None,
+        };
+        let mut deciding = tokio::task::JoinSet::new();
+        let mut gather_until: Option<Instant> = None;
+        let mut changes = run.watch();
+        let mut offset = 0;
+        let far = || Instant::now() + Duration::from_secs(3600);
+        loop {
+            let now = run.snapshot(offset);
+            offset = now.offset;
+            if let Some(p) = progress.as_mut() {
+                p.output(&now.new_output).await;
+            }
+            if now.ended {
+                if let Some(p) = progress.as_mut() {
+                    p.finish().await;
+                }
+                return Outcome::Done(
+                    run.take_result()
+                        .unwrap_or_else(|| Err(ipybox::kernel::KernelError::Stopped.into())),
+                );
+            }
+            if now.has_unasked && ask {
+                if !can_elicit {
+                    for request in run.take_unasked() {
+                        tracing::warn!(
+                            "rejected {}: the MCP client did not declare the elicitation capability",
+                            request.describe()
+                        );
+                        request.reject_with(elicit::NO_ELICITATION);
+                    }
+                } else if stateless {
+                    gather_until.get_or_insert_with(|| Instant::now() + GATHER);
+                } else {
+                    for request in run.take_unasked() {
+                        let (peer, allowances) = (context.peer.clone(), self.allowances.clone());
+                        let approval_timeout = self.config.approval_timeout;
+                        deciding.spawn(async move {
+                            elicit::decide(request, &peer, &allowances, approval_timeout).await;
+                        });
+                    }
+                }
+            }
+            let tick = progress.as_ref().map_or_else(far, |p| p.next_tick().into());
+            // Not while the user is being asked: a round is resolved before a task is made.
+            let task_due = task_at.filter(|_| gather_until.is_none() && deciding.is_empty());
+            tokio::select! {
+                changed = changes.changed() => {
+                    if changed.is_err() {
+                        return Outcome::Done(Err(ipybox::kernel::KernelError::Stopped.into()));
+                    }
+                }
+                () = tokio::time::sleep_until(tick) => {
+                    if let Some(p) = progress.as_mut() {
+                        p.tick().await;
+                    }
+                }
+                () = tokio::time::sleep_until(gather_until.unwrap_or_else(far)), if gather_until.is_some() => {
+                    if let Some(p) = progress.as_mut() {
+                        p.finish().await;
+                    }
+                    let asking = run.take_unasked();
+                    return Outcome::InputRequired(
+                        self.rounds.park(resumed, run, asking, self.binding),
+                    );
+                }
+                () = tokio::time::sleep_until(task_due.unwrap_or_else(far)), if task_due.is_some() => {
+                    if let Some(p) = progress.as_mut() {
+                        p.finish().await;
+                    }
+                    return Outcome::Task(self.tasks.adopt(Adopt {
+                        run,
+                        ttl: self.timeout.saturating_add(self.config.task_ttl),
+                        can_elicit: ask && can_elicit,
+                        allowances: self.allowances.clone(),
+                        finish: finish(),
+                    }));
+                }
+                Some(_) = deciding.join_next(), if !deciding.is_empty() => {}
+                () = context.ct.cancelled() => {
+                    run.cancel();
+                    return Outcome::Cancelled;
+                }
+            }
+        }
+    }
+}
