@@ -11,7 +11,9 @@
 #      codeact-sandbox and codeact-docker one at a time: the skill arrives with each (dependency
 #      `codeact`) and `claude mcp list` shows the plugin's ipybox server `✔ Connected`, started by
 #      the plugin launcher with the project directory as workspace (codeact-ask: with
-#      `--approve ask --approve-shell` passed on to ipybox). The binary is found the documented way
+#      `--approve ask --approve-shell` passed on to ipybox, and Claude Code's captured handshake:
+#      `server/discover` at MCP 2026-07-28, answered with the tasks and skills extensions). The
+#      binary is found the documented way
 #      for a local checkout (target/{release,debug}/ipybox; this script runs `cargo build`).
 #      codeact-docker runs the real image (scripts/docker-check.sh builds it) with Docker or
 #      podman; without the image it is skipped, or fails under IPYBOX_TEST_STRICT=1.
@@ -124,6 +126,32 @@ expect_connected() {
   echo "    claude mcp list took ${mcp_list_seconds}s"
 }
 
+# expect_modern_handshake PLUGIN PROJECT: `claude mcp list` again, with a wrapper `ipybox` first on
+# PATH (the launcher takes it: see its search order) that records what Claude Code sends and what
+# ipybox answers: Claude Code opens with `server/discover` at 2026-07-28 and declares form
+# elicitation (what --approve ask needs); ipybox answers 2026-07-28 and offers the tasks and
+# skills extensions.
+expect_modern_handshake() {
+  local plugin=$1 project=$2 out
+  check "$plugin: captured handshake: server/discover at 2026-07-28, ipybox offers tasks and skills"
+  mkdir -p "$work/tee-bin"
+  printf '#!/bin/sh\ntee "%s" | "%s" "$@" | tee "%s"\n' \
+    "$work/handshake.in" "$root/target/debug/ipybox" "$work/handshake.out" >"$work/tee-bin/ipybox"
+  chmod +x "$work/tee-bin/ipybox"
+  : >"$work/launch.log"
+  out=$(cd "$project" && EXTRA_PATH="$work/tee-bin" run_claude mcp list)
+  if ! grep -q "^plugin:$plugin:ipybox:.*✔ Connected" <<<"$out"; then
+    fail "$out"
+    return
+  fi
+  if out=$(python3 "$root/scripts/handshake_check.py" "$work/handshake.in" "$work/handshake.out"); then
+    ok
+    echo "    $out"
+  else
+    fail "$out"
+  fi
+}
+
 # expect_launch TEXT: the launcher's last command contains TEXT.
 expect_launch() {
   check "launcher command contains: $1"
@@ -160,6 +188,9 @@ for name in ("codeact-default", "codeact-ask", "codeact-sandbox", "codeact-docke
 EOF
 )
 if [ -z "$mismatch" ]; then ok; else fail "$mismatch" "bump them together (the launcher runs ipybox-rs==<plugin version>)"; fi
+
+check "marketplace.json at the top level resolves to .claude-plugin/marketplace.json"
+if [ "$(readlink -f marketplace.json)" = "$root/.claude-plugin/marketplace.json" ]; then ok; else fail "marketplace.json must be a link to .claude-plugin/marketplace.json"; fi
 
 check "the four plugins share one launcher (plugins/shared/ipybox-mcp)"
 launchers_ok=1
@@ -205,7 +236,10 @@ for plugin in codeact-default codeact-ask codeact-sandbox codeact-docker; do
     expect_launch "--workspace $project"
   fi
   [ "$plugin" = codeact-sandbox ] && expect_launch "--sandbox --sandbox-config sandbox-config.json"
-  [ "$plugin" = codeact-ask ] && expect_launch "--workspace $project --approve ask --approve-shell"
+  if [ "$plugin" = codeact-ask ]; then
+    expect_launch "--workspace $project --approve ask --approve-shell"
+    expect_modern_handshake "$plugin" "$project"
+  fi
   previous=$plugin
 done
 

@@ -37,7 +37,7 @@ use crate::kernel::{
 };
 use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
-use crate::register::{RegisterError, generate_mcp_sources_with};
+use crate::register::RegisterError;
 use crate::sandbox::{SandboxError, SandboxOptions};
 use crate::tools::registry::Registry;
 use crate::tools::server::{ToolServer, ToolServerState};
@@ -331,7 +331,8 @@ struct Inner {
     state: Mutex<Option<Running>>,
     /// Set by `stop()`: a running execution is abandoned so stopping never waits for it.
     stopping: tokio::sync::watch::Sender<bool>,
-    /// Servers registered through this executor (enforced for sandboxed kernels).
+    /// The servers kernels may call: this workspace's registrations (the trust rule,
+    /// `tools::registry`).
     registry: std::sync::OnceLock<Arc<Registry>>,
     /// The kernel's interpreter, known after the first successful start.
     python: std::sync::OnceLock<PathBuf>,
@@ -468,14 +469,13 @@ impl CodeExecutor {
             self.tool_env(),
             b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         );
-        let mut tool_state = ToolServerState::new(
+        // No kernel is trusted with server params: it reaches registered servers only, with
+        // their recorded params (tools::registry).
+        let tool_state = ToolServerState::new(
             sessions,
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
+            self.registry()?,
         );
-        if b.sandbox.is_some() {
-            // A sandboxed kernel is not trusted with server params: see tools::registry.
-            tool_state = tool_state.with_registry(self.registry()?);
-        }
         let socket = runtime.path().join("tools.sock");
         let tools = ToolServer::start(&socket, Arc::new(tool_state)).map_err(|source| {
             ExecutorError::Io {
@@ -620,8 +620,8 @@ impl CodeExecutor {
     }
 
     /// Registers an MCP server: generates `<workspace>/mcptools/<server_name>/` from its tools
-    /// (see [`crate::generate_mcp_sources`]) and records the params on the host, which a
-    /// sandboxed kernel requires (it may only call servers registered this way). `${VAR}`
+    /// (see [`crate::generate_mcp_sources`]) and records the params on the host: kernel code
+    /// may only call servers registered for its workspace, with the recorded params. `${VAR}`
     /// placeholders are resolved from the builder's `tool_env` (default: the process env).
     /// Does not wait for a running execution. Returns the module names.
     pub async fn register_mcp_server(
@@ -638,7 +638,7 @@ impl CodeExecutor {
             .builder
             .connect_timeout
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        let modules = generate_mcp_sources_with(
+        let modules = crate::register::generate_only(
             server_name,
             server_params,
             &root,

@@ -1,5 +1,7 @@
-//! Registering an MCP server: list its tools over a short-lived session and generate the typed
-//! Python package for them (`<root_dir>/<server_name>/`).
+//! Registering an MCP server: list its tools over a short-lived session, generate the typed
+//! Python package for them (`<root_dir>/<server_name>/`), and record the params on the host for
+//! the workspace that holds `root_dir` (kernels may only call servers registered for their
+//! workspace, with these params: `crate::tools::registry`).
 //!
 //! This is where the MCP client ([`crate::tools`]) meets code generation ([`crate::apigen`]);
 //! neither knows the other.
@@ -30,7 +32,8 @@ pub enum RegisterError {
 
 /// Generates `<root_dir>/<server_name>/` from the tools of the server at `server_params`, with
 /// `${VAR}` placeholders resolved from the process environment, with synchronous `run()`
-/// functions. Returns the module names.
+/// functions, and registers the server for the workspace `root_dir` is in (its parent: kernels
+/// import `mcptools.<server_name>` from their working directory). Returns the module names.
 pub async fn generate_mcp_sources(
     server_name: &str,
     server_params: &Value,
@@ -48,9 +51,50 @@ pub async fn generate_mcp_sources(
     .await
 }
 
-/// [`generate_mcp_sources`] with an explicit environment for `${VAR}`, a connect timeout and
-/// the style of the generated `run()` functions ([`ApiStyle::Async`]: `async def run`).
+/// [`generate_mcp_sources`] with an explicit environment (for `${VAR}`, and for finding ipybox's
+/// data directory, where the registration is recorded: `IPYBOX_HOME`, `XDG_DATA_HOME`, `HOME`),
+/// a connect timeout and the style of the generated `run()` functions ([`ApiStyle::Async`]:
+/// `async def run`).
 pub async fn generate_mcp_sources_with(
+    server_name: &str,
+    server_params: &Value,
+    root_dir: &Path,
+    env: &HashMap<String, String>,
+    timeout: Duration,
+    style: ApiStyle,
+) -> Result<Vec<String>, RegisterError> {
+    let modules = generate_only(server_name, server_params, root_dir, env, timeout, style).await?;
+    let data_dir = crate::host_env::HostEnv::from_vars(env.clone()).data_dir();
+    record(server_name, server_params, root_dir, data_dir.as_deref())?;
+    Ok(modules)
+}
+
+/// Records the registration for the workspace that holds `root_dir`.
+fn record(
+    server_name: &str,
+    server_params: &Value,
+    root_dir: &Path,
+    data_dir: Option<&Path>,
+) -> Result<(), RegisterError> {
+    let Some(data_dir) = data_dir else {
+        return Err(RegisterError::Record(std::io::Error::other(
+            "no data directory to record it in: set IPYBOX_HOME (or HOME)",
+        )));
+    };
+    let workspace = root_dir
+        .canonicalize()
+        .map_err(RegisterError::Record)?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    crate::tools::registry::Registry::for_workspace(data_dir, &workspace)
+        .record(server_name, server_params)
+        .map_err(RegisterError::Record)
+}
+
+/// Lists the tools and generates the package, without recording the registration (the
+/// executor records it in its own registry).
+pub(crate) async fn generate_only(
     server_name: &str,
     server_params: &Value,
     root_dir: &Path,

@@ -1,7 +1,8 @@
 //! Assembling what an execution printed into the text and image files a caller receives.
 //!
 //! Text is kept in arrival order (stdout, stderr, `execute_result` and `display_data` text/plain);
-//! `image/png` outputs are decoded and written to the images directory. ANSI escape sequences are
+//! `image/png` outputs are decoded and written to the images directory, and their text/plain (a
+//! repr such as `<IPython.core.display.Image object>`) is left out. ANSI escape sequences are
 //! removed everywhere. This module knows the shape of Jupyter outputs, not how they travel.
 
 use std::path::{Path, PathBuf};
@@ -33,11 +34,16 @@ impl OutputCollector {
         clean
     }
 
-    /// Appends a rich output (`execute_result` / `display_data`): its text/plain and any PNG.
+    /// Appends a rich output (`execute_result` / `display_data`): its PNG, else its text/plain
+    /// (an image's text/plain is only its repr, e.g. `<Figure size 640x480 with 1 Axes>`).
     /// Returns the text chunk (if any) for streaming, and the path of a saved image (if any).
     pub(crate) fn push_media(&mut self, media: &Media) -> (Option<String>, Option<PathBuf>) {
         let mut chunk = None;
         let mut image = None;
+        let has_png = media
+            .content
+            .iter()
+            .any(|item| matches!(item, MediaType::Png(_)));
         for item in &media.content {
             match item {
                 MediaType::Png(data) => match self.save_png(data) {
@@ -48,7 +54,7 @@ impl OutputCollector {
                         chunk = Some(msg);
                     }
                 },
-                MediaType::Plain(text) if chunk.is_none() => {
+                MediaType::Plain(text) if chunk.is_none() && !has_png => {
                     let mut clean = strip_ansi(text);
                     if !clean.ends_with('\n') {
                         clean.push('\n');

@@ -30,16 +30,29 @@ const MAX_VALUE_CHARS: usize = 200;
 /// The longest the shown arguments (or shell command) get in total (characters).
 const MAX_SHOWN_CHARS: usize = 1500;
 
-/// What was allowed for the rest of the session: `server\0tool` for tool calls, the exact
-/// command for shell commands.
+/// What was allowed for the rest of the session: a tool of one registered server (its name and
+/// the fingerprint of its recorded params: a server registered again under the same name with
+/// other params is asked about afresh), or one exact shell command (with the cell magic's line).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct SessionAllowances(Arc<Mutex<HashSet<String>>>);
 
 impl SessionAllowances {
     fn key(request: &ApprovalRequest) -> String {
         match request.shell_command() {
-            Some(cmd) => format!("shell\0{}\0{cmd}", request.tool_name),
-            None => format!("tool\0{}\0{}", request.server_name, request.tool_name),
+            Some(cmd) => {
+                let magic = request
+                    .arguments
+                    .get("magic")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                format!("shell\0{}\0{magic}\0{cmd}", request.tool_name)
+            }
+            None => format!(
+                "tool\0{}\0{}\0{}",
+                request.server_name,
+                request.server_identity().unwrap_or(""),
+                request.tool_name
+            ),
         }
     }
 

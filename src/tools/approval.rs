@@ -54,6 +54,12 @@ pub struct ApprovalRequest {
     /// The arguments exactly as they will be sent (`{"cmd": ...}` for shell commands: the command
     /// after variable expansion, or the cell of a cell magic).
     pub arguments: Map<String, Value>,
+    /// For tool calls: the registered server's command line or URL, as recorded at registration
+    /// (`${VAR}` placeholders unresolved) — what the call reaches. `None` for shell commands.
+    pub server_command: Option<String>,
+    /// For tool calls: a fingerprint of the registered server's recorded params (for keying
+    /// "allow for the session" by the server that really runs).
+    server_identity: Option<String>,
     kind: RequestKind,
     reply: oneshot::Sender<Verdict>,
 }
@@ -81,6 +87,12 @@ impl ApprovalRequest {
     /// why nobody could be asked).
     pub fn reject_with(self, reason: impl Into<String>) {
         let _ = self.reply.send(Verdict::Reject(Some(reason.into())));
+    }
+
+    /// For tool calls, a fingerprint of the registered server's recorded params: two requests
+    /// with the same server name but a re-registered server differ here.
+    pub fn server_identity(&self) -> Option<&str> {
+        self.server_identity.as_deref()
     }
 
     /// Whether this is a shell command (`approve_shell_cmds`) rather than an MCP tool call.
@@ -145,6 +157,8 @@ pub(crate) struct Subject<'a> {
     pub(crate) tool_name: &'a str,
     pub(crate) arguments: &'a Map<String, Value>,
     pub(crate) kind: RequestKind,
+    /// The registered server a tool call reaches (`None` for shell commands).
+    pub(crate) server: Option<&'a super::registry::Registered>,
 }
 
 /// Asks for a decision under `policy`, pausing the execution clock while waiting.
@@ -166,6 +180,8 @@ pub(crate) async fn decide(
         server_name: subject.server_name.to_string(),
         tool_name: subject.tool_name.to_string(),
         arguments: subject.arguments.clone(),
+        server_command: subject.server.map(|s| s.target.clone()),
+        server_identity: subject.server.map(|s| s.identity.clone()),
         kind: subject.kind,
         reply,
     };

@@ -302,6 +302,30 @@ impl ServerParams {
         }
     }
 
+    /// What the server is, for a person deciding about a call to it: the command line of a
+    /// stdio server (arguments with spaces or quotes quoted), the URL of an HTTP one.
+    /// Placeholders stay as written, so no secret is shown.
+    pub fn command_or_url(&self) -> String {
+        match &self.transport {
+            TransportParams::Stdio { command, args, .. } => std::iter::once(command)
+                .chain(args)
+                .map(|word| {
+                    if !word.is_empty()
+                        && !word
+                            .chars()
+                            .any(|c| c.is_whitespace() || "'\"\\".contains(c))
+                    {
+                        word.clone()
+                    } else {
+                        format!("'{}'", word.replace('\'', "'\\''"))
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            TransportParams::Http { url, .. } => url.clone(),
+        }
+    }
+
     /// The params exactly as written (placeholders kept).
     pub fn as_written(&self) -> &Value {
         &self.written

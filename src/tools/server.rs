@@ -34,7 +34,7 @@ use super::approval::{
     Subject, shorten,
 };
 use super::protocol::{ApproveRequest, ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
-use super::registry::Registry;
+use super::registry::{NotRegistered, Registry};
 use super::{SessionCache, tool_output};
 use crate::pause::TimeoutPause;
 
@@ -46,25 +46,23 @@ pub(crate) struct ToolServerState {
     /// execution never pauses a later one.
     policy: Mutex<(ApprovalPolicy, TimeoutPause)>,
     approval_timeout: Duration,
-    /// When set (sandboxed kernels), only servers recorded here are called, with these params.
-    registry: Option<Arc<Registry>>,
+    /// The servers kernels may call, with their recorded params (the trust rule,
+    /// [`super::registry`]): what a kernel sends is never used.
+    registry: Arc<Registry>,
 }
 
 impl ToolServerState {
-    pub(crate) fn new(sessions: SessionCache, approval_timeout: Duration) -> Self {
+    pub(crate) fn new(
+        sessions: SessionCache,
+        approval_timeout: Duration,
+        registry: Arc<Registry>,
+    ) -> Self {
         Self {
             sessions,
             policy: Mutex::new((ApprovalPolicy::AcceptAll, TimeoutPause::default())),
             approval_timeout,
-            registry: None,
+            registry,
         }
-    }
-
-    /// Only call servers recorded in `registry`, with the recorded params (see
-    /// [`super::registry`]); what the kernel sends is then not trusted.
-    pub(crate) fn with_registry(mut self, registry: Arc<Registry>) -> Self {
-        self.registry = Some(registry);
-        self
     }
 
     /// Sets who approves the next tool calls, and the execution clock their approval waits
@@ -282,6 +280,7 @@ pub(super) async fn approve_shell(state: &ToolServerState, request: ApproveReque
         tool_name: &tool_name,
         arguments: &arguments,
         kind: RequestKind::ShellCommand,
+        server: None,
     };
     if let Some(refused) = approve(state, subject, &what, "run").await {
         return refused;
@@ -298,29 +297,20 @@ pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunRep
     let epoch = state.sessions.epoch();
     let RunRequest {
         server_name,
-        server_params,
+        server_params: _, // never trusted: the registration decides (super::registry)
         tool_name,
         arguments,
     } = run;
-    let server_params = match &state.registry {
-        None => server_params,
-        Some(registry) => match registry.get(&server_name) {
-            Some(recorded) => recorded,
-            None => {
-                return RunReply::error(
-                    ErrorKind::ToolError,
-                    format!(
-                        "MCP server `{server_name}` is not registered with this ipybox (a sandboxed kernel can only call servers the host registered)\n  help: call register_mcp_server for `{server_name}` again"
-                    ),
-                );
-            }
-        },
+    let server = match state.registry.resolve(&server_name) {
+        Ok(server) => server,
+        Err(NotRegistered(why)) => return RunReply::error(ErrorKind::ToolError, why),
     };
     let subject = Subject {
         server_name: &server_name,
         tool_name: &tool_name,
         arguments: &arguments,
         kind: RequestKind::ToolCall,
+        server: Some(&server),
     };
     let what = format!("tool call {server_name}.{tool_name}");
     if let Some(refused) = approve(state, subject, &what, "made").await {
@@ -329,7 +319,7 @@ pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunRep
     tracing::info!(server = %server_name, tool = %tool_name, "tool call");
     let session = match state
         .sessions
-        .get_or_connect_since(&server_name, &server_params, epoch)
+        .get_or_connect_since(&server_name, &server.params, epoch)
         .await
     {
         Ok(s) => s,

@@ -130,7 +130,7 @@ print('shown:')
 display(Image(data=png))
 "#;
     let result = ex.execute(code, None).await.unwrap();
-    assert_eq!(result.text, "shown:\n<IPython.core.display.Image object>");
+    assert_eq!(result.text, "shown:");
     assert_eq!(result.images.len(), 1);
     let image = &result.images[0];
     assert_eq!(

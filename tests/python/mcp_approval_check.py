@@ -1,5 +1,8 @@
-"""Drives an ipybox MCP server with the Python `mcp` SDK's stdio client (a real MCP client) and
-checks approvals by MCP elicitation and progress notifications end to end:
+"""Drives an ipybox MCP server with the Python `mcp` SDK's stdio clients (real MCP clients) of both
+MCP eras and checks approvals and progress notifications end to end. Every group runs twice: with
+`ClientSession` + `initialize` (the handshake era: approvals are `elicitation/create` requests)
+and with `Client` (2026-07-28, negotiated by `server/discover`: approvals are `input_required`
+rounds that the client answers through the same elicitation callback and retries):
   1. `--approve ask`: a tool call from kernel code is asked about (form elicitation with a boolean
      `remember`); accept once, decline, cancel, accept for the session, no answer in time
      (`--approval-timeout 1`).
@@ -9,6 +12,9 @@ checks approvals by MCP elicitation and progress notifications end to end:
      command; a declined one does not run; subprocess calls need the shell escape.
   4. progress: a call with a progress token gets the cell's output as progress messages; a call
      without one gets none.
+  5. rounds (2026-07-28 only): an accepted call resumes the same execution (it runs once), two
+     calls in a row are two questions, eight concurrent calls (`asyncio.gather`) are asked about
+     together.
 
 Usage: mcp_approval_check.py [IPYBOX]
   IPYBOX  the ipybox binary (default: $IPYBOX_BIN, else target/debug/ipybox of this checkout)
@@ -25,10 +31,11 @@ from pathlib import Path
 
 import anyio
 import mcp.types as types
-from mcp import ClientSession, StdioServerParameters
+from mcp import Client, ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from checks import check, summary, text
+import checks
+from checks import summary, text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = str(ROOT / "tests" / "fixtures" / "mcp_fixture.py")
@@ -76,13 +83,21 @@ class User:
             return types.ElicitResult(action="accept", content={})
         if answer == "remember":
             return types.ElicitResult(action="accept", content={"remember": True})
-        if answer == "never":
-            await anyio.sleep_forever()
+        if answer == "late":  # after the approval timeout (1 s in the checks that use it)
+            await anyio.sleep(2.5)
+            return types.ElicitResult(action="accept", content={})
         return types.ElicitResult(action=answer)
 
 
+ERA = "handshake"  # or "2026-07-28"; set by main() for each pass
+
+
+def check(name, actual, expected):
+    checks.check(f"[{ERA}] {name}", actual, expected)
+
+
 class Server:
-    """One ipybox MCP server (fresh workspace) and a client session to it."""
+    """One ipybox MCP server (fresh workspace) and a client of the current era to it."""
 
     def __init__(self, ipybox, flags, user=None):
         self.ipybox, self.flags, self.user = ipybox, flags, user
@@ -95,18 +110,27 @@ class Server:
             args=["--workspace", str(self.workspace), "--log-level", "warn"] + self.flags,
             env=dict(os.environ),
         )
-        self._client = stdio_client(params)
-        read, write = await self._client.__aenter__()
-        self._session = ClientSession(read, write, elicitation_callback=self.user)
-        self.session = await self._session.__aenter__()
-        await self.session.initialize()
+        if ERA == "handshake":
+            self._client = stdio_client(params)
+            read, write = await self._client.__aenter__()
+            self._session = ClientSession(read, write, elicitation_callback=self.user)
+            self.session = await self._session.__aenter__()
+            result = await self.session.initialize()
+            version = result.protocol_version
+        else:
+            self._client = None
+            self._session = Client(params, elicitation_callback=self.user)
+            self.session = await self._session.__aenter__()
+            version = self.session.protocol_version
+        check("negotiated revision", version < "2026-07-28" if ERA == "handshake" else version, True if ERA == "handshake" else ERA)
         return self
 
     async def __aexit__(self, *exc):
         try:
             await self._session.__aexit__(*exc)
         finally:
-            await self._client.__aexit__(*exc)
+            if self._client is not None:
+                await self._client.__aexit__(*exc)
             self._tmp.cleanup()
 
     async def run(self, code, **kwargs):
@@ -157,7 +181,7 @@ async def ask_tool_calls(ipybox):
         )
         check("ask: asked 4 times in all", user.messages(), [ASK_ADD] * 4)
 
-    user = User("never")
+    user = User("late")
     async with Server(ipybox, ["--approve", "ask", "--approval-timeout", "1"], user) as s:
         await s.register_fixture()
         err, out = await s.run(CALL_ADD)
@@ -259,12 +283,37 @@ async def progress(ipybox):
         check("progress: none without a token", len(seen), n)
 
 
+async def rounds(ipybox):
+    """2026-07-28 only: what input_required rounds add."""
+    user = User("accept", "accept", "accept", *["accept"] * 8)
+    async with Server(ipybox, ["--approve", "ask"], user) as s:
+        await s.register_fixture()
+        once = "runs = globals().get('runs', 0) + 1\nprint('before', flush=True)\n" + CALL_ADD + "\nprint('runs', runs)"
+        check("rounds: the cell runs once, output before the pause kept", await s.run(once), (False, "before\n3\nruns 1"))
+        two = CALL_ADD + "\n" + CALL_ADD
+        check("rounds: two calls, two rounds", await s.run(two), (False, "3\n3"))
+        check("rounds: asked three times so far", len(user.questions), 3)
+        gather = (
+            "import asyncio\nfrom mcptools.fx import runner\n"
+            "sums = await asyncio.gather(*(runner.run_async('add', {'a': i, 'b': 1}) for i in range(8)))\n"
+            "print([s['sum'] for s in sums])"
+        )
+        check("rounds: asyncio.gather of 8 calls", await s.run(gather), (False, str(list(range(1, 9)))))
+        check("rounds: 8 more questions", len(user.questions), 11)
+
+
 async def main(ipybox):
-    for group in (ask_tool_calls, no_elicitation_capability, ask_shell, progress):
-        try:
-            await group(ipybox)
-        except Exception as e:  # a broken session fails its group, the others still run
-            check(f"{group.__name__}: ran to the end", f"{type(e).__name__}: {e}", None)
+    global ERA
+    for era in ("handshake", "2026-07-28"):
+        ERA = era
+        groups = [ask_tool_calls, no_elicitation_capability, ask_shell, progress]
+        if era != "handshake":
+            groups.append(rounds)
+        for group in groups:
+            try:
+                await group(ipybox)
+            except Exception as e:  # a broken session fails its group, the others still run
+                check(f"{group.__name__}: ran to the end", f"{type(e).__name__}: {e}", None)
     return summary()
 
 
