@@ -213,7 +213,8 @@ mod tests {
         let remote = json!({"url": "https://mcp.example/mcp", "headers": {"Authorization": "Bearer ${KEY}"}});
         registry.record("fx", &fixture).unwrap();
         registry.record("remote", &remote).unwrap();
-        let table: &[(&str, Result<(&Value, &str), &str>)] = &[
+        type Expected<'a> = Result<(&'a Value, &'a str), &'a str>;
+        let table: &[(&str, Expected)] = &[
             // A registered server: its recorded params, whatever the kernel sent.
             ("fx", Ok((&fixture, "python3 fx.py stdio"))),
             ("remote", Ok((&remote, "https://mcp.example/mcp"))),
