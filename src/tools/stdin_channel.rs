@@ -8,6 +8,11 @@
 //! - `POST /source` (`{"module": "mcptools.github.search"}`) answers a module's source from the
 //!   workspace (`host_import.py`): `{"found", "path", "package", "source"}`. Only module names
 //!   made of Python identifiers, and only files inside the workspace, are served.
+//!
+//! The socket's limits that apply here apply the same way: a request over
+//! [`server::MAX_BODY_BYTES`] is answered with an error and not parsed, and approvals go through
+//! the same queue and text limits. (One request at a time travels over the channel, so there
+//! is no connection limit to keep.)
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +32,13 @@ struct ChannelRequest {
 
 /// Answers one request (JSON text) with the JSON reply text.
 pub(crate) async fn answer(state: &ToolServerState, workspace: &Path, payload: &str) -> String {
+    if payload.len() > server::MAX_BODY_BYTES {
+        let reply = bad(server::too_large(
+            "stdin-channel",
+            Some(payload.len() as u64),
+        ));
+        return serde_json::to_string(&reply).unwrap_or_default();
+    }
     let reply = match serde_json::from_str::<ChannelRequest>(payload) {
         Err(e) => bad(format!("invalid stdin-channel request: {e}")),
         Ok(req) => match (req.method.as_str(), req.path.as_str()) {
