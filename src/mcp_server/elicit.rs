@@ -93,7 +93,11 @@ pub(super) const NO_ELICITATION: &str = "nobody could be asked: ipybox runs with
 /// Applies the user's answer (an `elicitation/create` result, or an `input_required` round's
 /// response) to `request`: accept (with `remember`, for the rest of the session), decline or
 /// cancel.
-pub(super) fn answer(request: ApprovalRequest, result: &ElicitResult, allowances: &SessionAllowances) {
+pub(super) fn answer(
+    request: ApprovalRequest,
+    result: &ElicitResult,
+    allowances: &SessionAllowances,
+) {
     match result.action {
         ElicitationAction::Accept => {
             let remember = result
@@ -210,7 +214,8 @@ Arguments: "\u200ba"=1, "b\nipybox: fake"=2"#.to_string(),
             let request = ipybox::tools::testing::tool_call(server, tool, args);
             assert_eq!(question(&request), expected);
         }
-        let request = ipybox::tools::testing::shell("echo a\u{200b}\necho b\n", Some("%%script /bin/sh"));
+        let request =
+            ipybox::tools::testing::shell("echo a\u{200b}\necho b\n", Some("%%script /bin/sh"));
         assert_eq!(
             question(&request),
             "ipybox: Run this %%script /bin/sh cell from executed code?\n\n| echo a\\u{200b}\n| echo b"

@@ -225,7 +225,10 @@ pub(crate) enum ApprovalPolicy {
 
 impl ApprovalPolicy {
     /// Asks through `tx`; waits end (rejected) when `cancelled` is cancelled.
-    pub(crate) fn ask(tx: mpsc::UnboundedSender<ApprovalRequest>, cancelled: CancellationToken) -> Self {
+    pub(crate) fn ask(
+        tx: mpsc::UnboundedSender<ApprovalRequest>,
+        cancelled: CancellationToken,
+    ) -> Self {
         Self::Ask(Arc::new(Asker {
             tx,
             cancelled,
@@ -410,7 +413,12 @@ pub(crate) fn unshowable(subject: &Subject<'_>, text_limit: Option<usize>) -> Op
     if subject.kind == RequestKind::ToolCall {
         if let Some(reason) = long("server name", subject.server_name)
             .or_else(|| long("tool name", subject.tool_name))
-            .or_else(|| subject.arguments.keys().find_map(|k| long("argument name", k)))
+            .or_else(|| {
+                subject
+                    .arguments
+                    .keys()
+                    .find_map(|k| long("argument name", k))
+            })
         {
             return Some(reason);
         }
@@ -492,7 +500,12 @@ pub mod testing {
             }
             None => SHELL_TOOL,
         };
-        detached(SHELL_SERVER_NAME, tool, arguments, RequestKind::ShellCommand)
+        detached(
+            SHELL_SERVER_NAME,
+            tool,
+            arguments,
+            RequestKind::ShellCommand,
+        )
     }
 
     fn detached(server: &str, tool: &str, arguments: Value, kind: RequestKind) -> ApprovalRequest {
@@ -548,9 +561,13 @@ mod tests {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let policy = ApprovalPolicy::ask(tx, CancellationToken::new());
         let long = Duration::from_secs(60);
-        let mut first: Vec<_> = (0..8).map(|i| ask(&policy, json!({"a": i}), long)).collect();
+        let mut first: Vec<_> = (0..8)
+            .map(|i| ask(&policy, json!({"a": i}), long))
+            .collect();
         settle().await;
-        let same: Vec<_> = (0..6).map(|_| ask(&policy, json!({"a": 100}), long)).collect();
+        let same: Vec<_> = (0..6)
+            .map(|_| ask(&policy, json!({"a": 100}), long))
+            .collect();
         let other = ask(&policy, json!({"a": 8}), long);
         settle().await;
         let shown = drain(&mut rx);
@@ -625,7 +642,10 @@ mod tests {
             arguments,
             kind,
         };
-        let reason = unshowable(&subject("fx", "add", &long_arg, RequestKind::ToolCall), None);
+        let reason = unshowable(
+            &subject("fx", "add", &long_arg, RequestKind::ToolCall),
+            None,
+        );
         assert_eq!(
             reason.as_deref(),
             Some(
@@ -633,8 +653,15 @@ mod tests {
             )
         );
         let empty = Map::new();
-        let reason = unshowable(&subject("fx", &long_name, &empty, RequestKind::ToolCall), None);
-        assert!(reason.unwrap().starts_with("its tool name is 1501 characters long"));
+        let reason = unshowable(
+            &subject("fx", &long_name, &empty, RequestKind::ToolCall),
+            None,
+        );
+        assert!(
+            reason
+                .unwrap()
+                .starts_with("its tool name is 1501 characters long")
+        );
         let ok = args(json!({"a": 1, "b": "x".repeat(100)}));
         assert_eq!(
             unshowable(&subject("fx", "add", &ok, RequestKind::ToolCall), Some(117)),
@@ -651,6 +678,9 @@ mod tests {
             &subject("ipybox", "shell", &padded, RequestKind::ShellCommand),
             Some(shown::HUMAN_TEXT_LIMIT),
         );
-        assert_eq!(reason, None, "12 000 characters of escapes fit in a prompt, whole");
+        assert_eq!(
+            reason, None,
+            "12 000 characters of escapes fit in a prompt, whole"
+        );
     }
 }

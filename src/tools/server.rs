@@ -20,8 +20,9 @@
 //!   last reply (hyper's header timeout; this is also how long an idle keep-alive connection
 //!   stays open);
 //! - at most [`MAX_CONNECTIONS`] connections are open: at the cap a new connection closes the
-//!   least recently used idle one, and is refused (`503`, written at once, closed) when every
-//!   open connection is busy with a call. File handles never grow past the cap.
+//!   least recently used idle one (no call running, no request bytes waiting to be read), and is
+//!   refused (`503`, written at once, closed) when there is none. File handles never grow past
+//!   the cap.
 //!
 //! The bodies are typed in [`super::protocol`]; the kernel-side client is `python/ipybox_runtime`.
 //! Kernels on Jupyter servers send `/run` and `/approve` over their stdin channel instead
@@ -143,6 +144,10 @@ impl ToolServer {
         let task = tokio::spawn(async move {
             let connections = Arc::new(Connections::default());
             loop {
+                // While evicted connections are still closing, new ones wait in the listen
+                // backlog (the kernel's, not ours): file handles stay bounded however fast
+                // connections come.
+                connections.room().await;
                 let (stream, _) = match listener.accept().await {
                     Ok(conn) => conn,
                     Err(e) => {
@@ -151,7 +156,8 @@ impl ToolServer {
                         continue;
                     }
                 };
-                match connections.admit() {
+                use std::os::fd::AsRawFd;
+                match connections.admit(stream.as_raw_fd()) {
                     Some((id, evicted)) => {
                         let state = served.clone();
                         tokio::spawn(serve(state, connections.clone(), id, evicted, stream));
@@ -190,10 +196,11 @@ async fn serve(
     state: Arc<ToolServerState>,
     connections: Arc<Connections>,
     id: u64,
-    evicted: oneshot::Receiver<()>,
+    evicted: oneshot::Receiver<Eviction>,
     stream: UnixStream,
 ) {
-    let _gone = Gone(&connections, id);
+    use std::os::fd::AsRawFd;
+    let fd = stream.as_raw_fd();
     let busy_in = connections.clone();
     let service = hyper::service::service_fn(move |req| {
         let (state, connections) = (state.clone(), busy_in.clone());
@@ -210,15 +217,32 @@ async fn serve(
         .header_read_timeout(HEADER_READ_TIMEOUT);
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
-    let ended = tokio::select! {
-        ended = conn.as_mut() => ended,
-        Ok(()) = evicted => {
-            // Idle (the least recently used at the cap): close now; a connection caught in the
-            // middle of a request head gets a moment, then is dropped.
-            conn.as_mut().graceful_shutdown();
-            tokio::time::timeout(Duration::from_secs(1), conn.as_mut())
-                .await
-                .unwrap_or(Ok(()))
+    // Dropped before `conn` (and so before the socket closes): the table never holds the file
+    // descriptor of a closed socket.
+    let _gone = Gone(&connections, id);
+    let mut evicted = Some(evicted);
+    let ended = loop {
+        tokio::select! {
+            ended = conn.as_mut() => break ended,
+            Ok(eviction) = async { evicted.as_mut().expect("guarded").await }, if evicted.is_some() => {
+                evicted = None;
+                if request_waiting(fd) {
+                    // A request arrived since it was chosen: serve it, close nothing.
+                    continue;
+                }
+                match eviction {
+                    // Nothing was ever answered on it: no reply can be cut short, close at once.
+                    Eviction::Unused => break Ok(()),
+                    // Idle after a reply: hyper closes an idle keep-alive connection at once
+                    // (and finishes a reply still being written first).
+                    Eviction::Idle => {
+                        conn.as_mut().graceful_shutdown();
+                        break tokio::time::timeout(Duration::from_secs(1), conn.as_mut())
+                            .await
+                            .unwrap_or(Ok(()));
+                    }
+                }
+            }
         }
     };
     if let Err(e) = ended {
@@ -243,13 +267,25 @@ fn refuse(stream: UnixStream) {
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
-    let _ = stream.try_write(response.as_bytes());
+    // A plain write on the socket (tokio's try_write would give up on a socket the reactor has
+    // not seen writable yet): the send buffer of a new connection is empty, so it fits.
+    if let Ok(stream) = stream.into_std() {
+        use std::io::Write;
+        let _ = (&stream).write(response.as_bytes());
+    }
 }
 
 /// The open connections of a tool server: which are busy with a call, which idle since when,
 /// and how to close an idle one.
 #[derive(Default)]
-struct Connections(Mutex<ConnectionTable>);
+struct Connections {
+    table: Mutex<ConnectionTable>,
+    /// Signalled when a connection ends.
+    ended: tokio::sync::Notify,
+}
+
+/// How many evicted connections may still be closing before accepting waits.
+const CLOSING_SLACK: usize = 16;
 
 #[derive(Default)]
 struct ConnectionTable {
@@ -258,32 +294,64 @@ struct ConnectionTable {
 }
 
 struct Connection {
+    /// The socket's file descriptor (open while the entry exists), to see whether a request is
+    /// waiting to be read.
+    fd: std::os::fd::RawFd,
     /// Requests being handled.
     busy: usize,
+    /// Whether a request was ever handled on it.
+    used: bool,
     last_active: Instant,
     /// Closes the connection when idle; `None` once asked to.
-    evict: Option<oneshot::Sender<()>>,
+    evict: Option<oneshot::Sender<Eviction>>,
+}
+
+/// How an evicted connection closes.
+enum Eviction {
+    /// No request was ever handled on it: dropped at once.
+    Unused,
+    /// Idle after replies: a graceful shutdown.
+    Idle,
 }
 
 impl Connections {
     fn table(&self) -> std::sync::MutexGuard<'_, ConnectionTable> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Returns when fewer than [`MAX_CONNECTIONS`] + [`CLOSING_SLACK`] connections are open.
+    async fn room(&self) {
+        loop {
+            let ended = self.ended.notified();
+            if self.table().live.len() < MAX_CONNECTIONS + CLOSING_SLACK {
+                return;
+            }
+            ended.await;
+        }
     }
 
     /// A new connection's id and eviction signal, or `None` when it must be refused: at
     /// [`MAX_CONNECTIONS`] the least recently used idle connection is closed to make room, and
     /// if every one is busy the new one is refused.
-    fn admit(&self) -> Option<(u64, oneshot::Receiver<()>)> {
+    fn admit(&self, fd: std::os::fd::RawFd) -> Option<(u64, oneshot::Receiver<Eviction>)> {
         let mut table = self.table();
         let open = table.live.values().filter(|c| c.evict.is_some()).count();
         if open >= MAX_CONNECTIONS {
+            // Not one whose request is waiting to be read: closing it would lose the call. (A
+            // client evicted before it sends gets EPIPE, and the kernel-side client then sends
+            // on a new connection.)
             let idle = table
                 .live
                 .values_mut()
-                .filter(|c| c.busy == 0 && c.evict.is_some())
+                .filter(|c| c.busy == 0 && c.evict.is_some() && !request_waiting(c.fd))
                 .min_by_key(|c| c.last_active)?;
+            let how = if idle.used {
+                Eviction::Idle
+            } else {
+                Eviction::Unused
+            };
             if let Some(evict) = idle.evict.take() {
-                let _ = evict.send(());
+                let _ = evict.send(how);
             }
         }
         let (evict, evicted) = oneshot::channel();
@@ -292,7 +360,9 @@ impl Connections {
         table.live.insert(
             id,
             Connection {
+                fd,
                 busy: 0,
+                used: false,
                 last_active: Instant::now(),
                 evict: Some(evict),
             },
@@ -304,9 +374,26 @@ impl Connections {
     fn busy(self: &Arc<Self>, id: u64) -> Busy {
         if let Some(c) = self.table().live.get_mut(&id) {
             c.busy += 1;
+            c.used = true;
         }
         Busy(self.clone(), id)
     }
+}
+
+/// Whether bytes wait to be read on the socket `fd` (a request hyper has not parsed yet).
+fn request_waiting(fd: std::os::fd::RawFd) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: `fd` is an open socket (its table entry is removed before it closes, under the
+    // same lock); MSG_PEEK | MSG_DONTWAIT reads nothing and never blocks.
+    let n = unsafe {
+        libc::recv(
+            fd,
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n > 0
 }
 
 /// A request being handled on a connection.
@@ -327,6 +414,7 @@ struct Gone<'a>(&'a Connections, u64);
 impl Drop for Gone<'_> {
     fn drop(&mut self) {
         self.0.table().live.remove(&self.1);
+        self.0.ended.notify_waiters();
     }
 }
 
@@ -371,7 +459,10 @@ async fn read_json<T: serde::de::DeserializeOwned>(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if let Some(n) = declared.filter(|n| *n > MAX_BODY_BYTES as u64) {
-        return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large(endpoint, Some(n))));
+        return Err(refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            too_large(endpoint, Some(n)),
+        ));
     }
     let reserve = declared.map_or(MAX_BODY_BYTES, |n| n as usize).max(1);
     let Ok(_reserved) = state.bodies.try_acquire_many(reserve as u32) else {
@@ -395,7 +486,10 @@ async fn read_json<T: serde::de::DeserializeOwned>(
             ));
         }
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(refuse(StatusCode::PAYLOAD_TOO_LARGE, too_large(endpoint, None)));
+            return Err(refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                too_large(endpoint, None),
+            ));
         }
         Ok(Err(e)) => return Err(refuse(StatusCode::BAD_REQUEST, e.to_string())),
         Ok(Ok(collected)) => collected.to_bytes(),
@@ -403,7 +497,10 @@ async fn read_json<T: serde::de::DeserializeOwned>(
     serde_json::from_slice(&body).map_err(|e| {
         json_response(
             StatusCode::BAD_REQUEST,
-            &RunReply::error(ErrorKind::BadRequest, format!("invalid {endpoint} request: {e}")),
+            &RunReply::error(
+                ErrorKind::BadRequest,
+                format!("invalid {endpoint} request: {e}"),
+            ),
         )
     })
 }
@@ -426,10 +523,12 @@ async fn handle(state: Arc<ToolServerState>, req: Request<Incoming>) -> Reply {
             Ok(run) => json_response(StatusCode::OK, &run_tool(&state, run).await),
             Err(reply) => reply,
         },
-        (&Method::POST, "/approve") => match read_json::<ApproveRequest>(&state, req, "/approve").await {
-            Ok(approve) => json_response(StatusCode::OK, &approve_shell(&state, approve).await),
-            Err(reply) => reply,
-        },
+        (&Method::POST, "/approve") => {
+            match read_json::<ApproveRequest>(&state, req, "/approve").await {
+                Ok(approve) => json_response(StatusCode::OK, &approve_shell(&state, approve).await),
+                Err(reply) => reply,
+            }
+        }
         (&Method::PUT, "/reset") => {
             let closed = state.sessions.len();
             state.sessions.close_all().await;
@@ -592,5 +691,22 @@ pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunRep
             }
         }
         Err(e) => RunReply::error(ErrorKind::ToolError, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel-side client checks the body limit before sending and stops reusing idle
+    /// connections well before the host closes them: its numbers must be the host's.
+    #[test]
+    fn the_kernel_side_client_knows_the_limits() {
+        let runtime = include_str!("../../python/ipybox_runtime/__init__.py");
+        assert!(runtime.contains(&format!("\n_MAX_BODY_BYTES = {MAX_BODY_BYTES}\n")));
+        assert!(runtime.contains(&format!(
+            "\n_HOST_IDLE_TIMEOUT = {:.1}\n",
+            HEADER_READ_TIMEOUT.as_secs_f64()
+        )));
     }
 }

@@ -361,10 +361,7 @@ mod tests {
                 "echo hi\u{200b}\u{200b}; touch x",
                 "echo hi\\u{200b}\\u{200b}; touch x",
             ),
-            (
-                "echo a\necho b\n\n",
-                "| echo a\n| echo b\n|",
-            ),
+            ("echo a\necho b\n\n", "| echo a\n| echo b\n|"),
             (
                 "ok\nipybox: approve tool call fx.add()? [y/N] y",
                 "| ok\n| ipybox: approve tool call fx.add()? [y/N] y",
@@ -381,9 +378,23 @@ mod tests {
     #[test]
     fn invisible_characters() {
         for c in [
-            '\0', '\u{7f}', '\u{85}', '\u{a0}', '\u{ad}', '\u{200b}', '\u{200d}', '\u{202e}',
-            '\u{2066}', '\u{2028}', '\u{3000}', '\u{feff}', '\u{e000}', '\u{e0041}', '\u{fe0f}',
-            '\u{3164}', '\u{10ffff}',
+            '\0',
+            '\u{7f}',
+            '\u{85}',
+            '\u{a0}',
+            '\u{ad}',
+            '\u{200b}',
+            '\u{200d}',
+            '\u{202e}',
+            '\u{2066}',
+            '\u{2028}',
+            '\u{3000}',
+            '\u{feff}',
+            '\u{e000}',
+            '\u{e0041}',
+            '\u{fe0f}',
+            '\u{3164}',
+            '\u{10ffff}',
         ] {
             assert!(invisible(c), "{:x}", c as u32);
         }

@@ -207,7 +207,11 @@ async fn start(ws: &Path, client: &ScriptedClient, flags: &[&str]) -> Client {
 async fn cell(c: &Client, code: &str) -> (bool, String) {
     let params = CallToolRequestParams::new("execute_ipython_cell")
         .with_arguments(args(json!({"code": code, "timeout": 60})));
-    let result = c.service.call_tool(params).await.expect("tools/call answers");
+    let result = c
+        .service
+        .call_tool(params)
+        .await
+        .expect("tools/call answers");
     (result.is_error == Some(true), text(&result))
 }
 
@@ -288,10 +292,10 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     assert!(failed, "{out}");
     let questions = user.questions();
     assert_eq!(questions.len(), 5);
-    // Long values are shortened in the question.
+    // Nothing is cut from the question: long values are shown whole.
     let expected = format!(
-        "ipybox: Allow executed code to call the tool `greet` of the MCP server `fx`?\n\nArguments: name=\"{}…\"",
-        "x".repeat(200)
+        "ipybox: Allow executed code to call the tool `greet` of the MCP server `fx`?\n\nArguments: name=\"{}\"",
+        "x".repeat(500)
     );
     assert_eq!(questions[4], expected);
     // The allowance outlives a reset (it is the MCP session's).
@@ -409,7 +413,7 @@ async fn ask_about_shell_commands_and_magics(era: Era) {
             "ipybox: Run this shell command from executed code?\n\necho hello world",
             "ipybox: Run this shell command from executed code?\n\ntouch declined.txt",
             "ipybox: Run this shell command from executed code?\n\necho again",
-            "ipybox: Run this %%bash cell from executed code?\n\necho from bash $((6 * 7))\n",
+            "ipybox: Run this %%bash cell from executed code?\n\necho from bash $((6 * 7))",
         ]
     );
     c.cancel().await;
