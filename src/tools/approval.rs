@@ -410,18 +410,20 @@ pub(crate) fn unshowable(subject: &Subject<'_>, text_limit: Option<usize>) -> Op
             )
         })
     };
-    if subject.kind == RequestKind::ToolCall {
-        if let Some(reason) = long("server name", subject.server_name)
-            .or_else(|| long("tool name", subject.tool_name))
-            .or_else(|| {
-                subject
-                    .arguments
-                    .keys()
-                    .find_map(|k| long("argument name", k))
-            })
-        {
-            return Some(reason);
-        }
+    let names = (subject.kind == RequestKind::ToolCall)
+        .then(|| {
+            long("server name", subject.server_name)
+                .or_else(|| long("tool name", subject.tool_name))
+                .or_else(|| {
+                    subject
+                        .arguments
+                        .keys()
+                        .find_map(|k| long("argument name", k))
+                })
+        })
+        .flatten();
+    if names.is_some() {
+        return names;
     }
     let limit = text_limit?;
     let text = render(

@@ -51,6 +51,7 @@ use super::approval::{
 };
 use super::protocol::{ApproveRequest, ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
 use super::registry::Registry;
+use super::shown::{self, Syntax};
 use super::{SessionCache, tool_output};
 use crate::pause::TimeoutPause;
 
@@ -565,8 +566,8 @@ async fn approve(
     // code and prompts written for it match on these words. Then what ipybox adds.
     let request = format!(
         "Approval request for {}.{}",
-        shorten(subject.server_name, 200),
-        shorten(subject.tool_name, 200)
+        shorten(&shown::name(subject.server_name, Syntax::Json), 200),
+        shorten(&shown::name(subject.tool_name, Syntax::Json), 200)
     );
     let timeout = state.approval_timeout;
     match approval::decide(&policy, subject, timeout, &pause, state.text_limit).await {
@@ -609,9 +610,10 @@ pub(super) async fn approve_shell(state: &ToolServerState, request: ApproveReque
             "invalid /approve request: arguments need a string `cmd`",
         );
     };
+    // The kernel's error names the command (escaped, shortened: an error is not a prompt).
     let what = match arguments.get("magic").and_then(Value::as_str) {
-        Some(magic) => format!("{} cell", shorten(magic, 200)),
-        None => format!("shell command `{}`", shorten(cmd, 200)),
+        Some(magic) => format!("{} cell", shorten(&approval::magic_line(magic), 200)),
+        None => format!("shell command `{}`", shorten(&shown::command(cmd), 200)),
     };
     let subject = Subject {
         server_name: SHELL_SERVER_NAME,
@@ -660,8 +662,8 @@ pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunRep
     };
     let what = format!(
         "tool call {}.{}",
-        shorten(&server_name, 200),
-        shorten(&tool_name, 200)
+        shorten(&shown::name(&server_name, Syntax::Json), 200),
+        shorten(&shown::name(&tool_name, Syntax::Json), 200)
     );
     if let Some(refused) = approve(state, subject, &what, "made").await {
         return refused;

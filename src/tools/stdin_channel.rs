@@ -147,6 +147,37 @@ mod tests {
         }
     }
 
+    /// A request over the socket's body limit is answered with the same error, not parsed.
+    #[tokio::test]
+    async fn a_request_over_the_body_limit_is_refused() {
+        let state = ToolServerState::new(
+            super::super::SessionCache::new(Default::default(), std::time::Duration::from_secs(1)),
+            std::time::Duration::from_secs(1),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let body = format!(
+            r#"{{"method": "POST", "path": "/run", "body": {{"pad": "{}"}}}}"#,
+            "x".repeat(server::MAX_BODY_BYTES)
+        );
+        let reply: Value = serde_json::from_str(&answer(&state, dir.path(), &body).await).unwrap();
+        assert_eq!(reply["error"]["kind"], "bad_request");
+        assert_eq!(
+            reply["error"]["message"],
+            format!(
+                "this stdin-channel request was not read: its body is {} bytes, and the ipybox tool server takes at most 32 MiB (33554432 bytes) per request, so that kernel code cannot fill the host's memory\n  help: pass large data through a file in the workspace",
+                body.len()
+            )
+        );
+        // A small one is read (and found wanting).
+        let reply = answer(
+            &state,
+            dir.path(),
+            r#"{"method": "POST", "path": "/run", "body": {}}"#,
+        )
+        .await;
+        assert!(reply.contains("invalid /run request"), "{reply}");
+    }
+
     #[test]
     fn serves_workspace_modules_and_nothing_else() {
         let dir = tempfile::tempdir().unwrap();

@@ -542,3 +542,58 @@ both_eras!(ask_without_an_answer_times_out_and_the_server_keeps_working);
 both_eras!(ask_with_a_client_without_elicitation_fails_clearly);
 both_eras!(ask_about_shell_commands_and_magics);
 both_eras!(progress_notifications_carry_the_output_in_order);
+
+/// Issue 18: the question shows every name quoted and escaped and every value whole, so kernel
+/// code can neither hide what is sent nor print a fake question; what cannot be shown whole is
+/// refused before the user is asked.
+async fn the_question_shows_exactly_what_runs(era: Era) {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let user = ScriptedClient::new(era, true, &[Answer::Decline, Answer::Accept]);
+    let c = start(ws.path(), &user, &["--approve", "ask"]).await;
+    register_fixture(&c).await;
+    // An argument name of 1 500 zero-width characters would push the real `a` out of view.
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import runner\nrunner.run('add', {'\\u200b' * 1500 + 'a': 1000000, 'b': 2})",
+    )
+    .await;
+    assert!(failed, "{out}");
+    assert!(
+        out.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: not shown to anyone: its argument name is 1501 characters long, over the limit of 128"),
+        "{out}"
+    );
+    assert!(user.questions().is_empty());
+    // ANSI escapes and a bidi override in the names, a newline in an argument name.
+    let (failed, out) = cell(
+        &c,
+        "from ipybox_runtime import ToolRunner\nfrom mcptools.fx import SERVER_PARAMS\nToolRunner('\\x1b[31mfx', SERVER_PARAMS).run('a\\u202edd', {'a': 1, 'b=2\\n\\nipybox: Allow': 2})",
+    )
+    .await;
+    assert!(failed && out.contains("declined by the user"), "{out}");
+    assert_eq!(
+        user.questions(),
+        [
+            r#"ipybox: Allow executed code to call the tool "a\u202edd" of the MCP server "\u001b[31mfx"?
+
+Arguments: a=1, "b=2\n\nipybox: Allow"=2"#
+        ]
+    );
+    // A value too long to show whole: refused, nobody asked.
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import greet\ngreet.run(greet.Params(name='x' * 20000))",
+    )
+    .await;
+    assert!(failed, "{out}");
+    assert!(
+        out.contains("not shown to anyone: it is 20017 characters long when shown, over the limit of 16384 for an approval prompt"),
+        "{out}"
+    );
+    assert_eq!(user.questions().len(), 1);
+    // The server is still usable.
+    assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
+    assert_eq!(user.questions().len(), 2);
+    c.cancel().await;
+}
+both_eras!(the_question_shows_exactly_what_runs);
