@@ -127,6 +127,7 @@ pub struct CodeExecutorBuilder {
     spare_kernels: Option<usize>,
     tool_env: Option<HashMap<String, String>>,
     approval_timeout: Option<Duration>,
+    approval_text_limit: Option<usize>,
     connect_timeout: Option<Duration>,
     kernel_start_timeout: Option<Duration>,
     restore_working_dir: bool,
@@ -222,6 +223,17 @@ impl CodeExecutorBuilder {
     /// execution timeout.
     pub fn approval_timeout(mut self, timeout: Duration) -> Self {
         self.approval_timeout = Some(timeout);
+        self
+    }
+
+    /// The longest an approval request may be when shown (characters of
+    /// [`ApprovalRequest::describe`]); a longer one is rejected in the kernel before anyone is
+    /// asked (`ApprovalRejected`, saying so). Nothing in a prompt is ever cut: set this when a
+    /// person reads the prompts (the MCP server and `ipybox exec` use
+    /// [`crate::tools::shown::HUMAN_TEXT_LIMIT`]). Default: no limit, the application gets every
+    /// request whole. Names over [`crate::tools::shown::MAX_NAME_CHARS`] are refused either way.
+    pub fn approval_text_limit(mut self, chars: usize) -> Self {
+        self.approval_text_limit = Some(chars);
         self
     }
 
@@ -475,7 +487,8 @@ impl CodeExecutor {
             sessions,
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
             self.registry()?,
-        );
+        )
+        .with_text_limit(b.approval_text_limit);
         let socket = runtime.path().join("tools.sock");
         let tools = ToolServer::start(&socket, Arc::new(tool_state)).map_err(|source| {
             ExecutorError::Io {
@@ -799,7 +812,7 @@ impl CodeExecutor {
                         // decide.
                         let waits = CancellationToken::new();
                         let policy = if ask {
-                            ApprovalPolicy::Ask(ap_tx, waits.clone())
+                            ApprovalPolicy::ask(ap_tx, waits.clone())
                         } else {
                             // No requests: the forwarder must see its channel close.
                             drop(ap_tx);
@@ -825,7 +838,7 @@ impl CodeExecutor {
                         // (accepting executions accept them, as execute() does).
                         if ask {
                             running.tools.state().set_policy(
-                                ApprovalPolicy::Ask(
+                                ApprovalPolicy::ask(
                                     mpsc::unbounded_channel().0,
                                     CancellationToken::new(),
                                 ),

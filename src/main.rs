@@ -281,7 +281,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
             .kernel_env(env.kernel_env.clone())
             .tool_env(env.tool_env)
             .spare_kernels(args.spare_kernels)
-            .approval_timeout(approval_timeout),
+            .approval_timeout(approval_timeout)
+            // A person reads the prompts (--approve ask): nothing is cut, too long is refused.
+            .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT),
     );
     if args.sandbox && args.gateway.kernel_gateway.is_some() {
         anyhow::bail!(
@@ -397,7 +399,8 @@ async fn run(command: Command) -> anyhow::Result<u8> {
                 CodeExecutor::builder()
                     .workspace(workspace)
                     .progress(print_progress())
-                    .without_spare_kernel(),
+                    .without_spare_kernel()
+                    .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT),
             );
             builder = gateway.apply(builder, python);
             let executor = builder.build();

@@ -2,6 +2,11 @@
 //! `--approve-shell`) is shown on stderr and answered on
 //! the controlling terminal (`/dev/tty`, so code can still come from stdin). `--yes` accepts all;
 //! without a terminal every call is rejected with a message saying to pass `--yes`.
+//!
+//! The prompt is [`ApprovalRequest::describe`] (names and strings escaped, a multi-line command
+//! line by line with `| `, nothing cut; `ipybox exec` refuses requests too long to show, see
+//! `ipybox::tools::shown::HUMAN_TEXT_LIMIT`), so nothing a kernel sends can move the cursor,
+//! recolour the terminal or print a line that passes for a prompt.
 
 use std::io::{BufRead, Write};
 
@@ -27,7 +32,7 @@ impl TerminalApprover {
         } else {
             "tool call "
         };
-        let prompt = format!("ipybox: approve {what}{}? [y/N] ", request.describe());
+        let prompt = prompt(what, &request);
         let answer = tokio::task::spawn_blocking(move || ask_tty(&prompt))
             .await
             .ok()
@@ -49,6 +54,29 @@ impl TerminalApprover {
     }
 }
 
+/// The question: `ipybox: approve tool call fx.add(a=1)? [y/N] `; a multi-line request ends
+/// with its last line and the question goes on a line of its own. A tool call is preceded by
+/// the registered server's command line or URL (what the call reaches).
+fn prompt(what: &str, request: &ApprovalRequest) -> String {
+    let described = request.describe();
+    let server = request
+        .server_command
+        .as_deref()
+        .map(|cmd| {
+            format!(
+                "ipybox: MCP server {} is {}\n",
+                ipybox::tools::shown::name(&request.server_name, ipybox::tools::shown::Syntax::Json),
+                ipybox::tools::shown::command(cmd)
+            )
+        })
+        .unwrap_or_default();
+    if described.contains('\n') {
+        format!("{server}ipybox: approve {what}{described}\napprove? [y/N] ")
+    } else {
+        format!("{server}ipybox: approve {what}{described}? [y/N] ")
+    }
+}
+
 /// `Some(answer)` from the terminal, `None` if there is no terminal.
 fn ask_tty(prompt: &str) -> Option<bool> {
     let tty = std::fs::OpenOptions::new()
@@ -65,4 +93,44 @@ fn ask_tty(prompt: &str) -> Option<bool> {
         line.trim().to_ascii_lowercase().as_str(),
         "y" | "yes"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipybox::tools::testing;
+
+    #[test]
+    fn prompts_show_requests_escaped_and_whole() {
+        let cases = [
+            (
+                testing::tool_call("fx", "add", serde_json::json!({"a": 1, "b": 2})),
+                "ipybox: approve tool call fx.add(a=1, b=2)? [y/N] ",
+            ),
+            (
+                testing::tool_call(
+                    "fx",
+                    "add",
+                    serde_json::json!({"b": 2, "x\u{8}\u{8}\u{8}a": 1}),
+                ),
+                "ipybox: approve tool call fx.add(b=2, \"x\\u0008\\u0008\\u0008a\"=1)? [y/N] ",
+            ),
+            (
+                testing::shell("echo hi; \u{1b}[2K\rtouch x", None),
+                "ipybox: approve shell command `echo hi; \\u{1b}[2K\\u{d}touch x`? [y/N] ",
+            ),
+            (
+                testing::shell("echo a\necho b\n", Some("%%bash")),
+                "ipybox: approve %%bash cell:\n| echo a\n| echo b\napprove? [y/N] ",
+            ),
+        ];
+        for (request, expected) in cases {
+            let what = if request.is_shell_command() {
+                ""
+            } else {
+                "tool call "
+            };
+            assert_eq!(prompt(what, &request), expected);
+        }
+    }
 }

@@ -25,9 +25,11 @@ import http.client
 import io
 import json
 import os
+import select
 import signal
 import socket
 import threading
+import time
 from typing import Any
 
 __all__ = [
@@ -92,16 +94,63 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
 
 _local = threading.local()
 
+# The host's limits (src/tools/server.rs, kept in step by its tests): the largest request body,
+# and how long it keeps an idle connection (a connection idle for half of that is not reused, so
+# a request never races the host closing it).
+_MAX_BODY_BYTES = 33554432
+_HOST_IDLE_TIMEOUT = 30.0
+
 
 def _connection(path: str) -> _UnixHTTPConnection:
-    """One keep-alive connection per thread and socket path: safe from many threads at once."""
+    """One keep-alive connection per thread and socket path: safe from many threads at once. A
+    connection idle for a while, or closed by the host (at its connection limit it closes the
+    least recently used idle one), is replaced before use."""
     conns = getattr(_local, "conns", None)
     if conns is None:
         conns = _local.conns = {}
     conn = conns.get(path)
+    if conn is not None and (
+        time.monotonic() - getattr(conn, "_ipybox_used", 0.0) > _HOST_IDLE_TIMEOUT / 2 or _closed_by_host(conn)
+    ):
+        _drop(conn, path)
+        conn = None
     if conn is None:
         conn = conns[path] = _UnixHTTPConnection(path)
     return conn
+
+
+def _closed_by_host(conn: _UnixHTTPConnection) -> bool:
+    """Whether the host has closed an idle connection (it is readable: end of file)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
+def _refusal(conn: _UnixHTTPConnection, method: str) -> dict | None:
+    """The reply already waiting on a connection the host closed without reading the request
+    (it refuses connections beyond its limit with a reply that says so), if there is one."""
+    sock = conn.sock
+    if sock is None:
+        return None
+    raw = b""
+    try:
+        while True:
+            data = sock.recv(65536, socket.MSG_DONTWAIT)
+            if not data:
+                break
+            raw += data
+    except OSError:
+        pass
+    if not raw.startswith(b"HTTP/"):
+        return None
+    try:
+        return _decode(*_parse_response(raw, method))
+    except (http.client.HTTPException, ToolRunnerError, ValueError):
+        return None
 
 
 def _drop(conn: _UnixHTTPConnection, path: str) -> None:
@@ -119,8 +168,15 @@ def _socket_path() -> str:
 
 
 def _encode(body: dict | None) -> tuple[bytes, dict[str, str]]:
-    """The payload and headers of a request (both call paths send the same)."""
+    """The payload and headers of a request (both call paths send the same); a payload over the
+    host's limit raises here, with what to do, instead of being cut off by the host."""
     payload = b"" if body is None else json.dumps(body).encode()
+    if len(payload) > _MAX_BODY_BYTES:
+        raise ToolRunnerError(
+            f"the request is {len(payload)} bytes as JSON, over the {_MAX_BODY_BYTES >> 20} MiB the ipybox "
+            "tool server takes per request (a limit that keeps kernel code from filling the host's memory); "
+            "it was not sent\n  help: pass large data through a file in the workspace"
+        )
     return payload, {"Content-Type": "application/json", "Content-Length": str(len(payload))}
 
 
@@ -146,15 +202,30 @@ def _request(method: str, url: str, body: dict | None = None) -> dict:
         try:
             conn.request(method, url, body=payload, headers=headers)
         except (ConnectionError, http.client.HTTPException, OSError) as e:
+            # The host may have refused the connection (at its connection limit) and closed it
+            # before the request went out: its reply says why.
+            refusal = _refusal(conn, method)
             # Not delivered (e.g. a stale keep-alive connection): safe to retry once.
             _drop(conn, path)
+            if refusal is not None:
+                return refusal
             if attempt == 1:
                 raise ToolRunnerError(f"cannot reach the ipybox tool server at {path}: {e}") from e
             continue
         try:
             response = conn.getresponse()
             data = response.read()
+            conn._ipybox_used = time.monotonic()  # type: ignore[attr-defined]
             break
+        except (http.client.RemoteDisconnected, ConnectionResetError) as e:
+            # Closed before a single byte of reply: the host closed the connection without
+            # reading the request (an idle connection it closed at its limit just as this was
+            # sent). It never closes a connection whose request it read without replying, so
+            # sending once more is safe.
+            _drop(conn, path)
+            if attempt == 1:
+                raise ToolRunnerError(f"lost the connection to the ipybox tool server during a call: {e}") from e
+            continue
         except (ConnectionError, http.client.HTTPException, OSError) as e:
             # The request may have been carried out: never send it twice.
             _drop(conn, path)

@@ -8,9 +8,17 @@ see ``src/tools/server.rs``) and runs only when the application accepts:
   ``%pip``/``%conda`` go through ``InteractiveShell.system`` / ``getoutput``: tool name
   ``shell``, arguments ``{"cmd": <the command after variable expansion>}``; the command that runs
   is exactly the approved one (it is not expanded a second time);
+- ``get_ipython().system_raw(cmd)`` the same way;
 - ``%%bash``, ``%%sh``, ``%%script <program>`` and the other script magics (``%%perl``,
   ``%%ruby``, ``%%python3``, ...): tool name ``shell_magic``, arguments ``{"cmd": <the cell>,
-  "magic": "%%bash --out x"}``.
+  "magic": <the magic line as it runs>}``, e.g. ``"%%script /bin/sh"`` for ``%%script {prog}``:
+  IPython expands the line once, the guard sits after that expansion, so what is asked about is
+  what runs. The guard is on the magic functions themselves (the entries of
+  ``magics_manager.magics["cell"]``), so ``find_cell_magic("bash")(...)``, dict access and
+  ``%alias_magic`` aliases (which call the real magic's function) ask about the magic that
+  really runs; and ``ScriptMagics.shebang``, where every script magic ends, asks about
+  ``%%script <program>`` whatever reached it unasked (a re-registered ``ScriptMagics``, a saved
+  reference).
 
 A rejected command raises ``ApprovalRejected`` (no decision in time: ``ApprovalTimeout``) and
 nothing runs.
@@ -55,6 +63,10 @@ _magics_running = 0
 # Set while an approved command runs through IPython: its own expansion then passes it through.
 _expanded = threading.local()
 
+# Set while an asked-about cell magic runs its function in this thread: `shebang` under it was
+# asked about already.
+_magic_asked = threading.local()
+
 
 def _allowed() -> bool:
     return _line_allowed.get() or _magics_running > 0
@@ -91,6 +103,7 @@ def install(require_escape: bool = False) -> None:
 def _install_line_commands(ip) -> None:
     original_expand = ip.var_expand
     original_system = ip.system
+    original_system_raw = ip.system_raw
     original_getoutput = ip.getoutput
 
     def var_expand(cmd, depth=0, **kwargs):
@@ -100,6 +113,9 @@ def _install_line_commands(ip) -> None:
 
     def run_approved(cmd: str, depth: int, run):
         __tracebackhide__ = True  # tracebacks show the cell's line, not ipybox's frames
+        if _line_allowed.get():
+            # Inside an approved command (IPython calling one of these from another): asked.
+            return run(cmd)
         # depth + 2: this frame and the wrapper's are between var_expand and the caller's code.
         command = original_expand(cmd, depth + 2)
         _approve("shell", {"cmd": command})
@@ -116,46 +132,90 @@ def _install_line_commands(ip) -> None:
         __tracebackhide__ = True
         return run_approved(cmd, 0, original_system)
 
+    @functools.wraps(original_system_raw)
+    def system_raw(cmd):
+        __tracebackhide__ = True
+        return run_approved(cmd, 0, original_system_raw)
+
     @functools.wraps(original_getoutput)
     def getoutput(cmd, split=True, depth=0):
         __tracebackhide__ = True
         return run_approved(cmd, depth, lambda c: original_getoutput(c, split=split))
 
+    for wrapper in (system, system_raw, getoutput):
+        del wrapper.__wrapped__
     ip.var_expand = var_expand
     ip.system = ip.system_piped = system
+    ip.system_raw = system_raw
     ip.getoutput = getoutput
 
 
 def _script_magics(ip) -> set[str]:
     """The cell magics that run a program: ``script`` and the ones ``ScriptMagics`` made
-    (``bash``, ``sh``, ``perl``, ...), looked up at each call (they can be re-registered)."""
+    (``bash``, ``sh``, ``perl``, ...)."""
     # `%%script` is ScriptMagics.shebang, bound to the instance that made the others.
     shebang = ip.magics_manager.magics["cell"].get("script")
     made = getattr(getattr(shebang, "__self__", None), "script_magics", None) or ()
     return {"script", "bash", "sh"} | set(made)
 
 
-def _install_cell_magics(ip) -> None:
-    # Every `%%name` cell goes through run_cell_magic (the cell's transformed code calls it).
-    original_run = ip.run_cell_magic
-
-    @functools.wraps(original_run)
-    def run_cell_magic(magic_name, line, cell):
-        __tracebackhide__ = True
-        if magic_name not in _script_magics(ip):
-            return original_run(magic_name, line, cell)
-        magic = f"%%{magic_name} {line}".rstrip()
-        _approve("shell_magic", {"cmd": cell, "magic": magic})
-        global _magics_running
+def _run_magic(magic: str, cell: str, run):
+    """Asks about `cell` run by `magic` (the full magic line), then runs it."""
+    __tracebackhide__ = True
+    _approve("shell_magic", {"cmd": cell, "magic": magic})
+    global _magics_running
+    with _magic_lock:
+        _magics_running += 1
+    outer = getattr(_magic_asked, "active", False)
+    _magic_asked.active = True
+    try:
+        return run()
+    finally:
+        _magic_asked.active = outer
         with _magic_lock:
-            _magics_running += 1
-        try:
-            return original_run(magic_name, line, cell)
-        finally:
-            with _magic_lock:
-                _magics_running -= 1
+            _magics_running -= 1
 
-    ip.run_cell_magic = run_cell_magic
+
+def _guarded_magic(name: str, function):
+    """`function` (the cell magic `name`) asking first about ``%%name <line>`` and the cell."""
+
+    def guarded(line, cell, *args, **kwargs):
+        __tracebackhide__ = True
+        magic = f"%%{name} {line}".rstrip()
+        return _run_magic(magic, cell, lambda: function(line, cell, *args, **kwargs))
+
+    # IPython reads attributes of magic functions (no variable expansion, local scope, argument
+    # parser, docstring): the guarded one has the same.
+    functools.update_wrapper(guarded, function)
+    del guarded.__wrapped__
+    guarded._ipybox_guarded = True
+    return guarded
+
+
+def _install_cell_magics(ip) -> None:
+    from IPython.core.magics.script import ScriptMagics
+
+    # Every script magic ends in ScriptMagics.shebang (`%%bash` calls `self.shebang`): asked
+    # there unless a guarded magic below asked already.
+    original_shebang = ScriptMagics.shebang
+
+    def shebang(self, line, cell):
+        __tracebackhide__ = True
+        if getattr(_magic_asked, "active", False):
+            return original_shebang(self, line, cell)
+        return _run_magic(f"%%script {line}".rstrip(), cell, lambda: original_shebang(self, line, cell))
+
+    functools.update_wrapper(shebang, original_shebang)
+    del shebang.__wrapped__
+    ScriptMagics.shebang = shebang
+
+    # The registry's entries (what `%%name`, `find_cell_magic`, dict access and `%alias_magic`
+    # aliases call) ask with their own name: `%%bash`, not `%%script bash`.
+    cells = ip.magics_manager.magics["cell"]
+    for name in _script_magics(ip):
+        function = cells.get(name)
+        if function is not None and not getattr(function, "_ipybox_guarded", False):
+            cells[name] = _guarded_magic(name, function)
 
 
 def _guard(function, what: str):

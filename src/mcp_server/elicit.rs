@@ -16,7 +16,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ipybox::tools::{ApprovalRequest, shorten};
+use ipybox::tools::ApprovalRequest;
+use ipybox::tools::shown::{self, Syntax};
 use rmcp::RoleServer;
 use rmcp::model::{
     BooleanSchema, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema,
@@ -24,11 +25,6 @@ use rmcp::model::{
 };
 use rmcp::service::{ElicitationMode, Peer};
 use serde_json::Value;
-
-/// The longest a single argument value is shown in the question (characters).
-const MAX_VALUE_CHARS: usize = 200;
-/// The longest the shown arguments (or shell command) get in total (characters).
-const MAX_SHOWN_CHARS: usize = 1500;
 
 /// What was allowed for the rest of the session: a tool of one registered server (its name and
 /// the fingerprint of its recorded params: a server registered again under the same name with
@@ -143,54 +139,57 @@ pub(super) fn elicitation(request: &ApprovalRequest) -> ElicitRequestParams {
     }
 }
 
-/// The question shown to the user: what will run, with long values shortened.
+/// The question shown to the user: exactly what will run, rendered by [`shown`] (names and
+/// strings quoted and escaped, a multi-line command line by line, nothing cut: the executor
+/// refuses what is too long to show, see `ipybox::tools::shown::HUMAN_TEXT_LIMIT`).
 fn question(request: &ApprovalRequest) -> String {
+    let calls = match request.calls() {
+        1 => String::new(),
+        n => format!(" ({n} identical calls, one answer)"),
+    };
     if let Some(cmd) = request.shell_command() {
-        let kind = match request.arguments.get("magic").and_then(Value::as_str) {
-            Some(magic) => format!("Run this {magic} cell"),
+        let kind = match request.shell_magic() {
+            Some(magic) => format!("Run this {} cell", ipybox::tools::magic_line(magic)),
             None => "Run this shell command".to_string(),
         };
         return format!(
-            "ipybox: {kind} from executed code?\n\n{}",
-            shorten(cmd, MAX_SHOWN_CHARS)
+            "ipybox: {kind} from executed code{calls}?\n\n{}",
+            shown::command(cmd)
         );
     }
-    let arguments = request
-        .arguments
-        .iter()
-        .map(|(name, value)| format!("{name}={}", shown_value(value)))
-        .collect::<Vec<_>>()
-        .join(", ");
+    // The registered server's command line or URL: what the call reaches (kernels only reach
+    // registered servers, with the recorded params).
+    let server = request
+        .server_command
+        .as_deref()
+        .map(|target| format!("Server: {}\n", shown::command(target)))
+        .unwrap_or_default();
     format!(
-        "ipybox: Allow executed code to call the tool `{}` of the MCP server `{}`?\n\nArguments: {}",
-        request.tool_name,
-        request.server_name,
-        shorten(&arguments, MAX_SHOWN_CHARS)
+        "ipybox: Allow executed code to call the tool {} of the MCP server {}{calls}?\n\n{server}Arguments: {}",
+        quoted_name(&request.tool_name),
+        quoted_name(&request.server_name),
+        shown::arguments(&request.arguments, Syntax::Json)
     )
 }
 
-/// One argument value as JSON, strings (also nested ones) cut at [`MAX_VALUE_CHARS`].
-fn shown_value(value: &Value) -> String {
-    fn cut(value: &Value) -> Value {
-        match value {
-            Value::String(s) => Value::String(shorten(s, MAX_VALUE_CHARS)),
-            Value::Array(items) => Value::Array(items.iter().map(cut).collect()),
-            Value::Object(map) => Value::Object(
-                map.iter()
-                    .map(|(k, v)| (k.clone(), cut(v)))
-                    .collect::<serde_json::Map<_, _>>(),
-            ),
-            other => other.clone(),
-        }
+/// A server or tool name in the question: `` `name` `` when plain, else its quoted, escaped form.
+fn quoted_name(name: &str) -> String {
+    if shown::is_plain_name(name) {
+        format!("`{name}`")
+    } else {
+        shown::name(name, Syntax::Json)
     }
-    shorten(&cut(value).to_string(), MAX_VALUE_CHARS * 2)
 }
 
 /// The form: one optional checkbox, "allow for the rest of this session".
 fn form(request: &ApprovalRequest) -> ElicitationSchema {
     let what = match request.shell_command() {
         Some(_) => "this exact command".to_string(),
-        None => format!("{}.{}", request.server_name, request.tool_name),
+        None => format!(
+            "{}.{}",
+            shown::name(&request.server_name, Syntax::Json),
+            shown::name(&request.tool_name, Syntax::Json)
+        ),
     };
     let title = format!("Allow {what} for the rest of this session");
     let remember = BooleanSchema::new()
@@ -210,12 +209,36 @@ fn form(request: &ApprovalRequest) -> ElicitationSchema {
 mod tests {
     use super::*;
 
+    /// The question for a tool call the executor would ask about, through a real execution's
+    /// request type: built by `ipybox::tools::testing`.
     #[test]
-    fn shortens_long_values_and_keeps_short_ones() {
-        assert_eq!(shorten("héllo", 10), "héllo");
-        assert_eq!(shorten("héllo", 2), "hé…");
+    fn questions_show_names_escaped_and_values_whole() {
         let long = "x".repeat(500);
-        let shown = shown_value(&serde_json::json!({"n": 3, "q": long}));
-        assert_eq!(shown, format!("{{\"n\":3,\"q\":\"{}…\"}}", "x".repeat(200)));
+        let cases = [
+            (
+                ("fx", "add", serde_json::json!({"a": 1, "b": 2})),
+                "ipybox: Allow executed code to call the tool `add` of the MCP server `fx`?\n\nArguments: a=1, b=2".to_string(),
+            ),
+            (
+                ("fx", "greet", serde_json::json!({"name": long})),
+                format!("ipybox: Allow executed code to call the tool `greet` of the MCP server `fx`?\n\nArguments: name=\"{long}\""),
+            ),
+            (
+                ("f\u{1b}[31mx", "a\u{202e}dd", serde_json::json!({"\u{200b}a": 1, "b\nipybox: fake": 2})),
+                r#"ipybox: Allow executed code to call the tool "a\u202edd" of the MCP server "f\u001b[31mx"?
+
+Arguments: "\u200ba"=1, "b\nipybox: fake"=2"#.to_string(),
+            ),
+        ];
+        for ((server, tool, args), expected) in cases {
+            let request = ipybox::tools::testing::tool_call(server, tool, args);
+            assert_eq!(question(&request), expected);
+        }
+        let request =
+            ipybox::tools::testing::shell("echo a\u{200b}\necho b\n", Some("%%script /bin/sh"));
+        assert_eq!(
+            question(&request),
+            "ipybox: Run this %%script /bin/sh cell from executed code?\n\n| echo a\\u{200b}\n| echo b"
+        );
     }
 }

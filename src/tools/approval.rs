@@ -12,18 +12,34 @@
 //! `{"cmd": ...}`; [`ApprovalRequest::is_shell_command`] tells them apart from a tool call of an MCP
 //! server that happens to be registered as `ipybox`.
 //!
+//! Before anyone is asked, a request must be showable whole (see [`super::shown`]: nothing in a
+//! prompt is ever cut): names longer than [`shown::MAX_NAME_CHARS`], or a rendering longer than
+//! the executor's text limit (set for people: the MCP server and `ipybox exec`), are refused
+//! with `ApprovalRejected`. At most [`MAX_OUTSTANDING_PROMPTS`] requests of one execution are in
+//! front of the decider at once; later calls wait in a queue (their wait counts against the
+//! approval timeout), and identical calls waiting in the queue are merged into one request that
+//! says how many calls it decides ([`ApprovalRequest::calls`]).
+//!
 //! Not here: the transport that carries calls from the kernel ([`super::server`]).
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::shown::{self, Syntax};
 use crate::pause::TimeoutPause;
 
 /// Default time a tool call waits for an approval decision.
 pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The most approval requests of one execution in front of the decider at once; later calls
+/// wait in a queue until one is decided. Enough for `asyncio.gather` of 8 calls to be asked
+/// about at once; a flood of 1 000 threads puts 8 prompts in front of the user, not 1 000.
+pub const MAX_OUTSTANDING_PROMPTS: usize = 8;
 
 /// The server name of shell-command approval requests.
 pub const SHELL_SERVER_NAME: &str = "ipybox";
@@ -51,8 +67,10 @@ pub struct ApprovalRequest {
     /// The tool's name as the MCP server knows it ([`SHELL_TOOL`] or [`SHELL_MAGIC_TOOL`] for
     /// shell commands).
     pub tool_name: String,
-    /// The arguments exactly as they will be sent (`{"cmd": ...}` for shell commands: the command
-    /// after variable expansion, or the cell of a cell magic).
+    /// The arguments exactly as they will be sent. Shell commands: `{"cmd": ...}`, the command
+    /// after variable expansion (what runs); cell magics also `"magic"`, the full magic line as
+    /// it runs, after expansion (`%%script /bin/sh`, `%%bash --out x`), see
+    /// [`ApprovalRequest::shell_magic`].
     pub arguments: Map<String, Value>,
     /// For tool calls: the registered server's command line or URL, as recorded at registration
     /// (`${VAR}` placeholders unresolved) — what the call reaches. `None` for shell commands.
@@ -61,11 +79,15 @@ pub struct ApprovalRequest {
     /// "allow for the session" by the server that really runs).
     server_identity: Option<String>,
     kind: RequestKind,
-    reply: oneshot::Sender<Verdict>,
+    /// The waiting calls this decision answers (more than one when identical queued calls were
+    /// merged).
+    reply: Vec<oneshot::Sender<Verdict>>,
+    /// Frees this request's place among the outstanding prompts when it is decided or dropped.
+    slot: Option<Slot>,
 }
 
 /// The answer sent back to the waiting call.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Verdict {
     Accept,
     /// Rejected, with the reason the kernel's error carries (if any).
@@ -73,20 +95,33 @@ enum Verdict {
 }
 
 impl ApprovalRequest {
-    /// Lets the call go ahead.
+    /// Lets the call go ahead (every call of [`ApprovalRequest::calls`]).
     pub fn accept(self) {
-        let _ = self.reply.send(Verdict::Accept);
+        self.send(Verdict::Accept);
     }
 
     /// Fails the call in the kernel with `ApprovalRejected`.
     pub fn reject(self) {
-        let _ = self.reply.send(Verdict::Reject(None));
+        self.send(Verdict::Reject(None));
     }
 
     /// [`ApprovalRequest::reject`], with a reason appended to the kernel's error message (e.g.
     /// why nobody could be asked).
     pub fn reject_with(self, reason: impl Into<String>) {
-        let _ = self.reply.send(Verdict::Reject(Some(reason.into())));
+        self.send(Verdict::Reject(Some(reason.into())));
+    }
+
+    fn send(mut self, verdict: Verdict) {
+        for reply in std::mem::take(&mut self.reply) {
+            let _ = reply.send(verdict.clone());
+        }
+    }
+
+    /// How many identical calls this decision answers: 1, or more when calls with the same
+    /// server, tool and arguments waited in the queue together (they are asked about once;
+    /// [`ApprovalRequest::describe`] says how many).
+    pub fn calls(&self) -> usize {
+        self.reply.len().max(1)
     }
 
     /// For tool calls, a fingerprint of the registered server's recorded params: two requests
@@ -100,7 +135,7 @@ impl ApprovalRequest {
         self.kind == RequestKind::ShellCommand
     }
 
-    /// The command of a shell-command request.
+    /// The command of a shell-command request (for a cell magic, its cell).
     pub fn shell_command(&self) -> Option<&str> {
         match self.kind {
             RequestKind::ShellCommand => self.arguments.get("cmd").and_then(Value::as_str),
@@ -108,22 +143,79 @@ impl ApprovalRequest {
         }
     }
 
-    /// `server.tool(arguments)` (or ``shell command `cmd` ``) for prompts and logs.
-    pub fn describe(&self) -> String {
-        if let Some(cmd) = self.shell_command() {
-            return format!("shell command `{cmd}`");
+    /// The magic line of a cell-magic request, as it runs (after variable expansion):
+    /// `%%bash`, `%%script /bin/sh`. `None` for line commands and tool calls. A remembered
+    /// decision about a cell magic must key on this and the cell together.
+    pub fn shell_magic(&self) -> Option<&str> {
+        match self.kind {
+            RequestKind::ShellCommand => self.arguments.get("magic").and_then(Value::as_str),
+            RequestKind::ToolCall => None,
         }
-        format!(
-            "{}.{}({})",
-            self.server_name,
-            self.tool_name,
-            Value::Object(self.arguments.clone())
-        )
+    }
+
+    /// What this request is about, for prompts and logs: `server.tool(a=1, name="x")`,
+    /// ``shell command `cmd` ``, or `%%bash cell:` and the cell line by line. Rendered by
+    /// [`shown`]: names and strings quoted and escaped, nothing cut.
+    pub fn describe(&self) -> String {
+        self.describe_as(Syntax::Json)
+    }
+
+    /// [`ApprovalRequest::describe`] with values in `syntax` (the Python wheel writes Python
+    /// literals, as Python ipybox 0.9.2's `str(request)` did).
+    pub fn describe_as(&self, syntax: Syntax) -> String {
+        let text = render(
+            &self.server_name,
+            &self.tool_name,
+            &self.arguments,
+            self.kind,
+            syntax,
+        );
+        match self.calls() {
+            1 => text,
+            n => format!("{text} [{n} identical calls]"),
+        }
     }
 }
 
-/// The first `max` characters of `text`, with `…` when cut: long commands and argument values
-/// in approval messages and questions.
+/// The rendering of a request (see [`ApprovalRequest::describe`]).
+fn render(
+    server: &str,
+    tool: &str,
+    arguments: &Map<String, Value>,
+    kind: RequestKind,
+    syntax: Syntax,
+) -> String {
+    let cmd = arguments.get("cmd").and_then(Value::as_str);
+    match (kind, cmd) {
+        (RequestKind::ShellCommand, Some(cmd)) => {
+            let body = shown::command(cmd);
+            let magic = arguments.get("magic").and_then(Value::as_str);
+            let what = match magic {
+                Some(magic) => format!("{} cell", magic_line(magic)),
+                None => "shell command".to_string(),
+            };
+            if body.contains('\n') {
+                format!("{what}:\n{body}")
+            } else {
+                format!("{what} `{body}`")
+            }
+        }
+        _ => shown::call(server, tool, arguments, syntax),
+    }
+}
+
+/// A magic line as shown: as it runs, or quoted if it spans lines (a direct call can pass any
+/// text).
+pub fn magic_line(magic: &str) -> String {
+    if magic.contains(['\n', '\r']) {
+        shown::string(magic, Syntax::Json)
+    } else {
+        shown::command(magic)
+    }
+}
+
+/// The first `max` characters of `text`, with `…` when cut: error messages and logs only, never
+/// what a prompt shows (nothing is cut from a prompt, see [`shown`]).
 pub fn shorten(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         None => text.to_string(),
@@ -136,10 +228,175 @@ pub fn shorten(text: &str, max: usize) -> String {
 pub(crate) enum ApprovalPolicy {
     /// Every call is approved (the `execute()` and MCP-server behaviour).
     AcceptAll,
-    /// Each call is sent to this channel and waits for `accept()` / `reject()`, or until the
-    /// token is cancelled (the execution that asks was cancelled): then it is rejected, also
-    /// while the application still holds the request.
-    Ask(mpsc::UnboundedSender<ApprovalRequest>, CancellationToken),
+    /// Each call is sent to the asker's channel (at most [`MAX_OUTSTANDING_PROMPTS`] at once)
+    /// and waits for `accept()` / `reject()`, or until its token is cancelled (the execution
+    /// that asks was cancelled): then it is rejected, also while the application still holds
+    /// the request.
+    Ask(Arc<Asker>),
+}
+
+impl ApprovalPolicy {
+    /// Asks through `tx`; waits end (rejected) when `cancelled` is cancelled.
+    pub(crate) fn ask(
+        tx: mpsc::UnboundedSender<ApprovalRequest>,
+        cancelled: CancellationToken,
+    ) -> Self {
+        Self::Ask(Arc::new(Asker {
+            tx,
+            cancelled,
+            queue: Mutex::new(Queue::default()),
+        }))
+    }
+}
+
+/// One execution's decider: its channel, its cancellation, and its queue of prompts.
+pub(crate) struct Asker {
+    tx: mpsc::UnboundedSender<ApprovalRequest>,
+    cancelled: CancellationToken,
+    queue: Mutex<Queue>,
+}
+
+impl std::fmt::Debug for Asker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        f.debug_struct("Asker")
+            .field("outstanding", &queue.outstanding)
+            .field("queued", &queue.waiting.len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Requests handed to the decider and not yet decided or dropped.
+    outstanding: usize,
+    waiting: VecDeque<Queued>,
+}
+
+/// Calls waiting for a place among the outstanding prompts (identical calls share one entry).
+struct Queued {
+    server_name: String,
+    tool_name: String,
+    arguments: Map<String, Value>,
+    server_command: Option<String>,
+    server_identity: Option<String>,
+    kind: RequestKind,
+    waiters: Vec<oneshot::Sender<Verdict>>,
+}
+
+impl Queued {
+    fn new(subject: &Subject<'_>, reply: oneshot::Sender<Verdict>) -> Self {
+        Self {
+            server_name: subject.server_name.to_string(),
+            tool_name: subject.tool_name.to_string(),
+            arguments: subject.arguments.clone(),
+            server_command: subject.server.map(|s| s.target.clone()),
+            server_identity: subject.server.map(|s| s.identity.clone()),
+            kind: subject.kind,
+            waiters: vec![reply],
+        }
+    }
+}
+
+/// A place among an execution's outstanding prompts; given back when dropped (unless disarmed:
+/// `None`).
+struct Slot(Option<Arc<Asker>>);
+
+impl std::fmt::Debug for Slot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Slot")
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(asker) = self.0.take() {
+            asker.release();
+        }
+    }
+}
+
+impl Asker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Shows `subject` now if fewer than [`MAX_OUTSTANDING_PROMPTS`] are outstanding, else
+    /// queues it (with an identical queued call if there is one).
+    fn submit(self: &Arc<Self>, subject: &Subject<'_>) -> oneshot::Receiver<Verdict> {
+        let (reply, decision) = oneshot::channel();
+        let mut queue = self.lock();
+        if queue.outstanding < MAX_OUTSTANDING_PROMPTS {
+            queue.outstanding += 1;
+            drop(queue);
+            let queued = Queued::new(subject, reply);
+            if let Err(refused) = self.tx.send(self.request(queued)) {
+                // Nobody listens (the streamed execution that asked has ended): dropping the
+                // request rejects it and gives its place to the next, which fails the same way.
+                drop(refused.0);
+            }
+            return decision;
+        }
+        let same = queue.waiting.iter_mut().find(|q| {
+            q.kind == subject.kind
+                && q.server_name == subject.server_name
+                && q.server_identity.as_deref() == subject.server.map(|s| s.identity.as_str())
+                && q.tool_name == subject.tool_name
+                && &q.arguments == subject.arguments
+        });
+        match same {
+            Some(same) => same.waiters.push(reply),
+            None => queue.waiting.push_back(Queued::new(subject, reply)),
+        }
+        decision
+    }
+
+    fn request(self: &Arc<Self>, queued: Queued) -> ApprovalRequest {
+        ApprovalRequest {
+            server_name: queued.server_name,
+            tool_name: queued.tool_name,
+            arguments: queued.arguments,
+            server_command: queued.server_command,
+            server_identity: queued.server_identity,
+            kind: queued.kind,
+            reply: queued.waiters,
+            slot: Some(Slot(Some(self.clone()))),
+        }
+    }
+
+    /// A decided (or dropped) request's place goes to the next queued call that still waits.
+    fn release(self: &Arc<Self>) {
+        loop {
+            let next = {
+                let mut queue = self.lock();
+                loop {
+                    match queue.waiting.pop_front() {
+                        None => {
+                            queue.outstanding = queue.outstanding.saturating_sub(1);
+                            return;
+                        }
+                        Some(mut queued) => {
+                            queued.waiters.retain(|w| !w.is_closed());
+                            if !queued.waiters.is_empty() {
+                                break queued;
+                            }
+                        }
+                    }
+                }
+            };
+            match self.tx.send(self.request(next)) {
+                Ok(()) => return,
+                Err(refused) => {
+                    // Nobody listens: reject this one without recursing, then try the next.
+                    let mut request = refused.0;
+                    if let Some(slot) = request.slot.as_mut() {
+                        slot.0 = None;
+                    }
+                    drop(request);
+                }
+            }
+        }
+    }
 }
 
 /// What became of a request.
@@ -161,35 +418,75 @@ pub(crate) struct Subject<'a> {
     pub(crate) server: Option<&'a super::registry::Registered>,
 }
 
-/// Asks for a decision under `policy`, pausing the execution clock while waiting.
+/// Why `subject` cannot be shown whole (so nobody is asked), if it cannot: a name over
+/// [`shown::MAX_NAME_CHARS`], or a rendering over `text_limit` characters.
+pub(crate) fn unshowable(subject: &Subject<'_>, text_limit: Option<usize>) -> Option<String> {
+    const WHY: &str = "nothing in an approval prompt is ever cut, so a request that cannot be shown whole is refused before anyone is asked";
+    let long = |what: &str, name: &str| {
+        let n = name.chars().count();
+        (n > shown::MAX_NAME_CHARS).then(|| {
+            format!(
+                "its {what} is {n} characters long, over the limit of {} for names in an approval prompt ({WHY})\n  help: use the names the server declares",
+                shown::MAX_NAME_CHARS
+            )
+        })
+    };
+    let names = (subject.kind == RequestKind::ToolCall)
+        .then(|| {
+            long("server name", subject.server_name)
+                .or_else(|| long("tool name", subject.tool_name))
+                .or_else(|| {
+                    subject
+                        .arguments
+                        .keys()
+                        .find_map(|k| long("argument name", k))
+                })
+        })
+        .flatten();
+    if names.is_some() {
+        return names;
+    }
+    let limit = text_limit?;
+    let text = render(
+        subject.server_name,
+        subject.tool_name,
+        subject.arguments,
+        subject.kind,
+        Syntax::Json,
+    );
+    let n = text.chars().count();
+    (n > limit).then(|| {
+        let help = match subject.kind {
+            RequestKind::ToolCall => "pass large data through a file in the workspace, or make several smaller calls",
+            RequestKind::ShellCommand => "write a long script to a file in the workspace and run that (`!bash script.sh`)",
+        };
+        format!(
+            "it is {n} characters long when shown, over the limit of {limit} for an approval prompt ({WHY})\n  help: {help}"
+        )
+    })
+}
+
+/// Asks for a decision under `policy`, pausing the execution clock while waiting (in the queue
+/// too). `text_limit`: the longest rendering a person is shown (see [`unshowable`]).
 pub(crate) async fn decide(
     policy: &ApprovalPolicy,
     subject: Subject<'_>,
     timeout: Duration,
     pause: &TimeoutPause,
+    text_limit: Option<usize>,
 ) -> Decision {
-    let (tx, cancelled) = match policy {
+    let asker = match policy {
         ApprovalPolicy::AcceptAll => return Decision::Accepted,
-        ApprovalPolicy::Ask(tx, cancelled) => (tx, cancelled),
+        ApprovalPolicy::Ask(asker) => asker,
     };
-    if cancelled.is_cancelled() {
+    if asker.cancelled.is_cancelled() {
         return Decision::Rejected(Some(CANCELLED.into()));
     }
-    let (reply, decision) = oneshot::channel();
-    let request = ApprovalRequest {
-        server_name: subject.server_name.to_string(),
-        tool_name: subject.tool_name.to_string(),
-        arguments: subject.arguments.clone(),
-        server_command: subject.server.map(|s| s.target.clone()),
-        server_identity: subject.server.map(|s| s.identity.clone()),
-        kind: subject.kind,
-        reply,
-    };
-    if tx.send(request).is_err() {
-        // Nobody listens: the streamed execution that asked has ended.
-        return Decision::Rejected(None);
+    if let Some(reason) = unshowable(&subject, text_limit) {
+        return Decision::Rejected(Some(format!("not shown to anyone: {reason}")));
     }
     let _paused = pause.pause();
+    let decision = asker.submit(&subject);
     tokio::select! {
         decided = tokio::time::timeout(timeout, decision) => match decided {
             Ok(Ok(Verdict::Accept)) => Decision::Accepted,
@@ -198,9 +495,219 @@ pub(crate) async fn decide(
             Err(_) => Decision::TimedOut,
         },
         // A late accept() finds the reply channel closed: the call never goes ahead.
-        () = cancelled.cancelled() => Decision::Rejected(Some(CANCELLED.into())),
+        () = asker.cancelled.cancelled() => Decision::Rejected(Some(CANCELLED.into())),
     }
 }
 
 /// Why a call waiting for approval was rejected when its execution was cancelled.
 const CANCELLED: &str = "the execution was cancelled";
+
+/// Requests attached to no call (deciding them does nothing), for tests of how surfaces render
+/// requests (the MCP question is in the binary).
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+
+    /// A tool call `server.tool(arguments)`; `arguments` must be a JSON object.
+    pub fn tool_call(server: &str, tool: &str, arguments: Value) -> ApprovalRequest {
+        detached(server, tool, arguments, RequestKind::ToolCall)
+    }
+
+    /// A shell command (with `magic`, a cell magic's cell).
+    pub fn shell(cmd: &str, magic: Option<&str>) -> ApprovalRequest {
+        let mut arguments = serde_json::json!({"cmd": cmd});
+        let tool = match magic {
+            Some(magic) => {
+                arguments["magic"] = magic.into();
+                SHELL_MAGIC_TOOL
+            }
+            None => SHELL_TOOL,
+        };
+        detached(
+            SHELL_SERVER_NAME,
+            tool,
+            arguments,
+            RequestKind::ShellCommand,
+        )
+    }
+
+    fn detached(server: &str, tool: &str, arguments: Value, kind: RequestKind) -> ApprovalRequest {
+        ApprovalRequest {
+            server_name: server.into(),
+            tool_name: tool.into(),
+            arguments: match arguments {
+                Value::Object(map) => map,
+                _ => Map::new(),
+            },
+            server_command: None,
+            server_identity: None,
+            kind,
+            reply: Vec::new(),
+            slot: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ask(
+        policy: &ApprovalPolicy,
+        arguments: Value,
+        timeout: Duration,
+    ) -> tokio::task::JoinHandle<Decision> {
+        let policy = policy.clone();
+        tokio::spawn(async move {
+            let Value::Object(arguments) = arguments else {
+                unreachable!()
+            };
+            let subject = Subject {
+                server_name: "fx",
+                tool_name: "add",
+                arguments: &arguments,
+                kind: RequestKind::ToolCall,
+                server: None,
+            };
+            decide(&policy, subject, timeout, &TimeoutPause::default(), None).await
+        })
+    }
+
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<ApprovalRequest>) -> Vec<ApprovalRequest> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    #[tokio::test]
+    async fn at_most_eight_prompts_wait_and_queued_duplicates_are_asked_once() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let policy = ApprovalPolicy::ask(tx, CancellationToken::new());
+        let long = Duration::from_secs(60);
+        let mut first: Vec<_> = (0..8)
+            .map(|i| ask(&policy, json!({"a": i}), long))
+            .collect();
+        settle().await;
+        let same: Vec<_> = (0..6)
+            .map(|_| ask(&policy, json!({"a": 100}), long))
+            .collect();
+        let other = ask(&policy, json!({"a": 8}), long);
+        settle().await;
+        let shown = drain(&mut rx);
+        assert_eq!(shown.len(), MAX_OUTSTANDING_PROMPTS);
+        assert_eq!(shown[0].describe(), "fx.add(a=0)");
+        // Deciding one lets the next queued call in: the six identical ones, asked once.
+        let mut shown = shown.into_iter();
+        shown.next().unwrap().accept();
+        settle().await;
+        let next = drain(&mut rx);
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].calls(), 6);
+        assert_eq!(next[0].describe(), "fx.add(a=100) [6 identical calls]");
+        next.into_iter().next().unwrap().reject();
+        for decided in same {
+            assert_eq!(decided.await.unwrap(), Decision::Rejected(None));
+        }
+        settle().await;
+        let last = drain(&mut rx);
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0].describe(), "fx.add(a=8)");
+        // Dropping a request rejects it and frees its place too.
+        drop(last);
+        assert_eq!(other.await.unwrap(), Decision::Rejected(None));
+        assert_eq!(first.remove(0).await.unwrap(), Decision::Accepted);
+        for request in shown {
+            request.accept();
+        }
+        for decided in first {
+            assert_eq!(decided.await.unwrap(), Decision::Accepted);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_queued_call_times_out_and_gives_up_its_place() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let policy = ApprovalPolicy::ask(tx, CancellationToken::new());
+        let held: Vec<_> = (0..8)
+            .map(|i| ask(&policy, json!({"a": i}), Duration::from_secs(60)))
+            .collect();
+        let queued = ask(&policy, json!({"a": 9}), Duration::from_millis(100));
+        assert_eq!(queued.await.unwrap(), Decision::TimedOut);
+        let shown = drain(&mut rx);
+        assert_eq!(shown.len(), 8);
+        let late = ask(&policy, json!({"a": 10}), Duration::from_secs(60));
+        for request in shown {
+            request.accept();
+        }
+        settle().await;
+        // The timed-out call is skipped; the later one is asked.
+        let next = drain(&mut rx);
+        assert_eq!(next.len(), 1);
+        assert_eq!(next[0].describe(), "fx.add(a=10)");
+        next.into_iter().for_each(ApprovalRequest::accept);
+        assert_eq!(late.await.unwrap(), Decision::Accepted);
+        for decided in held {
+            assert_eq!(decided.await.unwrap(), Decision::Accepted);
+        }
+    }
+
+    #[test]
+    fn requests_that_cannot_be_shown_whole_are_refused() {
+        let args = |v: Value| match v {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        let long_name = format!("{}a", "\u{200b}".repeat(1500));
+        let long_arg = args(json!({ long_name.clone(): 1000000, "b": 2 }));
+        let subject = |server, tool, arguments, kind| Subject {
+            server_name: server,
+            tool_name: tool,
+            arguments,
+            kind,
+            server: None,
+        };
+        let reason = unshowable(
+            &subject("fx", "add", &long_arg, RequestKind::ToolCall),
+            None,
+        );
+        assert_eq!(
+            reason.as_deref(),
+            Some(
+                "its argument name is 1501 characters long, over the limit of 128 for names in an approval prompt (nothing in an approval prompt is ever cut, so a request that cannot be shown whole is refused before anyone is asked)\n  help: use the names the server declares"
+            )
+        );
+        let empty = Map::new();
+        let reason = unshowable(
+            &subject("fx", &long_name, &empty, RequestKind::ToolCall),
+            None,
+        );
+        assert!(
+            reason
+                .unwrap()
+                .starts_with("its tool name is 1501 characters long")
+        );
+        let ok = args(json!({"a": 1, "b": "x".repeat(100)}));
+        assert_eq!(
+            unshowable(&subject("fx", "add", &ok, RequestKind::ToolCall), Some(117)),
+            None
+        );
+        let reason = unshowable(&subject("fx", "add", &ok, RequestKind::ToolCall), Some(116));
+        assert!(
+            reason
+                .unwrap()
+                .starts_with("it is 117 characters long when shown, over the limit of 116")
+        );
+        let padded = args(json!({"cmd": format!("echo hi{}; touch x", "\u{200b}".repeat(1500))}));
+        let reason = unshowable(
+            &subject("ipybox", "shell", &padded, RequestKind::ShellCommand),
+            Some(shown::HUMAN_TEXT_LIMIT),
+        );
+        assert_eq!(
+            reason, None,
+            "12 000 characters of escapes fit in a prompt, whole"
+        );
+    }
+}

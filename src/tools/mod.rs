@@ -16,15 +16,18 @@ pub(crate) mod protocol;
 pub(crate) mod registry;
 pub(crate) mod server;
 pub mod sessions;
+pub mod shown;
 pub(crate) mod sse_transport;
 pub(crate) mod stdin_channel;
 
 use std::time::Duration;
 
 pub(crate) use approval::ApprovalPolicy;
+#[doc(hidden)]
+pub use approval::testing;
 pub use approval::{
-    ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, SHELL_MAGIC_TOOL, SHELL_SERVER_NAME, SHELL_TOOL,
-    shorten,
+    ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, MAX_OUTSTANDING_PROMPTS, SHELL_MAGIC_TOOL,
+    SHELL_SERVER_NAME, SHELL_TOOL, magic_line, shorten,
 };
 pub use client::{McpSession, STDIO_BASE_ENV, ToolOutput, tool_output};
 pub use env_subst::substitute;

@@ -118,8 +118,9 @@ impl Registry {
     pub(crate) fn resolve(&self, server_name: &str) -> Result<Registered, NotRegistered> {
         let recorded = self.current().servers.get(server_name).cloned();
         let Some(params) = recorded else {
+            let name = super::shown::name(server_name, super::shown::Syntax::Json);
             return Err(NotRegistered(format!(
-                "MCP server `{server_name}` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\n  help: register it first: register_mcp_server (MCP tool), generate_mcp_sources(\"{server_name}\", params, root_dir=<workspace>/mcptools) (Python/Rust) or `ipybox apigen {server_name} --params ...`"
+                "MCP server `{name}` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\n  help: register it first: register_mcp_server (MCP tool), generate_mcp_sources(\"{name}\", params, root_dir=<workspace>/mcptools) (Python/Rust) or `ipybox apigen {name} --params ...`"
             )));
         };
         let target = ServerParams::parse(&params)

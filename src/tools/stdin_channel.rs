@@ -8,6 +8,11 @@
 //! - `POST /source` (`{"module": "mcptools.github.search"}`) answers a module's source from the
 //!   workspace (`host_import.py`): `{"found", "path", "package", "source"}`. Only module names
 //!   made of Python identifiers, and only files inside the workspace, are served.
+//!
+//! The socket's limits that apply here apply the same way: a request over
+//! [`server::MAX_BODY_BYTES`] is answered with an error and not parsed, and approvals go through
+//! the same queue and text limits. (One request at a time travels over the channel, so there
+//! is no connection limit to keep.)
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +32,13 @@ struct ChannelRequest {
 
 /// Answers one request (JSON text) with the JSON reply text.
 pub(crate) async fn answer(state: &ToolServerState, workspace: &Path, payload: &str) -> String {
+    if payload.len() > server::MAX_BODY_BYTES {
+        let reply = bad(server::too_large(
+            "stdin-channel",
+            Some(payload.len() as u64),
+        ));
+        return serde_json::to_string(&reply).unwrap_or_default();
+    }
     let reply = match serde_json::from_str::<ChannelRequest>(payload) {
         Err(e) => bad(format!("invalid stdin-channel request: {e}")),
         Ok(req) => match (req.method.as_str(), req.path.as_str()) {
@@ -133,6 +145,38 @@ mod tests {
             } => v.clone(),
             other => panic!("unexpected reply {other:?}"),
         }
+    }
+
+    /// A request over the socket's body limit is answered with the same error, not parsed.
+    #[tokio::test]
+    async fn a_request_over_the_body_limit_is_refused() {
+        let state = ToolServerState::new(
+            super::super::SessionCache::new(Default::default(), std::time::Duration::from_secs(1)),
+            std::time::Duration::from_secs(1),
+            std::sync::Arc::new(super::super::registry::Registry::in_memory()),
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let body = format!(
+            r#"{{"method": "POST", "path": "/run", "body": {{"pad": "{}"}}}}"#,
+            "x".repeat(server::MAX_BODY_BYTES)
+        );
+        let reply: Value = serde_json::from_str(&answer(&state, dir.path(), &body).await).unwrap();
+        assert_eq!(reply["error"]["kind"], "bad_request");
+        assert_eq!(
+            reply["error"]["message"],
+            format!(
+                "this stdin-channel request was not read: its body is {} bytes, and the ipybox tool server takes at most 32 MiB (33554432 bytes) per request, so that kernel code cannot fill the host's memory\n  help: pass large data through a file in the workspace",
+                body.len()
+            )
+        );
+        // A small one is read (and found wanting).
+        let reply = answer(
+            &state,
+            dir.path(),
+            r#"{"method": "POST", "path": "/run", "body": {}}"#,
+        )
+        .await;
+        assert!(reply.contains("invalid /run request"), "{reply}");
     }
 
     #[test]

@@ -5,6 +5,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::require;
+
 fn ipybox() -> Command {
     let mut cmd = Command::new(crate::support::BIN);
     cmd.stdin(Stdio::null());
@@ -256,4 +258,75 @@ fn exec_approve_shell_asks_and_yes_accepts() {
         stderr.contains("ShellEscapeRequired: Direct os.system() calls are not allowed. Use ! syntax. (direct process creation (os.system) is blocked"),
         "{stderr}"
     );
+}
+
+/// Issue 18: on a terminal (a pty from `script`), the prompt shows names quoted and escaped: an
+/// ANSI escape cannot clear the screen, a newline cannot print a fake prompt line. Answered `n`:
+/// nothing runs.
+#[test]
+fn exec_prompt_on_a_terminal_shows_the_request_escaped() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    // Registered with `ipybox apigen` (kernels only reach registered servers).
+    let params = crate::support::fixture_stdio_params("stdio").to_string();
+    let registered = Command::new(crate::support::BIN)
+        .args(["apigen", "fx", "--params", &params])
+        .current_dir(ws.path())
+        .output()
+        .unwrap();
+    assert!(registered.status.success(), "{registered:?}");
+    let file = ws.path().join("attack.py");
+    std::fs::write(
+        &file,
+        "from mcptools.fx import runner\nrunner.run('\\x1b[2Jadd', {'a': 1, 'b\\r\\nipybox: approve tool call fx.add(a=1)? [y/N] ': 2})\n",
+    )
+    .unwrap();
+    let command = format!(
+        "{} exec --workspace {} {}",
+        crate::support::BIN,
+        ws.path().display(),
+        file.display()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The answer waits in the terminal until ipybox reads it; stdin stays open until the end.
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"n\n").unwrap();
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    drop(stdin);
+    child.wait().unwrap();
+    let out = String::from_utf8_lossy(&out);
+    let start = out
+        .find("ipybox: approve tool call ")
+        .unwrap_or_else(|| panic!("no prompt in {out:?}"));
+    // One line on the terminal (what follows it is the answer's output).
+    let line = out[start..].split(['\r', '\n']).next().unwrap();
+    let expected = r#"ipybox: approve tool call fx."\u001b[2Jadd"(a=1, "b\r\nipybox: approve tool call fx.add(a=1)? [y/N] "=2)? [y/N] "#;
+    assert!(line.starts_with(expected), "{line:?}");
+    // No line of the terminal is a second prompt.
+    let prompts = out
+        .split(['\r', '\n'])
+        .filter(|l| l.starts_with("ipybox: approve"))
+        .count();
+    assert_eq!(prompts, 1, "{out:?}");
+    assert!(
+        !out.contains('\u{1b}'),
+        "a raw escape reached the terminal: {out:?}"
+    );
+    assert!(
+        out.contains(r#"ApprovalRejected: Approval request for fx."\u001b[2Jadd" rejected"#),
+        "{out:?}"
+    );
+    // The registered server's command line comes first: what the call reaches.
+    let server = format!(
+        "ipybox: MCP server fx is {} {} stdio\r\nipybox: approve tool call",
+        crate::support::python(),
+        crate::support::fixture_script()
+    );
+    assert!(out.contains(&server), "{out:?}");
 }

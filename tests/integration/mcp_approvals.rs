@@ -40,6 +40,20 @@ pub(crate) async fn register_fixture(c: &Client) {
     assert_ne!(result.is_error, Some(true), "{}", text(&result));
 }
 
+/// The question about `fx.add(a=1, b=2)`: the tool, the server, the registered server's command
+/// line (the fixture), the arguments.
+pub(crate) fn ask_add() -> String {
+    ask_fx("add", "a=1, b=2")
+}
+
+fn ask_fx(tool: &str, arguments: &str) -> String {
+    format!(
+        "ipybox: Allow executed code to call the tool `{tool}` of the MCP server `fx`?\n\nServer: {} {} stdio\nArguments: {arguments}",
+        python(),
+        fixture_script()
+    )
+}
+
 pub(crate) const CALL_ADD: &str =
     "from mcptools.fx import add\nprint(add.run(add.Params(a=1, b=2)).sum)";
 const CALL_GREET: &str =
@@ -63,12 +77,7 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     register_fixture(&c).await;
     // Accept once: the call runs; the question names server, tool and arguments.
     assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
-    assert_eq!(
-        user.questions(),
-        [
-            "ipybox: Allow executed code to call the tool `add` of the MCP server `fx`?\n\nArguments: a=1, b=2"
-        ]
-    );
+    assert_eq!(user.questions(), [ask_add()]);
     let schema = user.seen.lock().unwrap().questions[0].1.clone();
     assert_eq!(schema["type"], "object");
     assert_eq!(schema["properties"]["remember"]["type"], "boolean");
@@ -106,11 +115,8 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     assert!(failed, "{out}");
     let questions = user.questions();
     assert_eq!(questions.len(), 5);
-    // Long values are shortened in the question.
-    let expected = format!(
-        "ipybox: Allow executed code to call the tool `greet` of the MCP server `fx`?\n\nArguments: name=\"{}…\"",
-        "x".repeat(200)
-    );
+    // Nothing is cut from the question: long values are shown whole.
+    let expected = ask_fx("greet", &format!("name=\"{}\"", "x".repeat(500)));
     assert_eq!(questions[4], expected);
     // The allowance outlives a reset (it is the MCP session's).
     let reset = c
@@ -229,7 +235,7 @@ async fn ask_about_shell_commands_and_magics(era: Era) {
             "ipybox: Run this shell command from executed code?\n\necho hello world",
             "ipybox: Run this shell command from executed code?\n\ntouch declined.txt",
             "ipybox: Run this shell command from executed code?\n\necho again",
-            "ipybox: Run this %%bash cell from executed code?\n\necho from bash $((6 * 7))\n",
+            "ipybox: Run this %%bash cell from executed code?\n\necho from bash $((6 * 7))",
         ]
     );
     c.close().await;
@@ -358,3 +364,67 @@ both_eras!(ask_without_an_answer_times_out_and_the_server_keeps_working);
 both_eras!(ask_with_a_client_without_elicitation_fails_clearly);
 both_eras!(ask_about_shell_commands_and_magics);
 both_eras!(progress_notifications_carry_the_output_in_order);
+
+/// Issue 18: the question shows every name quoted and escaped and every value whole, so kernel
+/// code can neither hide what is sent nor print a fake question; what cannot be shown whole is
+/// refused before the user is asked.
+async fn the_question_shows_exactly_what_runs(era: Era) {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let user = ScriptedClient::new(era, true, &[Answer::Decline, Answer::Accept]);
+    let c = start(ws.path(), &user, &["--approve", "ask"]).await;
+    register_fixture(&c).await;
+    // An argument name of 1 500 zero-width characters would push the real `a` out of view.
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import runner\nrunner.run('add', {'\\u200b' * 1500 + 'a': 1000000, 'b': 2})",
+    )
+    .await;
+    assert!(failed, "{out}");
+    assert!(
+        out.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: not shown to anyone: its argument name is 1501 characters long, over the limit of 128"),
+        "{out}"
+    );
+    assert!(user.questions().is_empty());
+    // A server name with ANSI escapes: not a registered server, refused before anyone is
+    // asked (the trust rule), named escaped.
+    let (failed, out) = cell(
+        &c,
+        "from ipybox_runtime import ToolRunner\nfrom mcptools.fx import SERVER_PARAMS\nToolRunner('\\x1b[31mfx', SERVER_PARAMS).run('add', {'a': 1, 'b': 2})",
+    )
+    .await;
+    assert!(
+        failed && out.contains(r#"ToolError: MCP server `"\u001b[31mfx"` is not registered with this ipybox for this workspace"#),
+        "{out}"
+    );
+    assert!(user.questions().is_empty());
+    // A bidi override in the tool name, a newline in an argument name.
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import runner\nrunner.run('a\\u202edd', {'a': 1, 'b=2\\n\\nipybox: Allow': 2})",
+    )
+    .await;
+    assert!(failed && out.contains("declined by the user"), "{out}");
+    assert_eq!(
+        user.questions(),
+        [ask_fx("\"a\\u202edd\"", r#"a=1, "b=2\n\nipybox: Allow"=2"#)
+            .replace("`\"a\\u202edd\"`", "\"a\\u202edd\"")]
+    );
+    // A value too long to show whole: refused, nobody asked.
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import greet\ngreet.run(greet.Params(name='x' * 20000))",
+    )
+    .await;
+    assert!(failed, "{out}");
+    assert!(
+        out.contains("not shown to anyone: it is 20017 characters long when shown, over the limit of 16384 for an approval prompt"),
+        "{out}"
+    );
+    assert_eq!(user.questions().len(), 1);
+    // The server is still usable.
+    assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
+    assert_eq!(user.questions().len(), 2);
+    c.close().await;
+}
+both_eras!(the_question_shows_exactly_what_runs);

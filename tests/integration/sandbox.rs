@@ -549,10 +549,7 @@ async fn approvals_work_from_the_sandbox() {
             _ => {}
         }
     }
-    assert_eq!(
-        asked,
-        [r#"fx.greet({"name":"yes"})"#, r#"fx.greet({"name":"no"})"#]
-    );
+    assert_eq!(asked, [r#"fx.greet(name="yes")"#, r#"fx.greet(name="no")"#]);
     assert_eq!(result.unwrap(), "Hello, yes!\nrejected");
     stop_and_check(ex, ws).await;
 }

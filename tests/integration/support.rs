@@ -423,7 +423,7 @@ for name in ["ok", "no"]:
     .await;
     assert_eq!(
         asked,
-        [r#"fx.greet({"name":"ok"})"#, r#"fx.greet({"name":"no"})"#],
+        [r#"fx.greet(name="ok")"#, r#"fx.greet(name="no")"#],
         "{what}"
     );
     assert_eq!(

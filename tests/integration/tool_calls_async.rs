@@ -134,7 +134,7 @@ except ApprovalRejected as e:
     print("rejected:", e)
 "#;
     let (asked, out) = stream_with(&ex, code, None, |_| Some((false, Duration::ZERO))).await;
-    assert_eq!(asked, [r#"fx.greet({"name":"no"})"#]);
+    assert_eq!(asked, [r#"fx.greet(name="no")"#]);
     assert_eq!(
         out.unwrap(),
         "rejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application"
@@ -189,9 +189,9 @@ print([r if isinstance(r, str) else f"{type(r).__name__}: {r}" for r in results]
                     assert_eq!(
                         asked,
                         [
-                            r#"fx.greet({"name":"a"})"#,
-                            r#"fx.greet({"name":"b"})"#,
-                            r#"fx.greet({"name":"c"})"#
+                            r#"fx.greet(name="a")"#,
+                            r#"fx.greet(name="b")"#,
+                            r#"fx.greet(name="c")"#
                         ]
                     );
                     for request in waiting.drain(..) {

@@ -43,6 +43,7 @@ FIXTURE = str(ROOT / "tests" / "fixtures" / "mcp_fixture.py")
 CALL_ADD = "from mcptools.fx import add\nprint(add.run(add.Params(a=1, b=2)).sum)"
 ASK_ADD = (
     "ipybox: Allow executed code to call the tool `add` of the MCP server `fx`?\n\n"
+    f"Server: {sys.executable} {FIXTURE} stdio\n"
     "Arguments: a=1, b=2"
 )
 REJECTED = "ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: "

@@ -1,6 +1,5 @@
 import asyncio
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -26,21 +25,21 @@ def pytest_report_header(config):
     return lines
 
 
-@pytest.fixture(scope="session")
-def generated_mcptools(tmp_path_factory) -> Path:
-    """A `mcptools/fixture` package generated once per session (the tests that are about
-    generation call generate_mcp_sources themselves)."""
+def generate_fixture_api(directory: Path) -> Path:
+    """`directory/mcptools/fixture`, generated (and, with ipybox-rs, registered for `directory`:
+    kernels only call servers registered for their workspace, so generated code is not copied
+    between workspaces)."""
     from ipybox import generate_mcp_sources
 
-    root = tmp_path_factory.mktemp("generated") / "mcptools"
+    root = directory / "mcptools"
     asyncio.run(generate_mcp_sources(SERVER_NAME, stdio_params(), root))
     return root
 
 
 @pytest.fixture
-def workspace(tmp_path, monkeypatch, generated_mcptools) -> Path:
+def workspace(tmp_path, monkeypatch) -> Path:
     """A fresh directory holding the generated `mcptools/` and made the test process's cwd, so the
     kernel (which shares the parent's working directory) imports `mcptools.fixture`, as in the docs."""
-    shutil.copytree(generated_mcptools, tmp_path / "mcptools")
+    generate_fixture_api(tmp_path)
     monkeypatch.chdir(tmp_path)
     return tmp_path

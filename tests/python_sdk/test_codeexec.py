@@ -269,11 +269,12 @@ async def test_cwd_changes_persist_without_working_dir(workspace):
         assert result.text == "/"
 
 
-async def test_working_dir(tmp_path, monkeypatch, generated_mcptools):
-    import shutil
+async def test_working_dir(tmp_path, monkeypatch):
+    from conftest import generate_fixture_api
 
     working_dir = tmp_path / "work"
-    shutil.copytree(generated_mcptools, working_dir / "mcptools")
+    working_dir.mkdir()
+    generate_fixture_api(working_dir)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

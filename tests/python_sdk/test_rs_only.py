@@ -171,3 +171,30 @@ def test_a_program_that_exits_right_after_its_last_await_exits_cleanly(workspace
     for _ in range(10):
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
         assert (done.returncode, done.stdout, done.stderr) == (0, "1\n", "")
+
+
+async def test_str_of_a_request_shows_names_escaped_and_nothing_cut(workspace):
+    """str(request) is rendered by the same code as every ipybox prompt (issue 18): names quoted
+    and escaped when they are not plain, strings escaped, nothing cut; 0.9.2's form otherwise."""
+    from ipybox import ApprovalRequest, CodeExecutionError
+
+    code = (
+        "from mcptools.fixture import runner\n"
+        "runner.run('add', {'a': 1, 'b=2)\\nfixture.add(a': 2, 'text': 'gnp.\\u202eexe' + 'x' * 3000})"
+    )
+    shown = []
+    async with CodeExecutor() as executor:
+        with pytest.raises(CodeExecutionError, match="ApprovalRejected"):
+            async for item in executor.stream(code):
+                if isinstance(item, ApprovalRequest):
+                    shown.append(str(item))
+                    assert item.tool_args["b=2)\nfixture.add(a"] == 2  # the attributes are as sent
+                    await item.reject()
+    assert shown == ["fixture.add(a=1, 'b=2)\\nfixture.add(a'=2, text='gnp.\\u202eexe" + "x" * 3000 + "')"]
+
+    async def respond(accepted: bool) -> None:
+        pass
+
+    request = ApprovalRequest("s\x1b[2J", "t", {"k": "v\u200b"}, respond)
+    assert str(request) == "'s\\x1b[2J'.t(k='v\\u200b')"
+    assert repr(request) == "ApprovalRequest('s\\x1b[2J'.t(k='v\\u200b'))"

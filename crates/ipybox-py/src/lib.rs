@@ -222,6 +222,9 @@ fn to_python(py: Python<'_>, item: Item) -> PyResult<Py<PyAny>> {
                 server_name: request.server_name.clone(),
                 tool_name: request.tool_name.clone(),
                 arguments,
+                shell: request.is_shell_command(),
+                calls: request.calls(),
+                server_command: request.server_command.clone(),
                 request: std::sync::Mutex::new(Some(request)),
             };
             any(("approval", Py::new(py, approval)?).into_pyobject(py)?)
@@ -261,6 +264,15 @@ struct Approval {
     /// The arguments as a JSON object.
     #[pyo3(get)]
     arguments: String,
+    /// Whether this is a shell command (`approve_shell_cmds`), not a tool call.
+    #[pyo3(get)]
+    shell: bool,
+    /// How many identical calls the decision answers (queued duplicates are asked once).
+    #[pyo3(get)]
+    calls: usize,
+    /// The registered server's command line or URL (None for shell commands).
+    #[pyo3(get)]
+    server_command: Option<String>,
     request: std::sync::Mutex<Option<ApprovalRequest>>,
 }
 
@@ -284,6 +296,36 @@ impl Approval {
             .unwrap_or_else(|p| p.into_inner())
             .take()
     }
+}
+
+/// `str(request)`: the request as every ipybox prompt shows it (`ipybox::tools::shown`), values
+/// as Python literals: `server.tool(a=1, name='x')`, names and strings escaped, nothing cut.
+#[pyfunction]
+#[pyo3(signature = (server_name, tool_name, arguments, shell=false, calls=1))]
+fn describe(
+    server_name: &str,
+    tool_name: &str,
+    arguments: &str,
+    shell: bool,
+    calls: usize,
+) -> PyResult<String> {
+    let arguments: serde_json::Value = serde_json::from_str(arguments)
+        .map_err(|e| PyValueError::new_err(format!("tool_args is not JSON: {e}")))?;
+    let request = if shell {
+        let cmd = arguments
+            .get("cmd")
+            .and_then(|c| c.as_str())
+            .unwrap_or_default();
+        let magic = arguments.get("magic").and_then(|m| m.as_str());
+        ipybox::tools::testing::shell(cmd, magic)
+    } else {
+        ipybox::tools::testing::tool_call(server_name, tool_name, arguments)
+    };
+    let text = request.describe_as(ipybox::tools::shown::Syntax::Python);
+    Ok(match calls {
+        0 | 1 => text,
+        n => format!("{text} [{n} identical calls]"),
+    })
 }
 
 /// Generates `<root_dir>/<server_name>/` for the server at `params` (a JSON object).
@@ -338,6 +380,7 @@ fn _ipybox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Stream>()?;
     m.add_class::<Approval>()?;
     m.add_function(wrap_pyfunction!(generate_mcp_sources, m)?)?;
+    m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(init_logging, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,6 +1,7 @@
 """`ApprovalRequest`: a tool call from kernel code waiting for the application's decision."""
 
 import asyncio
+import json
 import logging
 from typing import Any, Awaitable, Callable
 
@@ -41,12 +42,29 @@ class ApprovalRequest:
         self.server_name = server_name
         self.tool_name = tool_name
         self.tool_args = tool_args
+        # ipybox-rs: the registered server's command line or URL (`${VAR}` kept as written),
+        # what the call reaches; None for shell commands. Set by the executor.
+        self.server_command: str | None = None
         self._respond = respond
+        # Set by the executor: a shell command (not a tool call), and how many identical queued
+        # calls this decision answers.
+        self._shell = False
+        self._calls = 1
         self._decision: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
 
     def __str__(self) -> str:
-        kwargs_str = ", ".join([f"{k}={v!r}" for k, v in self.tool_args.items()])
-        return f"{self.server_name}.{self.tool_name}({kwargs_str})"
+        """`server.tool(a=1, name='x')` (Python ipybox 0.9.2's form), rendered by the same code as
+        every ipybox prompt: names and strings quoted and escaped (control, bidi and zero-width
+        characters visible), nothing cut; a shell command as it runs."""
+        from ipybox import _ipybox
+
+        return _ipybox.describe(
+            self.server_name,
+            self.tool_name,
+            json.dumps(self.tool_args, default=repr),
+            self._shell,
+            self._calls,
+        )
 
     def __repr__(self) -> str:
         return f"ApprovalRequest({self})"

@@ -342,9 +342,13 @@ def _approval_request(approval: "_ipybox.Approval") -> ApprovalRequest:
         else:
             approval.reject()
 
-    return ApprovalRequest(
+    request = ApprovalRequest(
         server_name=approval.server_name,
         tool_name=approval.tool_name,
         tool_args=json.loads(approval.arguments),
         respond=respond,
     )
+    request._shell = approval.shell
+    request._calls = approval.calls
+    request.server_command = approval.server_command
+    return request
