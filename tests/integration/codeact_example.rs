@@ -14,8 +14,8 @@
 
 use std::path::PathBuf;
 
-use crate::support::{self, connect_ipybox, require, root};
-use ipybox::tools::{McpSession, tool_output};
+use crate::support::{self, require, root};
+use ipybox::tools::tool_output;
 use serde_json::{Value, json};
 
 /// What a step does.
@@ -127,7 +127,7 @@ fn local_params(params: &Value) -> Value {
     params
 }
 
-async fn call(s: &McpSession, tool: &str, arguments: Value) -> String {
+async fn call(s: &impl crate::mcp_eras::CallTool, tool: &str, arguments: Value) -> String {
     let out = tool_output(&support::call(s, tool, arguments).await);
     assert!(!out.is_error, "{tool} failed:\n{}", out.text);
     out.text
@@ -141,8 +141,7 @@ struct Mismatch {
     actual: String,
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn worked_example_runs_as_documented() {
+async fn worked_example_runs_as_documented(era: crate::mcp_eras::Era) {
     require!(TestEnv);
     let page = std::fs::read_to_string(page_path()).expect("docs/codeact.md is readable");
     let steps = parse_page(&page);
@@ -173,7 +172,7 @@ async fn worked_example_runs_as_documented() {
         format!("MEMORY_FILE_PATH={}\n", memory_file.display()),
     )
     .unwrap();
-    let session = connect_ipybox(ws.path(), &[]).await;
+    let session = crate::mcp_eras::start(ws.path(), &[], &[], era).await;
 
     let mut mismatches: Vec<Mismatch> = Vec::new();
     let mut last: Option<(String, String)> = None; // (what, text) of the previous step
@@ -302,3 +301,5 @@ async fn worked_example_runs_as_documented() {
         report.join("\n")
     );
 }
+
+crate::mcp_eras::both_eras!(worked_example_runs_as_documented);

@@ -119,8 +119,7 @@ async fn pythonpath_in_kernel_env_adds_entries_on_a_local_kernel() {
     ex.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn pythonpath_from_the_mcp_servers_dotenv() {
+async fn pythonpath_from_the_mcp_servers_dotenv(era: crate::mcp_eras::Era) {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let (a, b) = libraries(ws.path());
@@ -129,7 +128,7 @@ async fn pythonpath_from_the_mcp_servers_dotenv() {
         format!("KERNEL_ENV_PYTHONPATH={b}:{a}\n"),
     )
     .unwrap();
-    let s = connect_ipybox(ws.path(), &[]).await;
+    let s = crate::mcp_eras::start(ws.path(), &[], &[], era).await;
     let params = fixture_stdio_params("stdio");
     ok_text(
         &s,
@@ -196,3 +195,5 @@ async fn pythonpath_in_kernel_env_on_each_jupyter_server() {
         server.assert_empty(&format!("{kind:?}")).await;
     }
 }
+
+crate::mcp_eras::both_eras!(pythonpath_from_the_mcp_servers_dotenv);

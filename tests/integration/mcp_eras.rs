@@ -88,8 +88,11 @@ impl<H: ClientHandler> Connected<H> {
         self.service.peer()
     }
 
-    pub(crate) async fn close(self) {
+    /// Closes the connection (the server sees EOF) and waits up to 5 s for the server to shut
+    /// down by itself (it deletes remote kernels, stops MCP servers); kills it after that.
+    pub(crate) async fn close(mut self) {
         let _ = self.service.cancel().await;
+        let _ = tokio::time::timeout(Duration::from_secs(5), self._child.wait()).await;
     }
 
     /// The ipybox server's process id.

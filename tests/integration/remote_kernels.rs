@@ -10,8 +10,8 @@ use ipybox::CodeExecutor;
 use ipybox::executor::ExecutorError;
 use ipybox::host_env::HostEnv;
 use ipybox::kernel::KernelError;
-use ipybox::tools::{McpSession, ServerParams, tool_output};
-use serde_json::{Value, json};
+use ipybox::tools::tool_output;
+use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
 use crate::jupyter_servers::{ALL, JupyterServer, Kind, TOKEN};
@@ -519,37 +519,24 @@ async fn wrong_token_and_unreachable_url_are_clear_errors() {
     assert_eq!(server.kernels().await.len(), 0);
 }
 
-fn ipybox_params(ws: &Path, extra: &[&str], env: Value) -> ServerParams {
-    let mut args = vec![
-        json!("--workspace"),
-        json!(ws),
-        json!("--log-level"),
-        json!("warn"),
-    ];
-    args.extend(extra.iter().map(|a| json!(a)));
-    ServerParams::parse(&json!({"command": BIN, "args": args, "env": env})).unwrap()
-}
-
-async fn mcp_exec(s: &McpSession, code: &str) -> (bool, String) {
+async fn mcp_exec(s: &impl crate::mcp_eras::CallTool, code: &str) -> (bool, String) {
     let r = call(s, "execute_ipython_cell", json!({"code": code})).await;
     let out = tool_output(&r);
     (out.is_error, out.text)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn mcp_server_with_kernel_gateway() {
+async fn mcp_server_with_kernel_gateway(era: crate::mcp_eras::Era) {
     require!(TestEnv);
     let server = JupyterServer::start(Kind::EnterpriseGateway);
     let ws = tempfile::tempdir().unwrap();
     let url = server.url();
-    let params = ipybox_params(
+    let s = crate::mcp_eras::start(
         ws.path(),
+        &[("IPYBOX_GATEWAY_TOKEN", TOKEN)],
         &["--kernel-gateway", &url],
-        json!({"IPYBOX_GATEWAY_TOKEN": TOKEN}),
-    );
-    let s = McpSession::connect(&params, &process_env(), Duration::from_secs(60))
-        .await
-        .unwrap();
+        era,
+    )
+    .await;
     let modules = ok_text(
         &s,
         "register_mcp_server",
@@ -573,14 +560,13 @@ async fn mcp_server_with_kernel_gateway() {
     server.assert_empty("after the MCP server exited").await;
 
     // A wrong token: the server starts and says so on each call.
-    let params = ipybox_params(
+    let s = crate::mcp_eras::start(
         ws.path(),
+        &[("IPYBOX_GATEWAY_TOKEN", "wrong")],
         &["--kernel-gateway", &url],
-        json!({"IPYBOX_GATEWAY_TOKEN": "wrong"}),
-    );
-    let s = McpSession::connect(&params, &process_env(), Duration::from_secs(60))
-        .await
-        .unwrap();
+        era,
+    )
+    .await;
     for _ in 0..2 {
         let (is_error, text) = mcp_exec(&s, "1").await;
         assert!(
@@ -666,3 +652,5 @@ async fn kernels_of_a_killed_ipybox_are_deleted_on_the_next_start() {
         .collect();
     assert!(remaining.is_empty(), "{remaining:?}");
 }
+
+crate::mcp_eras::both_eras!(mcp_server_with_kernel_gateway);

@@ -2,7 +2,7 @@
 //! skip rule when they are missing ([`require!`]), real MCP servers to start (the Python fixture
 //! `tests/fixtures/mcp_fixture.py` and `@modelcontextprotocol/server-everything`), registering
 //! them (sync or async API), an executor (and a streamed execution whose approvals a closure
-//! decides) and an ipybox MCP-server client to drive, and process checks.
+//! decides), and process checks (clients of the ipybox MCP server, in both MCP eras: `mcp_eras`).
 //!
 //! Prepared components: `target/test-env/` (`scripts/test-env.sh`) and
 //! `target/sandbox-deps/` (`scripts/sandbox-deps.sh`). Under plain `cargo test` a test that needs
@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use ipybox::CodeExecutor;
 use ipybox::apigen::ApiStyle;
 use ipybox::executor::{ExecutionEvent, ExecutorError};
-use ipybox::tools::{DEFAULT_CONNECT_TIMEOUT, McpSession, ServerParams, tool_output};
+use ipybox::tools::{DEFAULT_CONNECT_TIMEOUT, tool_output};
 use rmcp::model::CallToolResult;
 
 pub(crate) use crate::mcp_eras::CallTool;
@@ -320,21 +320,6 @@ pub(crate) fn args(v: Value) -> Map<String, Value> {
         Value::Object(m) => m,
         _ => panic!("arguments must be an object"),
     }
-}
-
-/// Starts `ipybox --workspace WS` as an MCP server (with `extra_env` added to the process
-/// environment) and connects a real MCP client (rmcp, through ipybox's own session type).
-pub(crate) async fn connect_ipybox(ws: &Path, extra_env: &[(&str, &str)]) -> McpSession {
-    let env: Map<String, Value> = extra_env
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    let params =
-        json!({"command": BIN, "args": ["--workspace", ws, "--log-level", "warn"], "env": env});
-    let params = ServerParams::parse(&params).unwrap();
-    McpSession::connect(&params, &process_env(), Duration::from_secs(60))
-        .await
-        .expect("ipybox MCP server starts")
 }
 
 /// `tools/call` on an MCP session (or a client of the ipybox MCP server); panics if the
