@@ -262,8 +262,7 @@ impl IpyboxServer {
                         request.reject_with(elicit::NO_ELICITATION);
                     } else {
                         asking.push(request);
-                        gather_until
-                            .get_or_insert_with(|| tokio::time::Instant::now() + GATHER);
+                        gather_until.get_or_insert_with(|| tokio::time::Instant::now() + GATHER);
                     }
                 }
                 Some(ExecutionEvent::Approval(request)) => {
@@ -349,19 +348,19 @@ impl IpyboxServer {
             .into());
         }
         // A retry must carry the arguments its requestState was sealed for.
-        let binding = serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars))
-            .unwrap_or_default();
+        let binding =
+            serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars)).unwrap_or_default();
         let resumed = match request_state {
             None => None,
-            Some(state) => match self.pauses.resume(
-                &state,
-                &binding,
-                responses.as_ref(),
-                &self.allowances,
-            ) {
-                Ok(resumed) => Some(resumed),
-                Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
-            },
+            Some(state) => {
+                match self
+                    .pauses
+                    .resume(&state, &binding, responses.as_ref(), &self.allowances)
+                {
+                    Ok(resumed) => Some(resumed),
+                    Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
+                }
+            }
         };
         if resumed.is_none()
             && let Err(e) = self.executor.start().await
@@ -394,15 +393,14 @@ impl IpyboxServer {
                         text.push_str("\n\n");
                     }
                     text.push_str("Generated images:");
-                    for path in &result.images {
+                    // The bytes the kernel sent, kept in memory: the files are in the
+                    // workspace, where a sandboxed kernel can swap them for links.
+                    for (path, bytes) in result.images.iter().zip(&result.image_data) {
                         text.push_str(&format!("\n- {}", path.display()));
-                        match tokio::fs::read(path).await {
-                            Ok(bytes) => content.push(ContentBlock::image(
-                                base64::engine::general_purpose::STANDARD.encode(bytes),
-                                "image/png",
-                            )),
-                            Err(e) => tracing::warn!("cannot read image {}: {e}", path.display()),
-                        }
+                        content.push(ContentBlock::image(
+                            base64::engine::general_purpose::STANDARD.encode(bytes),
+                            "image/png",
+                        ));
                     }
                 }
                 content.insert(0, ContentBlock::text(text));
