@@ -97,7 +97,11 @@ pub(super) const NO_ELICITATION: &str = "nobody could be asked: ipybox runs with
 /// Applies the user's answer (an `elicitation/create` result, or an `input_required` round's
 /// response) to `request`: accept (with `remember`, for the rest of the session), decline or
 /// cancel.
-pub(super) fn answer(request: ApprovalRequest, result: &ElicitResult, allowances: &SessionAllowances) {
+pub(super) fn answer(
+    request: ApprovalRequest,
+    result: &ElicitResult,
+    allowances: &SessionAllowances,
+) {
     match result.action {
         ElicitationAction::Accept => {
             let remember = result

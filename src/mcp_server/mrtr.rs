@@ -67,8 +67,7 @@ impl Pauses {
     pub(crate) fn new() -> Self {
         let key: [u8; 32] = rand::random();
         Self {
-            codec: RequestStateCodec::try_new(key.to_vec())
-                .expect("a 32-byte key is long enough"),
+            codec: RequestStateCodec::try_new(key.to_vec()).expect("a 32-byte key is long enough"),
             parked: Mutex::default(),
             next_id: AtomicU64::new(1),
         }
@@ -194,7 +193,12 @@ mod tests {
         let opened: State = pauses.codec.open_json_with(&sealed, b"args").unwrap();
         assert_eq!((opened.id, opened.round), (7, 2));
         // Other arguments, another process's key, a tampered value.
-        assert!(pauses.codec.open_json_with::<State>(&sealed, b"other").is_err());
+        assert!(
+            pauses
+                .codec
+                .open_json_with::<State>(&sealed, b"other")
+                .is_err()
+        );
         assert!(
             Pauses::new()
                 .codec
@@ -203,6 +207,11 @@ mod tests {
         );
         let mut tampered = sealed.clone();
         tampered.pop();
-        assert!(pauses.codec.open_json_with::<State>(&tampered, b"args").is_err());
+        assert!(
+            pauses
+                .codec
+                .open_json_with::<State>(&tampered, b"args")
+                .is_err()
+        );
     }
 }

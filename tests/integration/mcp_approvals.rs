@@ -207,7 +207,11 @@ async fn start(ws: &Path, client: &ScriptedClient, flags: &[&str]) -> Client {
 async fn cell(c: &Client, code: &str) -> (bool, String) {
     let params = CallToolRequestParams::new("execute_ipython_cell")
         .with_arguments(args(json!({"code": code, "timeout": 60})));
-    let result = c.service.call_tool(params).await.expect("tools/call answers");
+    let result = c
+        .service
+        .call_tool(params)
+        .await
+        .expect("tools/call answers");
     (result.is_error == Some(true), text(&result))
 }
 
