@@ -107,3 +107,33 @@ impl Ledger {
         deleted
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn records_are_private() {
+        let t = tempfile::tempdir().unwrap();
+        let data = t.path().join("ipybox");
+        let gateway = Gateway::parse(
+            "http://127.0.0.1:9",
+            &crate::host_env::HostEnv::from_vars(Default::default()),
+        )
+        .unwrap();
+        let ledger = Ledger::new(&data);
+        ledger.record(&gateway, "0f1e-2d3c");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(&data.join("gateway-kernels")), 0o700);
+        assert_eq!(mode(&data.join("gateway-kernels/0f1e-2d3c.json")), 0o600);
+        ledger.forget("0f1e-2d3c");
+        assert_eq!(
+            std::fs::read_dir(data.join("gateway-kernels"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
+}
