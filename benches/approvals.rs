@@ -16,6 +16,9 @@
 //!
 //! Needs `bash scripts/test-env.sh` (the fixture MCP server's venv).
 
+// These start fixtures and ipybox itself, not host children of ipybox (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

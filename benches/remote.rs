@@ -13,6 +13,9 @@
 //! memory per session (the kernels' RSS on the server, and this process's RSS growth, per
 //! executor).
 
+// These start fixtures and ipybox itself, not host children of ipybox (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 

@@ -1,21 +1,60 @@
-//! What every long-running child ipybox starts shares: it leads its own process group (so what
-//! it starts dies with it), its stderr is kept as a bounded tail for error messages, and the
-//! group is signalled as a whole. Kernels (`kernel/local.rs`) and stdio MCP servers
-//! (`tools/client.rs`) are started this way; short-lived commands (installers, probes) only use
-//! [`tail`] on their collected output.
+//! What every child ipybox starts shares. Every process starts from [`host_command`] (or
+//! [`host_command_blocking`]): its working directory is [`SAFE_CWD`], never ipybox's own, which
+//! with the default `--workspace .` is the workspace a sandboxed kernel can write (a `python -m
+//! x`, a pyenv shim, `uv` or `npx` would otherwise pick up what the kernel put there). A child
+//! that must run elsewhere says so with `current_dir` at its call site. `Command::new` is
+//! disallowed elsewhere (clippy.toml), so this cannot be forgotten.
+//!
+//! Long-running children lead their own process group (so what they start dies with them), keep
+//! a bounded stderr tail for error messages, and are signalled as a group. Kernels
+//! (`kernel/local.rs`) and stdio MCP servers (`tools/client.rs`) are started this way;
+//! short-lived commands (installers, probes) only use [`tail`] on their collected output.
 //!
 //! Not here: how each kind of child is started, watched and stopped.
 
 use std::collections::VecDeque;
+use std::ffi::OsStr;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
-/// Rewrites a child's argv before it is started (the sandbox wraps the kernel's command this way).
+/// The working directory of every child ipybox starts unless its call site names another: the
+/// file system root, which neither a sandboxed kernel nor a kernel on a Jupyter server can write,
+/// and where no tool finds project configuration (`uv.toml`, `pyproject.toml`, `node_modules`,
+/// `.python-version`) or modules to import.
+pub(crate) const SAFE_CWD: &str = "/";
+
+/// A command for `program` whose working directory is [`SAFE_CWD`].
+#[allow(clippy::disallowed_methods)] // the one place commands are made
+pub(crate) fn host_command(program: impl AsRef<OsStr>) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.current_dir(SAFE_CWD);
+    cmd
+}
+
+/// [`host_command`] for blocking code (`std::process`).
+#[allow(clippy::disallowed_methods)] // the one place commands are made
+pub(crate) fn host_command_blocking(program: impl AsRef<OsStr>) -> std::process::Command {
+    let mut cmd = std::process::Command::new(program);
+    cmd.current_dir(SAFE_CWD);
+    cmd
+}
+
+/// A command about to be started: its argv, its whole environment (the child inherits nothing
+/// else), and a directory of this child's that only the host writes (where a wrapper can leave
+/// it files, such as the environment a sandboxed kernel sources inside the sandbox).
+#[derive(Debug, Clone)]
+pub(crate) struct ChildCommand {
+    pub(crate) argv: Vec<String>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) private_dir: std::path::PathBuf,
+}
+
+/// Rewrites a child's command before it is started (the sandbox wraps the kernel's this way).
 #[derive(Clone)]
 pub(crate) struct CommandWrapper(
-    pub(crate) std::sync::Arc<dyn Fn(Vec<String>) -> Vec<String> + Send + Sync>,
+    pub(crate) Arc<dyn Fn(ChildCommand) -> std::io::Result<ChildCommand> + Send + Sync>,
 );
 
 impl std::fmt::Debug for CommandWrapper {
@@ -162,7 +201,7 @@ mod tests {
 
     #[tokio::test]
     async fn group_signal_reaches_grandchildren() {
-        let mut cmd = tokio::process::Command::new("sh");
+        let mut cmd = host_command("sh");
         cmd.args(["-c", "sleep 30 & wait"]);
         let mut child = own_group(&mut cmd).spawn().unwrap();
         let pid = child.id().unwrap();

@@ -456,6 +456,26 @@ impl CodeExecutor {
             Some(spec) => Some(self.gateway(&spec.0)?),
             None => None,
         };
+        // Before anything runs on the host: nothing it will run may lie where a sandboxed
+        // kernel can write.
+        let sandbox_policy = match &b.sandbox {
+            Some(options) => {
+                let loaded = crate::sandbox::load_policy(options, &workspace).await?;
+                let explicit = b
+                    .python
+                    .clone()
+                    .or_else(|| self.host_env().get("IPYBOX_PYTHON").map(PathBuf::from));
+                crate::sandbox::check_layout(
+                    &loaded,
+                    options,
+                    self.host_env(),
+                    &workspace,
+                    explicit.as_deref(),
+                )?;
+                Some(loaded)
+            }
+            None => None,
+        };
         // Kernels on a Jupyter server use the server's Python: nothing to provision here.
         let python = match &gateway {
             Some(_) => PathBuf::new(),
@@ -542,15 +562,29 @@ impl CodeExecutor {
         if let Some(timeout) = b.kernel_start_timeout {
             config.start_timeout = timeout;
         }
-        if let Some(options) = &b.sandbox {
+        if let (Some(options), Some(loaded)) = (&b.sandbox, sandbox_policy) {
             let python = config.python.clone();
+            let writable = runtime
+                .kernel_writable()
+                .map_err(|source| ExecutorError::Io {
+                    path: runtime.path().to_path_buf(),
+                    source,
+                })?;
             config.wrapper = Some(
                 crate::sandbox::prepare(
                     options,
+                    loaded,
                     self.host_env(),
                     &workspace,
                     runtime.path(),
+                    &[
+                        runtime.path().join("python"),
+                        runtime.host_kernels(),
+                        socket.clone(),
+                    ],
+                    writable.path(),
                     &python,
+                    &config.env,
                 )
                 .await?,
             );
@@ -622,7 +656,14 @@ impl CodeExecutor {
         }
         let workspace = self.workspace()?;
         let registry = match pyenv::data_dir(self.host_env()) {
-            Ok(dir) => Registry::for_workspace(&dir, &workspace),
+            Ok(dir) => {
+                // ipybox's data directory is private (0700): registrations are written there.
+                crate::safe_fs::create_private_dir(&dir).map_err(|source| ExecutorError::Io {
+                    path: dir.clone(),
+                    source,
+                })?;
+                Registry::for_workspace(&dir, &workspace)
+            }
             Err(_) => Registry::in_memory(),
         };
         Ok(self
@@ -651,6 +692,22 @@ impl CodeExecutor {
             .builder
             .connect_timeout
             .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        if let Some(options) = &self.inner.builder.sandbox {
+            // The host starts this server outside the sandbox: none of it may live where the
+            // sandboxed kernel writes.
+            let workspace = root.parent().unwrap_or(&root);
+            let (policy, _) = crate::sandbox::load_policy(options, workspace)
+                .await
+                .map_err(|e| RegisterError::Workspace(e.into()))?;
+            let home = self.host_env().get("HOME").map(PathBuf::from);
+            let writable = policy.writable_roots(workspace, home.as_deref());
+            crate::register::refuse_writable_paths(
+                server_name,
+                server_params,
+                &self.tool_env(),
+                &writable,
+            )?;
+        }
         let modules = crate::register::generate_only(
             server_name,
             server_params,
@@ -923,8 +980,15 @@ impl CodeExecutor {
         let python = self.python().await.ok_or(KernelError::Stopped)?;
         let owned = spec.to_string();
         let host = self.host_env().clone();
+        // A sandboxed kernel can write local paths (the workspace): building one would run its
+        // code on the host.
+        let sandboxed = self.inner.builder.sandbox.is_some();
         let summary = tokio::task::spawn_blocking(move || {
-            crate::pyenv::install_package(&python, &owned, &host)
+            if sandboxed {
+                crate::pyenv::install_package_from_remote(&python, &owned, &host)
+            } else {
+                crate::pyenv::install_package(&python, &owned, &host)
+            }
         })
         .await
         .map_err(|source| ExecutorError::Task {

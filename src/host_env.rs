@@ -4,7 +4,7 @@
 //! the process environment that the library reads in one place and passes down.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Identity and locale.
 pub const IDENTITY: &[&str] = &["HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ"];
@@ -57,12 +57,26 @@ impl HostEnv {
         &self.vars
     }
 
-    /// The first executable file called `name` in a `PATH` directory.
+    /// The first executable file called `name` in a `PATH` directory. Relative entries (`.`,
+    /// an empty entry) are skipped: they would be looked up from ipybox's working directory,
+    /// which with `--workspace .` is a directory a sandboxed kernel can write.
     pub fn find_on_path(&self, name: &str) -> Option<PathBuf> {
         let path = self.get("PATH")?;
         std::env::split_paths(path)
+            .filter(|d| d.is_absolute())
             .map(|d| d.join(name))
             .find(|p| p.is_file())
+    }
+
+    /// `PATH` without its relative entries (see [`HostEnv::find_on_path`]); `None` if unset or
+    /// nothing is left.
+    pub fn absolute_path(&self) -> Option<String> {
+        let path = self.get("PATH")?;
+        let kept: Vec<&str> = path
+            .split(':')
+            .filter(|d| Path::new(d).is_absolute())
+            .collect();
+        (!kept.is_empty()).then(|| kept.join(":"))
     }
 
     /// ipybox's per-user data directory: `$IPYBOX_HOME`, else `$XDG_DATA_HOME/ipybox`, else

@@ -14,6 +14,7 @@ pub mod kernel;
 pub(crate) mod pause;
 pub mod pyenv;
 pub mod register;
+pub(crate) mod safe_fs;
 pub mod sandbox;
 pub mod tools;
 

@@ -10,15 +10,21 @@
 //!    line by line to a [`Progress`] callback (the CLI prints it, the library logs it). An exclusive file lock makes concurrent ipybox processes wait for one another
 //!    instead of corrupting the environment; a marker file written last says it is complete.
 //!
+//! Every command runs from `/` (see `child_process::host_command`), Python with `-I` (no
+//! current directory, user site-packages or `PYTHON*` variables on its path), so nothing a
+//! sandboxed kernel wrote into the workspace (`pip/__main__.py`, `uv.toml`, `pyproject.toml`,
+//! `.python-version`) is picked up. The data directory is private (0700), the lock and the
+//! marker 0600.
+//!
 //! This module does not start kernels; it only hands out an interpreter path. It reads no
 //! environment variables itself: the caller passes a [`HostEnv`].
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::child_process::tail;
+use crate::child_process::{host_command_blocking, tail};
 use crate::host_env::HostEnv;
 
 /// Packages the kernel environment must hold (what is installed into a managed environment).
@@ -58,6 +64,10 @@ pub enum PyEnvError {
         "`{spec}` is not a package requirement\n  help: pass a name with an optional version specifier (`numpy`, `numpy>=2`) or a `git+https://…` URL"
     )]
     InvalidRequirement { spec: String },
+    #[error(
+        "`{spec}` names a local source, and the kernel is sandboxed: the installer runs on the host and would build (run) what is there, which the sandboxed kernel may have written\n  help: install from a package index (`name`, `name>=1.2`) or a remote URL (`git+https://…`); to install local code, run your installer yourself outside ipybox"
+    )]
+    LocalSourceRefused { spec: String },
     #[error(
         "installing `{spec}` failed: `{command}`\n{output}\n  help: check the package name and version; the installer's output is above"
     )]
@@ -133,8 +143,8 @@ pub fn check_interpreter(python: &Path) -> Result<(), PyEnvError> {
     let probe = format!(
         "import importlib.util as u; print(' '.join(m for m in {REQUIRED_MODULES:?} if u.find_spec(m) is None))"
     );
-    let out = Command::new(python)
-        .args(["-c", &probe])
+    let out = host_command_blocking(python)
+        .args(["-I", "-c", &probe])
         .stdin(Stdio::null())
         .output()
         .map_err(|e| PyEnvError::NotRunnable {
@@ -185,14 +195,21 @@ pub fn ensure_managed(
         return Ok(env);
     }
     let parent = dir.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(io_err(parent))?;
+    // The data directory (`$IPYBOX_HOME`) is private: registrations and the kernel ledger live
+    // there too.
+    crate::safe_fs::create_private_dir(parent).map_err(io_err(parent))?;
     let lock_path = dir.with_extension("lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io_err(&lock_path))?;
+    let lock = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?
+    };
     if fs4::fs_std::FileExt::try_lock_exclusive(&lock).map_or(true, |locked| !locked) {
         progress(&format!(
             "waiting for another ipybox to finish creating {}",
@@ -245,7 +262,8 @@ fn provision(dir: &Path, host: &HostEnv, progress: &Progress) -> Result<(), PyEn
             dir.display()
         ));
         let mut install = vec![
-            "-m".to_string(),
+            "-I".to_string(),
+            "-m".into(),
             "pip".into(),
             "install".into(),
             "--disable-pip-version-check".into(),
@@ -254,7 +272,12 @@ fn provision(dir: &Path, host: &HostEnv, progress: &Progress) -> Result<(), PyEn
         vec![
             (
                 python3,
-                vec!["-m".to_string(), "venv".into(), dir.display().to_string()],
+                vec![
+                    "-I".to_string(),
+                    "-m".into(),
+                    "venv".into(),
+                    dir.display().to_string(),
+                ],
             ),
             (python.clone(), install),
         ]
@@ -277,7 +300,8 @@ fn provision(dir: &Path, host: &HostEnv, progress: &Progress) -> Result<(), PyEn
     }
     check_interpreter(&python)?;
     let marker = dir.join(MARKER);
-    std::fs::write(&marker, marker_contents()).map_err(io_err(&marker))?;
+    crate::safe_fs::write_private(&marker, marker_contents().as_bytes())
+        .map_err(io_err(&marker))?;
     progress(&format!(
         "kernel environment ready at {} ({:.1} s)",
         dir.display(),
@@ -300,7 +324,7 @@ fn run_reporting(
     progress: &Progress,
 ) -> std::io::Result<StepOutput> {
     use std::io::BufRead;
-    let mut child = Command::new(program)
+    let mut child = host_command_blocking(program)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -333,13 +357,52 @@ fn run_reporting(
     })
 }
 
+/// Whether `spec` names a local source (a path, a `file:` URL, `git+file:`, ...) rather than a
+/// package from an index or a remote URL.
+pub fn is_local_source(spec: &str) -> bool {
+    let spec = spec.trim();
+    let lower = spec.to_ascii_lowercase();
+    spec.starts_with(['/', '.', '~'])
+        || lower.starts_with("file:")
+        || lower.contains("+file:")
+        || lower.contains("@ file:")
+        || lower.contains("@file:")
+        || spec.contains(std::path::MAIN_SEPARATOR) && !lower.contains("://")
+}
+
 /// Installs `spec` (a requirement such as `numpy`, `numpy>=2`, or a `git+https://…` URL) into the
 /// environment of `python`, with uv when it is on PATH, else pip. Returns the installer's summary
-/// (the last lines of its output). Runs on the host, also when the kernel is sandboxed.
+/// (the last lines of its output). Runs on the host, also when the kernel is sandboxed, from
+/// `/` (so no `uv.toml`/`pyproject.toml` of a working directory is read) and, for pip, as
+/// `python -I -m pip`.
 pub fn install_package(python: &Path, spec: &str, host: &HostEnv) -> Result<String, PyEnvError> {
+    install(python, spec, host, true)
+}
+
+/// [`install_package`] that refuses specs naming a local source ([`is_local_source`]): what a
+/// sandboxed kernel's executor installs, since the kernel can write local paths.
+pub fn install_package_from_remote(
+    python: &Path,
+    spec: &str,
+    host: &HostEnv,
+) -> Result<String, PyEnvError> {
+    install(python, spec, host, false)
+}
+
+fn install(
+    python: &Path,
+    spec: &str,
+    host: &HostEnv,
+    local_sources: bool,
+) -> Result<String, PyEnvError> {
     let spec = spec.trim();
     if spec.is_empty() || spec.starts_with('-') {
         return Err(PyEnvError::InvalidRequirement {
+            spec: spec.to_string(),
+        });
+    }
+    if !local_sources && is_local_source(spec) {
+        return Err(PyEnvError::LocalSourceRefused {
             spec: spec.to_string(),
         });
     }
@@ -357,6 +420,7 @@ pub fn install_package(python: &Path, spec: &str, host: &HostEnv) -> Result<Stri
         None => (
             python.to_path_buf(),
             vec![
+                "-I".into(),
                 "-m".into(),
                 "pip".into(),
                 "install".into(),
@@ -366,7 +430,7 @@ pub fn install_package(python: &Path, spec: &str, host: &HostEnv) -> Result<Stri
         ),
     };
     let command = format!("{} {}", program.display(), args.join(" "));
-    let out = Command::new(&program)
+    let out = host_command_blocking(&program)
         .args(&args)
         .stdin(Stdio::null())
         .output()
@@ -381,4 +445,34 @@ pub fn install_package(python: &Path, spec: &str, host: &HostEnv) -> Result<Stri
         });
     }
     Ok(tail(text.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_local_source;
+
+    #[test]
+    fn local_sources_are_told_apart() {
+        for spec in [
+            "./pkg",
+            "../x",
+            "/abs/pkg",
+            "~/pkg",
+            "pkg/sub",
+            "file:///ws/pkg",
+            "git+file:///ws/repo",
+            "name @ file:///ws/x.whl",
+        ] {
+            assert!(is_local_source(spec), "{spec}");
+        }
+        for spec in [
+            "numpy",
+            "numpy>=2",
+            "six==1.16.0",
+            "git+https://github.com/a/b",
+            "name @ https://example.com/x.whl",
+        ] {
+            assert!(!is_local_source(spec), "{spec}");
+        }
+    }
 }

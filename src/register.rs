@@ -7,7 +7,7 @@
 //! neither knows the other.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
@@ -28,6 +28,95 @@ pub enum RegisterError {
     /// The registration could not be recorded on the host (see `tools::registry`).
     #[error("cannot record the registration: {0}")]
     Record(#[source] std::io::Error),
+    /// With a sandboxed kernel, the server would run code from a place the kernel can write.
+    #[error(
+        "MCP server `{server}` would run from {path}, inside {root}, which the sandboxed kernel can write: the host would start code the kernel may have changed\n  help: move the server (its script, its working directory, what its env points at) out of the workspace, e.g. to ~/mcp-servers/, or run ipybox without --sandbox"
+    )]
+    InWritablePlace {
+        server: String,
+        path: PathBuf,
+        root: PathBuf,
+    },
+}
+
+/// For a sandboxed kernel's executor: refuses a stdio server whose `cwd`, `command`, arguments or
+/// `env` values name a path inside one of `writable` (the directories the kernel can write). The
+/// host starts that server outside the sandbox, so a script, module or working directory there
+/// is code the kernel could have rewritten. `${VAR}` placeholders are resolved from `env` where
+/// they can be; paths are absolute ones, `--opt=/path` forms and `:`-separated lists. HTTP
+/// servers run nothing on the host.
+pub(crate) fn refuse_writable_paths(
+    server_name: &str,
+    server_params: &Value,
+    env: &HashMap<String, String>,
+    writable: &[PathBuf],
+) -> Result<(), RegisterError> {
+    let Some(obj) = server_params.as_object() else {
+        return Ok(());
+    };
+    if obj.get("command").is_none() {
+        return Ok(());
+    }
+    let mut words: Vec<String> = Vec::new();
+    let mut push = |v: &Value| {
+        if let Some(s) = v.as_str() {
+            let resolved = crate::tools::env_subst::substitute_str(s, env, "", &mut Vec::new())
+                .unwrap_or_else(|_| s.to_string());
+            words.push(resolved);
+        }
+    };
+    for key in ["command", "cwd"] {
+        if let Some(v) = obj.get(key) {
+            push(v);
+        }
+    }
+    for v in obj
+        .get("args")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        push(v);
+    }
+    for v in obj
+        .get("env")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flat_map(|m| m.values())
+    {
+        push(v);
+    }
+    let cwd = obj
+        .get("cwd")
+        .and_then(Value::as_str)
+        .map(PathBuf::from)
+        .filter(|c| c.is_absolute());
+    for word in &words {
+        let candidates = word
+            .split(':')
+            .chain(word.split_once('=').map(|(_, v)| v))
+            .map(Path::new)
+            .filter_map(|p| {
+                if p.is_absolute() {
+                    Some(p.to_path_buf())
+                } else if p.components().count() > 1 || p.starts_with(".") {
+                    cwd.as_ref().map(|c| c.join(p))
+                } else {
+                    None
+                }
+            });
+        for path in candidates {
+            let real = path.canonicalize().unwrap_or_else(|_| path.clone());
+            if let Some(root) = writable.iter().find(|r| real.starts_with(r)) {
+                return Err(RegisterError::InWritablePlace {
+                    server: server_name.to_string(),
+                    path,
+                    root: root.clone(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Generates `<root_dir>/<server_name>/` from the tools of the server at `server_params`, with
@@ -150,6 +239,47 @@ fn warn_on_literal_secrets(server_name: &str, params: &Value) {
                     "MCP server `{server_name}`: {section}.{name} is a literal value and will be written to the generated code; use a ${{VAR}} placeholder (set VAR in the environment or .env) to keep it out"
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn servers_that_would_run_from_the_workspace_are_refused() {
+        let ws = tempfile::tempdir().unwrap();
+        let ws = ws.path().canonicalize().unwrap();
+        std::fs::create_dir(ws.join("srv")).unwrap();
+        let roots = vec![ws.clone()];
+        let env = HashMap::from([("WS".to_string(), ws.display().to_string())]);
+        let w = ws.display();
+        for params in [
+            json!({"command": "python", "args": ["-m", "echosrv"], "cwd": ws}),
+            json!({"command": "python", "args": ["-m", "echosrv"], "cwd": "${WS}/srv"}),
+            json!({"command": "python", "args": [format!("{w}/server.py")]}),
+            json!({"command": format!("{w}/bin/server")}),
+            json!({"command": "node", "args": [format!("--require={w}/x.js")]}),
+            json!({"command": "python", "args": ["-m", "x"], "env": {"PYTHONPATH": format!("/usr/lib:{w}/lib")}}),
+            json!({"command": "python", "args": [format!("{}/srv/x.py", ws.file_name().unwrap().to_string_lossy())], "cwd": ws.parent().unwrap()}),
+        ] {
+            let Err(err) = refuse_writable_paths("s", &params, &env, &roots) else {
+                panic!("not refused: {params}")
+            };
+            assert!(
+                err.to_string()
+                    .contains("which the sandboxed kernel can write"),
+                "{params}: {err}"
+            );
+        }
+        for params in [
+            json!({"command": "python", "args": ["-m", "echosrv"]}),
+            json!({"command": "/usr/bin/python3", "args": ["/opt/srv/x.py", "--flag=1"]}),
+            json!({"url": format!("http://localhost/{w}")}),
+        ] {
+            refuse_writable_paths("s", &params, &env, &roots).unwrap();
         }
     }
 }

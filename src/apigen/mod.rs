@@ -20,6 +20,8 @@ pub use pyliteral::{py_literal, py_str};
 
 use std::path::{Path, PathBuf};
 
+use crate::safe_fs::{Kind, NoFollowDir};
+
 /// The shape of the generated `run()` functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ApiStyle {
@@ -140,6 +142,11 @@ pub fn render_package(
 /// failed run leaves any previous package untouched. `root_dir` is created if missing and gets
 /// an `__init__.py` if it has none. `server_params` are written as given (no secrets should be
 /// in them; `${VAR}` placeholders stay as written).
+///
+/// Nothing below `root_dir`'s parent is followed if it is a symbolic link: `root_dir` or the
+/// server's folder being a link is an error, files are created new (never through a link), and
+/// the previous package is removed without following links in it. (`root_dir` is usually
+/// `<workspace>/mcptools`, which code in a sandboxed kernel can rewrite.)
 pub fn generate_package(
     server_name: &str,
     server_params: &serde_json::Value,
@@ -149,39 +156,68 @@ pub fn generate_package(
 ) -> Result<Vec<String>, ApigenError> {
     let RenderedPackage { files, modules } =
         render_package(server_name, server_params, tools, style)?;
-    std::fs::create_dir_all(root_dir).map_err(io_err(root_dir))?;
+    let root = NoFollowDir::open(root_dir, Some(0o755)).map_err(io_err(root_dir))?;
     let root_init = root_dir.join("__init__.py");
-    if !root_init.exists() {
-        std::fs::write(&root_init, render::render_root_init()?).map_err(io_err(&root_init))?;
-    }
-    let tmp = tempfile::Builder::new()
-        .prefix(&format!(".{server_name}.new-"))
-        .tempdir_in(root_dir)
-        .map_err(io_err(root_dir))?;
-    for (name, src) in &files {
-        let path = tmp.path().join(name);
-        std::fs::write(&path, src).map_err(io_err(&path))?;
+    if root
+        .kind("__init__.py")
+        .map_err(io_err(&root_init))?
+        .is_none()
+    {
+        match root.create_new("__init__.py", render::render_root_init()?.as_bytes(), 0o644) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                return Err(io_err(&root_init)(e));
+            }
+            _ => {}
+        }
     }
     let target = root_dir.join(server_name);
-    let old = if target.exists() {
-        let old = tempfile::Builder::new()
-            .prefix(&format!(".{server_name}.old-"))
-            .tempdir_in(root_dir)
-            .map_err(io_err(root_dir))?;
-        // Rename over the (empty) placeholder directory.
-        std::fs::rename(&target, old.path()).map_err(io_err(&target))?;
-        Some(old)
-    } else {
-        None
-    };
-    let tmp_path = tmp.keep();
-    if let Err(e) = std::fs::rename(&tmp_path, &target) {
-        if let Some(old) = &old {
-            let _ = std::fs::rename(old.path(), &target);
+    if let Some(kind) = root.kind(server_name).map_err(io_err(&target))?
+        && kind != Kind::Dir
+    {
+        return Err(io_err(&target)(std::io::Error::other(format!(
+            "{} is {}, not a directory ipybox generated; remove it",
+            target.display(),
+            if kind == Kind::Symlink {
+                "a symbolic link (ipybox never writes or deletes through links here: code in a sandboxed kernel can plant them)"
+            } else {
+                "not a directory"
+            }
+        ))));
+    }
+    let tmp = format!(".{server_name}.new-{:08x}", rand::random::<u32>());
+    let written = root
+        .subdir(&tmp, Some(0o755))
+        .and_then(|dir| {
+            files
+                .iter()
+                .try_for_each(|(name, src)| dir.create_new(name, src.as_bytes(), 0o644))
+        })
+        .map_err(io_err(&root_dir.join(&tmp)));
+    if let Err(e) = written {
+        let _ = root.remove_tree(&tmp);
+        return Err(e);
+    }
+    let old = format!(".{server_name}.old-{:08x}", rand::random::<u32>());
+    let had_old = match root.rename(server_name, &old) {
+        Ok(()) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => {
+            let _ = root.remove_tree(&tmp);
+            return Err(io_err(&target)(e));
         }
-        let _ = std::fs::remove_dir_all(&tmp_path);
+    };
+    if let Err(e) = root.rename(&tmp, server_name) {
+        if had_old {
+            let _ = root.rename(&old, server_name);
+        }
+        let _ = root.remove_tree(&tmp);
         return Err(io_err(&target)(e));
     }
-    drop(old); // removes the previous package
+    if had_old && let Err(e) = root.remove_tree(&old) {
+        tracing::warn!(
+            "could not remove the previous package {}: {e}",
+            root_dir.join(&old).display()
+        );
+    }
     Ok(modules)
 }

@@ -37,6 +37,10 @@ pub struct ExecutionOutput {
     pub text: String,
     /// Images written by the execution (`<images_dir>/<8 hex>.png`).
     pub images: Vec<PathBuf>,
+    /// The PNG bytes of each of `images`, in the same order, as the kernel sent them. Use these
+    /// instead of reading the files back: the images directory is in the workspace, where code
+    /// in a sandboxed kernel can replace a file (even with a link to a file it cannot read).
+    pub image_data: Vec<Vec<u8>>,
 }
 
 /// A timeout budget that only runs while not paused.
@@ -231,7 +235,7 @@ async fn run_request(
     }
 
     guard.msg_id = None;
-    let (text, images) = out.finish();
+    let (text, images, image_data) = out.finish();
     if interrupted_at.is_some() {
         return Outcome {
             result: Err(KernelError::Timeout {
@@ -266,7 +270,11 @@ async fn run_request(
         )),
     };
     let result = match failure {
-        None => Ok(ExecutionOutput { text, images }),
+        None => Ok(ExecutionOutput {
+            text,
+            images,
+            image_data,
+        }),
         Some((ename, evalue, traceback)) => Err(KernelError::Failed {
             traceback: format_traceback(&ename, &evalue, &traceback),
             ename,

@@ -6,7 +6,6 @@
 //! iopub (so the subscription is live before the first execute). What an execution does with
 //! the connections is in [`super::execute`].
 
-use std::path::PathBuf;
 use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,6 +18,7 @@ use super::completion::Completion;
 use super::gateway::Gateway;
 use super::gateway::connection::{Inbound, RemoteKernel};
 use super::local::{self, LocalLink};
+use super::runtime_dir::KernelDirs;
 use super::{Backend, KernelConfig, KernelError};
 
 /// How a kernel ended.
@@ -68,13 +68,13 @@ impl Kernel {
     /// process exists, so whoever abandons a launch can wait for the process to end.
     pub(crate) async fn launch(
         config: &KernelConfig,
-        dir: PathBuf,
+        dir: KernelDirs,
         pid: &AtomicU32,
     ) -> Result<Kernel, KernelError> {
         match &config.backend {
             Backend::Local => Self::launch_local(config, dir, pid).await,
             Backend::Gateway(gateway) => {
-                let _ = std::fs::remove_dir_all(&dir);
+                dir.remove();
                 Self::launch_remote(config, gateway).await
             }
         }
@@ -82,7 +82,7 @@ impl Kernel {
 
     async fn launch_local(
         config: &KernelConfig,
-        dir: PathBuf,
+        dir: KernelDirs,
         pid: &AtomicU32,
     ) -> Result<Kernel, KernelError> {
         let started = Instant::now();

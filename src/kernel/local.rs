@@ -7,7 +7,7 @@
 //! (a pipe from us) in a thread and exits on EOF, and on Linux it also gets `PR_SET_PDEATHSIG`.
 //! (Readiness, the `kernel_info` handshake, is the same for every kernel: [`super::instance`].)
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -19,8 +19,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::instance::ExitInfo;
+use super::runtime_dir::KernelDirs;
 use super::{KernelConfig, KernelError, ShellApproval, proto};
-use crate::child_process::{StderrTail, own_group, signal_group};
+use crate::child_process::{ChildCommand, StderrTail, host_command, own_group, signal_group};
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
 /// ipykernel patch (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
@@ -48,7 +49,7 @@ pub(super) struct Process {
     tasks: Vec<JoinHandle<()>>,
     /// Held open: the kernel exits when this pipe closes (ipybox gone).
     _stdin: Option<tokio::process::ChildStdin>,
-    dir: PathBuf,
+    dir: KernelDirs,
 }
 
 impl Process {
@@ -90,7 +91,7 @@ impl Drop for Process {
         for t in &self.tasks {
             t.abort();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        self.dir.remove();
     }
 }
 
@@ -108,7 +109,7 @@ impl LocalLink {
     }
 
     pub(super) fn dir(&self) -> &Path {
-        &self.process.dir
+        &self.process.dir.host
     }
 
     pub(super) fn exited(&self) -> Option<String> {
@@ -154,19 +155,17 @@ pub(super) struct Connected {
     pub(super) iopub_rx: mpsc::UnboundedReceiver<JupyterMessage>,
 }
 
-/// Writes the connection file in `dir` and starts the kernel process; `pid` receives its id at
-/// once, so whoever abandons a launch can wait for the process to end. The returned process
-/// guard kills the kernel when dropped.
+/// Writes the connection file in `dir.host` and starts the kernel process (its IPC sockets go
+/// in `dir.ipc`); `pid` receives its id at once, so whoever abandons a launch can wait for the
+/// process to end. The returned process guard kills the kernel when dropped.
 pub(super) fn spawn(
     config: &KernelConfig,
-    dir: PathBuf,
+    dir: KernelDirs,
     pid: &AtomicU32,
 ) -> Result<(ConnectionInfo, Process), KernelError> {
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| start_err(format!("cannot create {}: {e}", dir.display())))?;
     let info = ConnectionInfo {
         transport: Transport::IPC,
-        ip: dir.join("k").display().to_string(),
+        ip: dir.ipc.join("k").display().to_string(),
         stdin_port: 1,
         control_port: 2,
         hb_port: 3,
@@ -176,11 +175,18 @@ pub(super) fn spawn(
         key: uuid::Uuid::new_v4().to_string(),
         kernel_name: Some("python3".to_string()),
     };
-    let conn_file = dir.join("connection.json");
-    write_private(&conn_file, &serde_json::to_vec(&info).map_err(proto)?)
+    let conn_file = dir.host.join("connection.json");
+    crate::safe_fs::NoFollowDir::open(&dir.host, None)
+        .and_then(|d| {
+            d.create_new(
+                "connection.json",
+                &serde_json::to_vec(&info).map_err(std::io::Error::other)?,
+                0o600,
+            )
+        })
         .map_err(|e| start_err(format!("cannot write {}: {e}", conn_file.display())))?;
 
-    let mut child = spawn_process(config, &conn_file)?;
+    let mut child = spawn_process(config, &conn_file, &dir.host)?;
     pid.store(child.id().unwrap_or(0), Ordering::SeqCst);
     let mut process = Process {
         pid: child.id().unwrap_or(0),
@@ -213,10 +219,13 @@ pub(super) async fn connect(
     mut process: Process,
 ) -> Result<Connected, KernelError> {
     let ports = [info.shell_port, info.iopub_port, info.control_port];
-    while !ports
-        .iter()
-        .all(|p| Path::new(&format!("{}-{p}", info.ip)).exists())
-    {
+    // Sockets, not links to somewhere else (the kernel can write its IPC directory).
+    let is_socket = |p: &u16| {
+        use std::os::unix::fs::FileTypeExt;
+        std::fs::symlink_metadata(format!("{}-{p}", info.ip))
+            .is_ok_and(|m| m.file_type().is_socket())
+    };
+    while !ports.iter().all(is_socket) {
         if process.exited().is_some() {
             return Err(process.exited_err());
         }
@@ -296,6 +305,7 @@ fn startup_line(config: &KernelConfig) -> Option<String> {
 fn spawn_process(
     config: &KernelConfig,
     conn_file: &Path,
+    private_dir: &Path,
 ) -> Result<tokio::process::Child, KernelError> {
     let mut argv = vec![
         config.python.display().to_string(),
@@ -314,13 +324,27 @@ fn spawn_process(
     if let Some(line) = startup_line(config) {
         argv.push(format!("--IPKernelApp.exec_lines={line}"));
     }
+    let mut command = ChildCommand {
+        argv,
+        env: super::kernel_env::local(config),
+        private_dir: private_dir.to_path_buf(),
+    };
     if let Some(wrap) = &config.wrapper {
-        argv = (wrap.0)(argv);
+        command = (wrap.0)(command).map_err(|e| {
+            start_err_help(
+                format!("cannot prepare the sandboxed kernel's command: {e}"),
+                "check that the runtime directory (XDG_RUNTIME_DIR or TMPDIR) is writable",
+            )
+        })?;
     }
-    let mut cmd = tokio::process::Command::new(&argv[0]);
+    let argv = command.argv;
+    let mut cmd = host_command(&argv[0]);
+    // The kernel's working directory is the workspace: its code runs there (unsandboxed, it is
+    // the user's own process; sandboxed, this starts srt, which anchors its policy on its
+    // working directory and reads no code from it, see docs/sandbox.md).
     cmd.args(&argv[1..])
         .env_clear()
-        .envs(super::kernel_env::local(config))
+        .envs(command.env)
         .current_dir(&config.workspace)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
@@ -360,18 +384,6 @@ fn signal_name(sig: i32) -> &'static str {
         libc::SIGBUS => " (SIGBUS)",
         _ => "",
     }
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)?;
-    f.write_all(bytes)
 }
 
 /// A start failure whose fix is usually the kernel environment.

@@ -1,9 +1,13 @@
 //! Assembling what an execution printed into the text and image files a caller receives.
 //!
 //! Text is kept in arrival order (stdout, stderr, `execute_result` and `display_data` text/plain);
-//! `image/png` outputs are decoded and written to the images directory, and their text/plain (a
-//! repr such as `<IPython.core.display.Image object>`) is left out. ANSI escape sequences are
-//! removed everywhere. This module knows the shape of Jupyter outputs, not how they travel.
+//! `image/png` outputs are decoded, written to the images directory and kept in memory (callers
+//! use those bytes, never the files: the images directory is in the workspace, where a
+//! sandboxed kernel can swap a file for a link to something else), and their text/plain (a repr
+//! such as `<IPython.core.display.Image object>`) is left out. Files are created new, never
+//! through a link, in an images directory that is not a link itself ([`crate::safe_fs`]). ANSI
+//! escape sequences are removed everywhere. This module knows the shape of Jupyter outputs, not
+//! how they travel.
 
 use std::path::{Path, PathBuf};
 
@@ -15,6 +19,7 @@ use jupyter_protocol::{Media, MediaType};
 pub(crate) struct OutputCollector {
     text: String,
     images: Vec<PathBuf>,
+    image_data: Vec<Vec<u8>>,
     images_dir: PathBuf,
 }
 
@@ -23,6 +28,7 @@ impl OutputCollector {
         Self {
             text: String::new(),
             images: Vec::new(),
+            image_data: Vec::new(),
             images_dir: images_dir.to_path_buf(),
         }
     }
@@ -47,7 +53,7 @@ impl OutputCollector {
         for item in &media.content {
             match item {
                 MediaType::Png(data) => match self.save_png(data) {
-                    Ok(path) => image = Some(path),
+                    Ok((path, bytes)) => image = Some((path, bytes)),
                     Err(e) => {
                         let msg = format!("[ipybox: could not save an image: {e}]\n");
                         self.text.push_str(&msg);
@@ -65,31 +71,25 @@ impl OutputCollector {
                 _ => {}
             }
         }
-        if let Some(path) = &image {
+        let image = image.map(|(path, bytes)| {
             self.images.push(path.clone());
-        }
+            self.image_data.push(bytes);
+            path
+        });
         (chunk, image)
     }
 
-    fn save_png(&self, data: &str) -> std::io::Result<PathBuf> {
+    fn save_png(&self, data: &str) -> std::io::Result<(PathBuf, Vec<u8>)> {
         // Jupyter wraps base64 in lines sometimes; drop whitespace before decoding.
         let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(compact.as_bytes())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        std::fs::create_dir_all(&self.images_dir)?;
+        let dir = crate::safe_fs::NoFollowDir::open(&self.images_dir, Some(0o755))?;
         loop {
             let name = format!("{:08x}.png", rand::random::<u32>());
-            let path = self.images_dir.join(name);
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(&path)
-            {
-                Ok(mut f) => {
-                    std::io::Write::write_all(&mut f, &bytes)?;
-                    return Ok(path);
-                }
+            match dir.create_new(&name, &bytes, 0o644) {
+                Ok(()) => return Ok((self.images_dir.join(name), bytes)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
             }
@@ -101,8 +101,9 @@ impl OutputCollector {
         self.text.trim().to_string()
     }
 
-    pub(crate) fn finish(self) -> (String, Vec<PathBuf>) {
-        (self.text.trim().to_string(), self.images)
+    /// The text, the image files and their bytes (same order).
+    pub(crate) fn finish(self) -> (String, Vec<PathBuf>, Vec<Vec<u8>>) {
+        (self.text.trim().to_string(), self.images, self.image_data)
     }
 }
 

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::execute::{self, ExecEvent, ExecutionOutput};
 use super::instance::Kernel;
-use super::runtime_dir::RuntimeDir;
+use super::runtime_dir::{KernelDirs, RuntimeDir};
 use super::{KernelConfig, KernelError};
 use crate::pause::TimeoutPause;
 
@@ -88,10 +88,10 @@ impl KernelPool {
         self.current.take()
     }
 
-    fn next_dir(&mut self) -> Result<std::path::PathBuf, KernelError> {
+    fn next_dir(&mut self) -> Result<KernelDirs, KernelError> {
         self.launched += 1;
         self.runtime
-            .subdir(&format!("k{}", self.launched))
+            .kernel_dirs(&format!("k{}", self.launched))
             .map_err(|e| KernelError::Start {
                 reason: format!(
                     "cannot create a kernel directory in {}: {e}",

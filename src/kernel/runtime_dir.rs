@@ -3,6 +3,14 @@
 //! Created with mode 0700 under `$XDG_RUNTIME_DIR` (or the temp dir) as `ipybox-<pid>-<random>`,
 //! removed when dropped. Directories left by an ipybox that was killed (its pid is gone) are swept
 //! when the next one starts. Paths are kept short: Unix socket paths are limited to ~107 bytes.
+//!
+//! Layout: only the host writes the directory itself (`tools.sock`, `python/`, the sandbox
+//! settings, `srt/`, and [`HOST_KERNELS`]`/k<N>/` per kernel with its connection file); a kernel
+//! writes only below [`KERNEL_WRITABLE`] (`box/`: its IPC sockets in `box/k<N>/`, and for a
+//! sandboxed kernel its TMPDIR and IPython/Jupyter directories). The sandbox policy lets a
+//! sandboxed kernel write `box/` and read only the host's parts it needs, so nothing the host
+//! writes or reads back, the settings of the next kernel included, can be prepared by the
+//! kernel.
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -10,6 +18,29 @@ use std::path::{Path, PathBuf};
 use crate::host_env::HostEnv;
 
 const PREFIX: &str = "ipybox-";
+
+/// The subdirectory of the runtime directory a kernel may write (see the module comment).
+pub(crate) const KERNEL_WRITABLE: &str = "box";
+
+/// The subdirectory holding each kernel's host-only directory (`k<N>/`).
+pub(crate) const HOST_KERNELS: &str = "kernels";
+
+/// A kernel's directories: `host` (`<runtime>/kernels/k<N>`: its connection file and anything else the
+/// host hands it; only the host writes here) and `ipc` (`<runtime>/box/k<N>`: where the kernel
+/// binds its IPC sockets).
+#[derive(Debug, Clone)]
+pub(crate) struct KernelDirs {
+    pub(crate) host: PathBuf,
+    pub(crate) ipc: PathBuf,
+}
+
+impl KernelDirs {
+    /// Removes both directories (a link planted at `ipc` is removed, not followed).
+    pub(crate) fn remove(&self) {
+        let _ = std::fs::remove_dir_all(&self.host);
+        let _ = std::fs::remove_dir_all(&self.ipc);
+    }
+}
 
 /// A private directory removed (with everything in it) on drop.
 #[derive(Debug)]
@@ -54,14 +85,31 @@ impl RuntimeDir {
         &self.path
     }
 
-    /// Creates a private subdirectory (e.g. one per kernel).
-    pub(crate) fn subdir(&self, name: &str) -> std::io::Result<PathBuf> {
-        let path = self.path.join(name);
+    /// `<runtime>/kernels`: the kernels' host-only directories.
+    pub(crate) fn host_kernels(&self) -> PathBuf {
+        self.path.join(HOST_KERNELS)
+    }
+
+    /// `<runtime>/box`: what a kernel may write (created on first use).
+    pub(crate) fn kernel_writable(&self) -> std::io::Result<crate::safe_fs::NoFollowDir> {
+        crate::safe_fs::NoFollowDir::open(&self.path.join(KERNEL_WRITABLE), Some(0o700))
+    }
+
+    /// Fresh directories for kernel `name` (`k<N>`). Whatever a kernel left at the IPC
+    /// directory's name (a directory, a link) is removed first, without following it.
+    pub(crate) fn kernel_dirs(&self, name: &str) -> std::io::Result<KernelDirs> {
+        let host = self.host_kernels().join(name);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .recursive(true)
-            .create(&path)?;
-        Ok(path)
+            .create(&host)?;
+        let writable = self.kernel_writable()?;
+        writable.remove_tree(name)?;
+        let ipc = writable.subdir(name, Some(0o700))?;
+        Ok(KernelDirs {
+            host,
+            ipc: ipc.path().to_path_buf(),
+        })
     }
 }
 

@@ -342,15 +342,14 @@ async fn cell_result(
             text.push_str("\n\n");
         }
         text.push_str("Generated images:");
-        for path in &result.images {
+        // The bytes the kernel sent, kept in memory: the files are in the workspace, where a
+        // sandboxed kernel can swap them for links.
+        for (path, bytes) in result.images.iter().zip(&result.image_data) {
             text.push_str(&format!("\n- {}", path.display()));
-            match tokio::fs::read(path).await {
-                Ok(bytes) => content.push(ContentBlock::image(
-                    base64::engine::general_purpose::STANDARD.encode(bytes),
-                    "image/png",
-                )),
-                Err(e) => tracing::warn!("cannot read image {}: {e}", path.display()),
-            }
+            content.push(ContentBlock::image(
+                base64::engine::general_purpose::STANDARD.encode(bytes),
+                "image/png",
+            ));
         }
     }
     content.insert(0, ContentBlock::text(text));

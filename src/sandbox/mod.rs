@@ -4,17 +4,21 @@
 //! `prepare` checks that the sandbox can run (`platform`), loads the caller's policy or the
 //! default one and adds what ipybox needs under any policy ([`policy`]), writes the effective
 //! settings into the runtime directory, and returns the `CommandWrapper` that runs the kernel
-//! command under srt (`wrap`).
+//! command under srt (`wrap`), with the kernel's variables kept away from srt (`env`).
+//! [`check_layout`] refuses, before anything runs, a setup where the host would run code from a
+//! place the kernel can write (its interpreter, srt, the home directory inside the workspace).
 //!
 //! Not here: launching, interrupting and killing the kernel (`kernel/`; interrupts go over the
 //! control channel, which works inside the sandbox) and sandboxing MCP servers (they use `srt`
 //! as their command, see `docs/sandbox.md`). It never falls back to running unsandboxed: when
 //! something is missing, `prepare` fails and says what to install.
 
+pub mod env;
 pub(crate) mod platform;
 pub mod policy;
 pub(crate) mod wrap;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::child_process::CommandWrapper;
@@ -68,6 +72,10 @@ pub enum SandboxError {
         #[source]
         source: Option<serde_json::Error>,
     },
+    /// The setup would let the sandboxed kernel steer the host (a loader variable in its
+    /// environment, the host's interpreter or srt in a place it can write, ...).
+    #[error("refusing to start a sandboxed kernel: {reason}\n  help: {help}")]
+    Refused { reason: String, help: String },
     /// A file could not be read or written.
     #[error("cannot prepare the sandbox ({}): {source}", path.display())]
     Io {
@@ -77,32 +85,149 @@ pub enum SandboxError {
     },
 }
 
-/// Checks the sandbox, builds the effective policy for a kernel run by `python`, writes it into
-/// `runtime_dir` and returns the wrapper that runs kernel commands under srt.
-pub(crate) async fn prepare(
+/// A policy and the settings file it came from (absolute), if any.
+pub(crate) type LoadedPolicy = (SandboxPolicy, Option<PathBuf>);
+
+/// The policy `options` select (the caller's, the settings file, or the default) and the file
+/// it came from, resolved against `workspace`.
+pub(crate) async fn load_policy(
+    options: &SandboxOptions,
+    workspace: &Path,
+) -> Result<LoadedPolicy, SandboxError> {
+    let file = options.config_file.as_ref().map(|f| {
+        if f.is_absolute() {
+            f.clone()
+        } else {
+            workspace.join(f)
+        }
+    });
+    let policy = match &options.policy {
+        Some(policy) => policy.clone(),
+        None => policy::load(file.as_deref(), workspace).await?,
+    };
+    Ok((policy, file))
+}
+
+/// Refuses a setup in which the host would run or load code from a place the sandboxed kernel
+/// can write (the workspace and the policy's other writable directories): the home directory
+/// (dotfiles host programs run), the kernel's interpreter and its environment (the host runs it
+/// to check it and to install packages), ipybox's data directory, srt. Runs before any of them
+/// is started. `python` is the interpreter named by the caller, if any.
+pub(crate) fn check_layout(
+    (policy, _): &LoadedPolicy,
     options: &SandboxOptions,
     host: &HostEnv,
     workspace: &Path,
+    python: Option<&Path>,
+) -> Result<(), SandboxError> {
+    let home = host.get("HOME").map(PathBuf::from);
+    let roots = policy.writable_roots(workspace, home.as_deref());
+    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let writable = |p: &Path| {
+        let p = canonical(p);
+        roots.iter().find(|r| p.starts_with(r)).cloned()
+    };
+    let mut checks: Vec<(String, PathBuf, &str)> = Vec::new();
+    if let Some(home) = &home {
+        checks.push((
+            format!("your home directory {}", home.display()),
+            home.clone(),
+            "the kernel could write files that host programs run (~/.bashrc, ~/.config, ~/.local/bin, ~/.ipython); use a project directory as the workspace (--workspace DIR) and keep the policy's allowWrite out of your home directory",
+        ));
+    }
+    if let Some(python) = python {
+        // The environment's root (`<venv>/bin/python` -> `<venv>`) holds the site-packages
+        // (and their `.pth` files) the host imports when it runs the interpreter.
+        let abs = if python.is_absolute() {
+            python.to_path_buf()
+        } else {
+            workspace.join(python)
+        };
+        let root = abs
+            .parent()
+            .and_then(Path::parent)
+            .map_or_else(|| abs.clone(), Path::to_path_buf);
+        checks.push((
+            format!("the kernel's Python environment {}", root.display()),
+            root,
+            "the host runs this interpreter (to check it, to install packages) and would run what the kernel put in its site-packages; use an environment outside the workspace (or none: ipybox manages one)",
+        ));
+    }
+    if let Some(data) = host.data_dir() {
+        checks.push((
+            format!("ipybox's data directory {}", data.display()),
+            data,
+            "set IPYBOX_HOME to a directory outside the workspace",
+        ));
+    }
+    if let Ok(srt) = platform::find_srt(options.srt.as_deref(), host) {
+        checks.push((
+            format!("srt {}", canonical(&srt).display()),
+            srt,
+            "install srt outside the workspace (npm install -g, or point IPYBOX_SRT elsewhere)",
+        ));
+    }
+    for (what, path, help) in checks {
+        if let Some(root) = writable(&path) {
+            return Err(SandboxError::Refused {
+                reason: format!(
+                    "{what} is inside {}, which the sandboxed kernel can write",
+                    root.display()
+                ),
+                help: help.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the sandbox, builds the effective policy for a kernel run by `python` with the
+/// caller's `kernel_env`, writes it into `runtime_dir` and returns the wrapper that runs kernel
+/// commands under srt. `kernel_writable` is the part of the runtime directory the kernel may
+/// write, `runtime_readable` what else in it the kernel reads.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn prepare(
+    options: &SandboxOptions,
+    (policy, config_file): LoadedPolicy,
+    host: &HostEnv,
+    workspace: &Path,
     runtime_dir: &Path,
+    runtime_readable: &[PathBuf],
+    kernel_writable: &Path,
     python: &Path,
+    kernel_env: &BTreeMap<String, String>,
 ) -> Result<CommandWrapper, SandboxError> {
+    env::check_kernel_env(kernel_env)?;
     let srt = platform::find_srt(options.srt.as_deref(), host)?;
     platform::check(&srt, host).await?;
-    let policy = match &options.policy {
-        Some(policy) => policy.clone(),
-        None => policy::load(options.config_file.as_deref(), workspace).await?,
+    let mkdir = |p: &Path| {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .create(p)
+            .map_err(|source| SandboxError::Io {
+                path: p.to_path_buf(),
+                source,
+            })
     };
-    let tmp = runtime_dir.join("tmp");
-    tokio::fs::create_dir_all(&tmp)
-        .await
-        .map_err(|source| SandboxError::Io {
-            path: tmp.clone(),
-            source,
-        })?;
+    // srt's own temp files (its proxy bridge sockets) in a directory only the host writes; the
+    // kernel's temp, IPython and Jupyter directories in the part it may write.
+    let srt_tmp = runtime_dir.join("srt");
+    let kernel_tmp = kernel_writable.join("tmp");
+    let ipython = kernel_writable.join("ipython");
+    let jupyter = kernel_writable.join("jupyter");
+    for dir in [&srt_tmp, &kernel_tmp, &ipython, &jupyter] {
+        mkdir(dir)?;
+    }
+    let mut readable = runtime_readable.to_vec();
+    readable.push(srt_tmp.clone());
     let paths = SandboxPaths {
         workspace: workspace.to_path_buf(),
         runtime_dir: runtime_dir.to_path_buf(),
+        runtime_readable: readable,
+        kernel_writable: kernel_writable.to_path_buf(),
         python_dirs: wrap::python_dirs(python, host),
+        data_dir: host.data_dir(),
+        config_file,
     };
     let settings = serde_json::to_string_pretty(&policy.effective(&paths)).map_err(|source| {
         SandboxError::Config {
@@ -113,12 +238,31 @@ pub(crate) async fn prepare(
         }
     })?;
     let settings_path = runtime_dir.join(SETTINGS_FILE);
-    tokio::fs::write(&settings_path, settings)
-        .await
-        .map_err(|source| SandboxError::Io {
+    crate::safe_fs::write_private(&settings_path, settings.as_bytes()).map_err(|source| {
+        SandboxError::Io {
             path: settings_path.clone(),
             source,
-        })?;
-    let sweeper = wrap::ArtifactSweeper::new(workspace);
-    Ok(wrap::wrapper(&srt, &settings_path, &tmp, host, sweeper))
+        }
+    })?;
+    let disp = |p: &Path| p.display().to_string();
+    let inner_extra = vec![
+        ("IPYTHONDIR".to_string(), disp(&ipython)),
+        (
+            "JUPYTER_CONFIG_DIR".to_string(),
+            disp(&jupyter.join("config")),
+        ),
+        ("JUPYTER_DATA_DIR".to_string(), disp(&jupyter.join("data"))),
+        (
+            "JUPYTER_RUNTIME_DIR".to_string(),
+            disp(&jupyter.join("runtime")),
+        ),
+    ];
+    let sweeper = wrap::ArtifactSweeper::new(workspace, paths.config_file.as_slice());
+    Ok(wrap::wrapper(
+        &srt,
+        &settings_path,
+        env::outer(host, &srt_tmp, &kernel_tmp),
+        inner_extra,
+        sweeper,
+    ))
 }

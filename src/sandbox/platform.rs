@@ -8,10 +8,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use tokio::process::Command;
-
 use super::SandboxError;
-use crate::child_process::tail;
+use crate::child_process::{host_command, tail};
 use crate::host_env::HostEnv;
 
 /// The srt release ipybox is tested with (`scripts/sandbox-deps.sh` installs it).
@@ -114,7 +112,7 @@ pub(crate) async fn check(srt: &Path, host: &HostEnv) -> Result<(), SandboxError
     if cfg!(target_os = "linux") {
         check_user_namespaces(host).await?;
     }
-    let out = Command::new(srt)
+    let out = host_command(srt)
         .arg("--version")
         .stdin(Stdio::null())
         .output()
@@ -155,7 +153,7 @@ pub(crate) async fn check(srt: &Path, host: &HostEnv) -> Result<(), SandboxError
 /// bubblewrap needs user namespaces (srt also unshares the network and pid namespaces).
 async fn check_user_namespaces(host: &HostEnv) -> Result<(), SandboxError> {
     let bwrap = find_in_path(host, "bwrap").unwrap_or_else(|| PathBuf::from("bwrap"));
-    let out = Command::new(&bwrap)
+    let out = host_command(&bwrap)
         .args([
             "--unshare-user",
             "--unshare-net",
@@ -192,10 +190,12 @@ async fn check_user_namespaces(host: &HostEnv) -> Result<(), SandboxError> {
     })
 }
 
-/// The first executable called `program` in the host's `PATH`.
+/// The first executable called `program` in the host's `PATH` (absolute entries only: a
+/// relative one would be looked up from ipybox's working directory, often the workspace).
 pub(crate) fn find_in_path(host: &HostEnv, program: &str) -> Option<PathBuf> {
     let path = host.get("PATH")?;
     std::env::split_paths(path)
+        .filter(|d| d.is_absolute())
         .map(|d| d.join(program))
         .find(|p| is_executable(p))
 }

@@ -22,6 +22,38 @@ use super::SandboxError;
 /// workspace and the interpreter are bound back when they live below one of them.
 pub const HIDDEN_SOCKET_DIRS: &[&str] = &["/run", "/var/run", "/tmp", "/var/tmp"];
 
+/// Credential stores and other private files under the home directory the default policy does
+/// not let the kernel read (docs/sandbox.md says why each is there). A policy that gives its own
+/// `filesystem` section replaces this list.
+pub const DEFAULT_DENY_READ_HOME: &[&str] = &[
+    "~/.ssh",
+    "~/.aws",
+    "~/.azure",
+    "~/.config",
+    "~/.gnupg",
+    "~/.netrc",
+    "~/.docker",
+    "~/.kube",
+    "~/.git-credentials",
+    "~/.npmrc",
+    "~/.pypirc",
+    "~/.password-store",
+    "~/.local/share/keyrings",
+    "~/.vault-token",
+    "~/.terraform.d",
+];
+
+/// Places host programs load code or configuration from at their start that no sandboxed
+/// kernel may write, whatever the policy says: IPython's profile (startup files run in every
+/// IPython, the unsandboxed `ipybox exec` included) and Jupyter's configuration and data (a
+/// sandboxed kernel gets private ones in the runtime directory instead).
+pub const DENY_WRITE_HOME: &[&str] = &[
+    "~/.ipython",
+    "~/.jupyter",
+    "~/.local/share/jupyter",
+    "~/Library/Jupyter",
+];
+
 /// An srt settings document (srt 0.0.78).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -121,19 +153,16 @@ pub struct FilesystemPolicy {
 }
 
 impl SandboxPolicy {
-    /// The default policy (the seed's): read everything except `.env` files, write only the
-    /// workspace and IPython's own directories, no network.
+    /// The default policy: read everything except `.env` files and the credential stores of
+    /// [`DEFAULT_DENY_READ_HOME`], write only the workspace, no network.
     pub fn default_policy() -> Self {
-        let jupyter_data = if cfg!(target_os = "macos") {
-            "~/Library/Jupyter"
-        } else {
-            "~/.local/share/jupyter"
-        };
+        let mut deny_read: Vec<String> = vec![".env".into(), "**/.env".into()];
+        deny_read.extend(DEFAULT_DENY_READ_HOME.iter().map(|p| p.to_string()));
         Self {
             network: Some(NetworkPolicy::default()),
             filesystem: Some(FilesystemPolicy {
-                deny_read: vec![".env".into(), "**/.env".into()],
-                allow_write: vec![".".into(), "~/.ipython".into(), jupyter_data.into()],
+                deny_read,
+                allow_write: vec![".".into()],
                 ..FilesystemPolicy::default()
             }),
             ..Self::default()
@@ -192,18 +221,35 @@ impl SandboxPolicy {
     ///   sockets); in exchange [`HIDDEN_SOCKET_DIRS`] are added to `filesystem.denyRead`, so
     ///   host sockets are not even visible (the network namespace already hides abstract ones).
     /// - macOS: `network.allowUnixSockets += [runtime_dir]` (Seatbelt filters them by path).
-    /// - `filesystem.allowRead += [workspace, runtime_dir, python dirs]` and
-    ///   `filesystem.allowWrite += [runtime_dir]`.
+    /// - `filesystem.allowRead += [workspace, runtime_readable, python dirs]` and
+    ///   `filesystem.allowWrite += [the runtime directory's kernel-writable part]` (the rest of
+    ///   the runtime directory, the settings of the next kernel included, stays read-only);
+    /// - `filesystem.denyRead += [ipybox's data directory]` (registrations, kernel ledger; the
+    ///   kernel environment inside it stays readable through the python dirs);
+    /// - `filesystem.denyWrite += [<workspace>/.env, the policy file, DENY_WRITE_HOME]`: what
+    ///   the host reads or runs at its next start (srt keeps an absent path from being created).
     pub fn effective(&self, paths: &SandboxPaths) -> Self {
         let mut s = self.clone().with_defaults();
         let disp = |p: &Path| p.display().to_string();
         let fs = s.filesystem.get_or_insert_with(FilesystemPolicy::default);
         push(&mut fs.allow_read, disp(&paths.workspace));
-        push(&mut fs.allow_read, disp(&paths.runtime_dir));
+        for p in &paths.runtime_readable {
+            push(&mut fs.allow_read, disp(p));
+        }
         for dir in &paths.python_dirs {
             push(&mut fs.allow_read, disp(dir));
         }
-        push(&mut fs.allow_write, disp(&paths.runtime_dir));
+        push(&mut fs.allow_write, disp(&paths.kernel_writable));
+        if let Some(data) = &paths.data_dir {
+            push(&mut fs.deny_read, disp(data));
+        }
+        push(&mut fs.deny_write, disp(&paths.workspace.join(".env")));
+        if let Some(file) = &paths.config_file {
+            push(&mut fs.deny_write, disp(file));
+        }
+        for p in DENY_WRITE_HOME {
+            push(&mut fs.deny_write, (*p).to_string());
+        }
         if cfg!(target_os = "linux") {
             for dir in HIDDEN_SOCKET_DIRS {
                 if Path::new(dir).exists() {
@@ -215,6 +261,7 @@ impl SandboxPolicy {
         if cfg!(target_os = "linux") {
             net.allow_all_unix_sockets = Some(true);
         } else {
+            // tools.sock (in the runtime dir) and the IPC sockets (in its kernel-writable part).
             push(
                 net.allow_unix_sockets.get_or_insert_with(Vec::new),
                 disp(&paths.runtime_dir),
@@ -230,16 +277,56 @@ fn push(list: &mut Vec<String>, item: String) {
     }
 }
 
-/// Paths the effective settings must keep working for ipybox.
+/// Paths the effective settings must keep working for ipybox, or keep from the kernel.
 #[derive(Debug, Clone)]
 pub struct SandboxPaths {
     /// The kernel's working directory (readable: cwd and `PYTHONPATH`).
     pub workspace: PathBuf,
-    /// The private runtime directory (IPC sockets, connection files, embedded Python, tool
-    /// socket, srt's bridge sockets and the kernel's TMPDIR): readable and writable.
+    /// The private runtime directory (macOS: Unix sockets below it are allowed).
     pub runtime_dir: PathBuf,
+    /// What the kernel reads in the runtime directory (the embedded Python, the connection
+    /// files, the tool socket, srt's bridge sockets): readable, not writable. Listed one by one,
+    /// not as the runtime directory: srt restores a readable directory over a denied one
+    /// (`/tmp`) after the writable ones, which would bury the kernel-writable part.
+    pub runtime_readable: Vec<PathBuf>,
+    /// The part of the runtime directory the kernel writes (its IPC sockets, TMPDIR, IPython
+    /// and Jupyter directories): writable.
+    pub kernel_writable: PathBuf,
     /// Directories of the kernel's interpreter and its environment (readable).
     pub python_dirs: Vec<PathBuf>,
+    /// ipybox's data directory (`$IPYBOX_HOME`): not readable, except the python dirs in it.
+    pub data_dir: Option<PathBuf>,
+    /// The srt settings file the policy came from (not writable, so the kernel cannot choose
+    /// the policy of the next start).
+    pub config_file: Option<PathBuf>,
+}
+
+impl SandboxPolicy {
+    /// The directories this policy lets the kernel write, as absolute paths where they can be
+    /// told without srt (relative entries are taken from `workspace`, `~/` from `home`; globs
+    /// are left out): what the host must never run or read code from.
+    pub fn writable_roots(&self, workspace: &Path, home: Option<&Path>) -> Vec<PathBuf> {
+        let s = self.clone().with_defaults();
+        let mut roots = vec![workspace.to_path_buf()];
+        for entry in s.filesystem.map(|f| f.allow_write).unwrap_or_default() {
+            if entry.contains(['*', '?', '[']) {
+                continue;
+            }
+            let path = if entry == "~" {
+                home.map(Path::to_path_buf)
+            } else if let Some(rest) = entry.strip_prefix("~/") {
+                home.map(|h| h.join(rest))
+            } else if Path::new(&entry).is_absolute() {
+                Some(PathBuf::from(&entry))
+            } else {
+                Some(workspace.join(&entry))
+            };
+            if let Some(p) = path {
+                roots.push(p.canonicalize().unwrap_or(p));
+            }
+        }
+        roots
+    }
 }
 
 /// Loads the policy: `config_file` if given and present (relative to the workspace), else the
@@ -260,8 +347,8 @@ pub(crate) async fn load(
         Ok(text) => SandboxPolicy::parse(&text, &path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             tracing::warn!(
-                "sandbox config {} not found: using the default policy (read all but .env, \
-                 write the workspace, no network)",
+                "sandbox config {} not found: using the default policy (read all but .env and \
+                 credential stores, write the workspace, no network)",
                 path.display()
             );
             Ok(SandboxPolicy::default_policy())
@@ -343,26 +430,38 @@ mod tests {
         let paths = SandboxPaths {
             workspace: "/w".into(),
             runtime_dir: "/tmp/ipybox-1-abc".into(),
+            runtime_readable: vec!["/tmp/ipybox-1-abc/kernels".into()],
+            kernel_writable: "/tmp/ipybox-1-abc/box".into(),
             python_dirs: vec!["/opt/py".into()],
+            data_dir: Some("/home/u/.local/share/ipybox".into()),
+            config_file: Some("/w/policy.json".into()),
         };
         let s = serde_json::to_value(SandboxPolicy::default().effective(&paths)).unwrap();
         assert_eq!(s["network"]["allowAllUnixSockets"], json!(true));
         assert_eq!(s["network"]["allowedDomains"], json!([]));
         let read = s["filesystem"]["allowRead"].as_array().unwrap();
-        for p in ["/w", "/tmp/ipybox-1-abc", "/opt/py"] {
+        for p in ["/w", "/tmp/ipybox-1-abc/kernels", "/opt/py"] {
             assert!(read.contains(&json!(p)), "{read:?}");
         }
         assert_eq!(
             s["filesystem"]["allowWrite"],
-            json!([
-                ".",
-                "~/.ipython",
-                "~/.local/share/jupyter",
-                "/tmp/ipybox-1-abc"
-            ])
+            json!([".", "/tmp/ipybox-1-abc/box"])
         );
         let deny = s["filesystem"]["denyRead"].as_array().unwrap();
         assert!(deny.contains(&json!("/run")) && deny.contains(&json!("/tmp")));
-        assert!(deny.contains(&json!(".env")));
+        for p in [".env", "~/.ssh", "~/.config", "/home/u/.local/share/ipybox"] {
+            assert!(deny.contains(&json!(p)), "{p}: {deny:?}");
+        }
+        assert_eq!(
+            s["filesystem"]["denyWrite"],
+            json!([
+                "/w/.env",
+                "/w/policy.json",
+                "~/.ipython",
+                "~/.jupyter",
+                "~/.local/share/jupyter",
+                "~/Library/Jupyter"
+            ])
+        );
     }
 }

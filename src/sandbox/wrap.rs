@@ -1,7 +1,7 @@
-//! The kernel command under srt: `env TMPDIR=… srt --settings FILE -c 'exec COMMAND'`, the
-//! interpreter directories the policy must keep readable, POSIX shell quoting, and the sweeper
-//! that removes the mount points srt's bubblewrap backend leaves in the workspace when a kernel
-//! is killed.
+//! The kernel command under srt: `srt --settings FILE -c '. ENV_FILE && exec COMMAND'` with
+//! srt's own environment ([`super::env`]), the interpreter directories the policy must keep
+//! readable, POSIX shell quoting, and the sweeper that removes the mount points srt's bubblewrap
+//! backend leaves in the workspace when a kernel is killed.
 //!
 //! Not here: the policy itself ([`super::policy`]) and the platform checks ([`super::platform`]).
 
@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::child_process::CommandWrapper;
+use crate::child_process::{ChildCommand, CommandWrapper};
 use crate::host_env::HostEnv;
 
 use super::platform::find_in_path;
@@ -31,35 +31,57 @@ const SRT_MOUNT_POINTS: &[&str] = &[
     ".claude/commands",
     ".claude/agents",
     ".claude",
+    // ipybox's own denyWrite of the workspace `.env` (see policy.rs), when it did not exist.
+    ".env",
 ];
 
-/// The wrapper that runs a kernel argv under srt with the settings at `settings`. srt's own temp
-/// files (its proxy bridge sockets, bound into the sandbox) and the kernel's TMPDIR (srt sets it
-/// from `CLAUDE_CODE_TMPDIR`) live in `tmp`, because the host's /tmp is hidden in the sandbox.
-/// The sweeper lives as long as the wrapper (the executor's running state).
+/// The name of the kernel's environment file in its host-only directory.
+pub(crate) const ENV_FILE: &str = "kernel-env.sh";
+
+/// The wrapper that runs a kernel command under srt with the settings at `settings`. srt runs
+/// with `outer` as its whole environment ([`super::env::outer`]); the kernel's own environment,
+/// plus `inner_extra` (its private IPython and Jupyter directories), is written to
+/// [`ENV_FILE`] in the kernel's host-only directory and sourced inside the sandbox. The sweeper
+/// lives as long as the wrapper (the executor's running state).
 pub(crate) fn wrapper(
     srt: &Path,
     settings: &Path,
-    tmp: &Path,
-    host: &HostEnv,
+    outer: Vec<(String, String)>,
+    inner_extra: Vec<(String, String)>,
     sweeper: ArtifactSweeper,
 ) -> CommandWrapper {
-    let env = find_in_path(host, "env").unwrap_or_else(|| PathBuf::from("/usr/bin/env"));
     let prefix = vec![
-        env.display().to_string(),
-        format!("TMPDIR={}", tmp.display()),
-        format!("CLAUDE_CODE_TMPDIR={}", tmp.display()),
         srt.display().to_string(),
         "--settings".into(),
         settings.display().to_string(),
         "-c".into(),
     ];
     let sweeper = Arc::new(sweeper);
-    CommandWrapper(Arc::new(move |argv: Vec<String>| {
+    CommandWrapper(Arc::new(move |cmd: ChildCommand| {
         let _keep = &sweeper;
-        let mut wrapped = prefix.clone();
-        wrapped.push(format!("exec {}", shell_join(&argv)));
-        wrapped
+        let mut env = cmd.env;
+        for (k, v) in &inner_extra {
+            env.retain(|(name, _)| name != k);
+            env.push((k.clone(), v.clone()));
+        }
+        let text = super::env::file_text(&env, &outer);
+        crate::safe_fs::NoFollowDir::open(&cmd.private_dir, None)?.create_new(
+            ENV_FILE,
+            text.as_bytes(),
+            0o600,
+        )?;
+        let file = cmd.private_dir.join(ENV_FILE);
+        let mut argv = prefix.clone();
+        argv.push(format!(
+            ". {} && exec {}",
+            shell_quote(&file.display().to_string()),
+            shell_join(&cmd.argv)
+        ));
+        Ok(ChildCommand {
+            argv,
+            env: outer.clone(),
+            private_dir: cmd.private_dir,
+        })
     }))
 }
 
@@ -126,21 +148,21 @@ pub(crate) fn shell_join(argv: &[String]) -> String {
 ///   an editor) has write bits and is kept, empty or not;
 /// - a directory (`.claude`, the parent of srt's `.claude/commands`): only while empty.
 pub(crate) struct ArtifactSweeper {
-    workspace: PathBuf,
-    absent: Vec<&'static str>,
+    /// Absent when the sandbox was prepared, deepest first.
+    absent: Vec<PathBuf>,
 }
 
 impl ArtifactSweeper {
-    pub(crate) fn new(workspace: &Path) -> Self {
-        let absent = SRT_MOUNT_POINTS
+    /// Watches srt's mount points in `workspace` and `extra` (other paths ipybox denies writing
+    /// whether or not they exist: the policy file).
+    pub(crate) fn new(workspace: &Path, extra: &[PathBuf]) -> Self {
+        let absent = extra
             .iter()
-            .copied()
-            .filter(|name| std::fs::symlink_metadata(workspace.join(name)).is_err())
+            .cloned()
+            .chain(SRT_MOUNT_POINTS.iter().map(|name| workspace.join(name)))
+            .filter(|path| std::fs::symlink_metadata(path).is_err())
             .collect();
-        Self {
-            workspace: workspace.to_path_buf(),
-            absent,
-        }
+        Self { absent }
     }
 }
 
@@ -153,15 +175,14 @@ fn is_mount_point_file(m: &std::fs::Metadata) -> bool {
 impl Drop for ArtifactSweeper {
     fn drop(&mut self) {
         // Deepest first, so `.claude` is empty once its children are gone.
-        for name in &self.absent {
-            let path = self.workspace.join(name);
-            match std::fs::symlink_metadata(&path) {
+        for path in &self.absent {
+            match std::fs::symlink_metadata(path) {
                 Ok(m) if is_mount_point_file(&m) => {
-                    let _ = std::fs::remove_file(&path);
+                    let _ = std::fs::remove_file(path);
                 }
                 // remove_dir only removes empty directories.
                 Ok(m) if m.is_dir() => {
-                    let _ = std::fs::remove_dir(&path);
+                    let _ = std::fs::remove_dir(path);
                 }
                 _ => {}
             }
@@ -185,7 +206,7 @@ mod tests {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        let out = std::process::Command::new("sh")
+        let out = crate::child_process::host_command_blocking("sh")
             .arg("-c")
             .arg(format!(
                 "for a in {}; do printf '<%s>' \"$a\"; done",
@@ -205,9 +226,9 @@ mod tests {
         let ws = tempfile::tempdir().unwrap();
         let w = ws.path();
         std::fs::write(w.join(".profile"), "mine").unwrap(); // existed before: never touched
-        let sweeper = ArtifactSweeper::new(w);
+        let sweeper = ArtifactSweeper::new(w, &[w.join("policy.json")]);
         // What bubblewrap leaves after a killed kernel: 0444 empty files and an empty .claude.
-        for name in [".bashrc", ".gitconfig"] {
+        for name in [".bashrc", ".gitconfig", ".env", "policy.json"] {
             std::fs::write(w.join(name), "").unwrap();
             std::fs::set_permissions(w.join(name), std::fs::Permissions::from_mode(0o444)).unwrap();
         }

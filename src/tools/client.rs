@@ -27,13 +27,13 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, serve_client};
 use serde_json::{Map, Value};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 use super::ToolsError;
 use super::env_subst::{Redactor, substitute_str};
 use super::params::{ServerParams, TransportKind, TransportParams};
 use super::sse_transport::SseClientTransport;
-use crate::child_process::{StderrTail, own_group, signal_group};
+use crate::child_process::{StderrTail, host_command, own_group, signal_group};
 
 /// Environment variables passed from the caller's env map to stdio servers (when set), with
 /// [`crate::host_env::NETWORK`], before the params' own `env`. Everything else (API keys, cloud credentials, ...) stays out unless the
@@ -337,7 +337,9 @@ async fn connect_stdio(
         ));
     }
 
-    let mut cmd = Command::new(&command_r);
+    // Without a `cwd` of its own the server runs from `/` (host_command), never from ipybox's
+    // working directory, which may be the workspace a sandboxed kernel writes.
+    let mut cmd = host_command(&command_r);
     cmd.args(&args_r).env_clear();
     for k in STDIO_BASE_ENV.iter().chain(crate::host_env::NETWORK) {
         if let Some(v) = env.get(*k) {

@@ -111,7 +111,7 @@ mod tests {
     fn python_with(script: &str, stdin: &str, env: &[(&str, &str)]) -> String {
         use std::io::Write;
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
-        let mut child = std::process::Command::new("python3")
+        let mut child = crate::child_process::host_command_blocking("python3")
             .args(["-c", script])
             .env("PYTHONPATH", dir)
             .envs(env.iter().copied())

@@ -107,7 +107,10 @@ impl Registry {
         if let Some(file) = &self.file {
             let snapshot =
                 serde_json::to_vec_pretty(&loaded.servers).map_err(std::io::Error::other)?;
-            write_private(file, &snapshot)?;
+            if let Some(dir) = file.parent() {
+                crate::safe_fs::create_private_dir(dir)?;
+            }
+            crate::safe_fs::write_private(file, &snapshot)?;
             loaded.modified = std::fs::metadata(file).and_then(|m| m.modified()).ok();
         }
         Ok(())
@@ -119,8 +122,13 @@ impl Registry {
         let recorded = self.current().servers.get(server_name).cloned();
         let Some(params) = recorded else {
             let name = super::shown::name(server_name, super::shown::Syntax::Json);
+            let example = if super::shown::is_plain_name(server_name) {
+                server_name
+            } else {
+                "NAME"
+            };
             return Err(NotRegistered(format!(
-                "MCP server `{name}` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\n  help: register it first: register_mcp_server (MCP tool), generate_mcp_sources(\"{name}\", params, root_dir=<workspace>/mcptools) (Python/Rust) or `ipybox apigen {name} --params ...`"
+                "MCP server `{name}` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\n  help: register it first: register_mcp_server (MCP tool), generate_mcp_sources(\"{example}\", params, root_dir=<workspace>/mcptools) (Python/Rust) or `ipybox apigen {example} --params ...`"
             )));
         };
         let target = ServerParams::parse(&params)
@@ -137,32 +145,6 @@ impl Registry {
             identity,
         })
     }
-}
-
-/// Writes `bytes` to `file` readable by the owner only (0600, directories 0700), replacing it
-/// atomically.
-fn write_private(file: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-    if let Some(dir) = file.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        // Directories made by an older ipybox were 0755.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    let tmp = file.with_extension(format!("json.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)?;
-    out.write_all(bytes)?;
-    out.sync_all()?;
-    std::fs::rename(&tmp, file)
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
@@ -221,7 +203,7 @@ mod tests {
             ("remote", Ok((&remote, "https://mcp.example/mcp"))),
             // Not registered: refused (the kernel's own params are never used).
             ("sh", Err("MCP server `sh` is not registered")),
-            ("", Err("MCP server `` is not registered")),
+            ("", Err("MCP server `\"\"` is not registered")),
             ("FX", Err("MCP server `FX` is not registered")),
         ];
         for (name, expected) in table {

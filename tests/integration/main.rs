@@ -7,6 +7,9 @@
 //! Generated-code snapshots (exact text, no Python) live in `apigen_snapshots`, apart from the
 //! tests that run generated code (`apigen`, `apigen_corpus`, `tool_calls`, `tool_calls_async`).
 
+// These start fixtures and ipybox itself, not host children of ipybox (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 mod mcp_eras;
 mod support;
 
@@ -16,6 +19,8 @@ mod apigen_snapshots;
 mod approval_prompts;
 mod cli_exec;
 mod codeact_example;
+#[cfg(target_os = "linux")]
+mod host_confinement;
 mod jupyter_servers;
 mod kernel;
 mod kernel_env;

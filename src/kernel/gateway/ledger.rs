@@ -4,7 +4,8 @@
 //! One file per kernel in `<data dir>/gateway-kernels/` (`<kernel id>.json`: the server's URL
 //! without token, the kernel id, the pid of the ipybox that owns it). Written right after the
 //! kernel is created, removed right after it is deleted. On start, an executor deletes the
-//! kernels of its server whose owner is no longer running. No secrets are written.
+//! kernels of its server whose owner is no longer running. No secrets are written. The directory
+//! is private (0700), its files 0600, written without following links (`crate::safe_fs`).
 
 use std::path::{Path, PathBuf};
 
@@ -51,8 +52,15 @@ impl Ledger {
             kernel_id: kernel_id.to_string(),
             owner_pid: std::process::id(),
         };
-        let write = std::fs::create_dir_all(&self.dir)
-            .and_then(|()| std::fs::write(&file, serde_json::to_vec(&entry).unwrap_or_default()));
+        let data_dir = self.dir.parent().unwrap_or(&self.dir);
+        let write = crate::safe_fs::create_private_dir(data_dir)
+            .and_then(|()| crate::safe_fs::create_private_dir(&self.dir))
+            .and_then(|()| {
+                crate::safe_fs::write_private(
+                    &file,
+                    &serde_json::to_vec(&entry).unwrap_or_default(),
+                )
+            });
         if let Err(e) = write {
             tracing::warn!(
                 "cannot record kernel {kernel_id} in {}: {e}",
@@ -97,5 +105,35 @@ impl Ledger {
             }
         }
         deleted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn records_are_private() {
+        let t = tempfile::tempdir().unwrap();
+        let data = t.path().join("ipybox");
+        let gateway = Gateway::parse(
+            "http://127.0.0.1:9",
+            &crate::host_env::HostEnv::from_vars(Default::default()),
+        )
+        .unwrap();
+        let ledger = Ledger::new(&data);
+        ledger.record(&gateway, "0f1e-2d3c");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&data), 0o700);
+        assert_eq!(mode(&data.join("gateway-kernels")), 0o700);
+        assert_eq!(mode(&data.join("gateway-kernels/0f1e-2d3c.json")), 0o600);
+        ledger.forget("0f1e-2d3c");
+        assert_eq!(
+            std::fs::read_dir(data.join("gateway-kernels"))
+                .unwrap()
+                .count(),
+            0
+        );
     }
 }
