@@ -91,13 +91,18 @@ mod tests {
         let listed = skills.list();
         let uris: Vec<&str> = listed.skills.iter().map(|s| s.uri.as_str()).collect();
         assert_eq!(uris, ["skill://codeact/SKILL.md"]);
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("skills/codeact");
+        // Byte for byte what was embedded (tests/integration/mcp_modern.rs compares the served
+        // files with skills/codeact/ on disk).
         for file in ["SKILL.md", "references/output-parsers.md"] {
             let read = skills.read(&format!("skill://codeact/{file}")).unwrap();
-            let on_disk = std::fs::read_to_string(root.join(file)).unwrap();
+            let embedded = ipybox::SKILLS
+                .get_file(format!("codeact/{file}"))
+                .unwrap()
+                .contents_utf8()
+                .unwrap();
             match &read.contents[0] {
                 rmcp::model::ResourceContents::TextResourceContents { text, .. } => {
-                    assert_eq!(text, &on_disk, "{file}")
+                    assert_eq!(text, embedded, "{file}")
                 }
                 other => panic!("{file}: {other:?}"),
             }

@@ -805,7 +805,7 @@ except PermissionError:
     let r = call(&s, "execute_ipython_cell", json!({"code": swap})).await;
     let out = tool_output(&r);
     assert!(!out.is_error, "{}", out.text);
-    assert!(out.text.contains("\nenv unreadable\n"), "{}", out.text);
+    assert!(out.text.starts_with("env unreadable\n"), "{}", out.text);
     let images: Vec<Vec<u8>> = r
         .content
         .iter()

@@ -305,6 +305,28 @@ async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
     let c = start(ws.path(), &user, &["--approve", "ask"]).await;
     register_fixture(&c).await;
     assert_eq!(cell(&c, "x = 41").await, (false, String::new()));
+    let server = c.pid();
+    let fixtures = || -> Vec<u32> {
+        crate::proc_tree::descendants(server)
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|c| String::from_utf8_lossy(&c).contains("mcp_fixture"))
+                    .unwrap_or(false)
+            })
+            .collect()
+    };
+    // The server the registration listed tools from closes in the background: wait for it, so
+    // a fixture seen below can only be one the cancelled call started.
+    let since = std::time::Instant::now();
+    while !fixtures().is_empty() && since.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        fixtures(),
+        Vec::<u32>::new(),
+        "the registration's server is still running"
+    );
     let code = format!(
         "import pathlib\npathlib.Path('before').touch()\n{CALL_ADD}\npathlib.Path('after').touch()"
     );
@@ -338,15 +360,7 @@ async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
         "next cell waited {waited:?}"
     );
     assert!(!ws.path().join("after").exists(), "the cell ran on");
-    let server = c.pid();
-    let fixtures: Vec<u32> = crate::proc_tree::descendants(server)
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains("mcp_fixture"))
-                .unwrap_or(false)
-        })
-        .collect();
+    let fixtures = fixtures();
     assert_eq!(
         fixtures,
         Vec::<u32>::new(),

@@ -635,7 +635,7 @@ print(ToolRunner("fx", evil).run("greet", {{"name": "still the fixture"}}))
     let out = run(&ex, &code).await;
     assert_eq!(
         out,
-        "MCP server `evil` is not registered with this ipybox (a sandboxed kernel can only call servers the host registered)\nHello, still the fixture!"
+        "MCP server `evil` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\nHello, still the fixture!"
     );
     assert!(
         !marker.exists(),
