@@ -442,3 +442,31 @@ async fn the_question_shows_exactly_what_runs(era: Era) {
     c.close().await;
 }
 both_eras!(the_question_shows_exactly_what_runs);
+
+/// "Allow for the session" is keyed by the registered server (its recorded params) and the
+/// tool: after `fx` is registered again with other params, its calls are asked about afresh.
+async fn remember_is_keyed_by_the_registered_server(era: Era) {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let user = ScriptedClient::new(era, true, &[Answer::AcceptForSession, Answer::Accept]);
+    let c = start(ws.path(), &user, &["--approve", "ask"]).await;
+    register_fixture(&c).await;
+    for _ in 0..2 {
+        assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
+    }
+    assert_eq!(user.questions(), [ask_add()]);
+    let params = CallToolRequestParams::new("register_mcp_server").with_arguments(args(
+        json!({"server_name": "fx", "server_params": fixture_params_who()}),
+    ));
+    let result = c.service.call_tool(params).await.unwrap();
+    assert_ne!(result.is_error, Some(true), "{}", text(&result));
+    assert_eq!(cell(&c, CALL_ADD).await, (false, "3".into()));
+    assert_eq!(
+        user.questions().len(),
+        2,
+        "asked again for the re-registered server"
+    );
+    c.close().await;
+}
+
+both_eras!(remember_is_keyed_by_the_registered_server);

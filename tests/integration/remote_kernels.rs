@@ -346,6 +346,9 @@ async fn tool_calls_over_the_stdin_channel_with_approvals_and_threads() {
         // asyncio.gather over the async call path.
         let code = "import asyncio\nfrom mcptools.fx import add\nasync def main():\n    return await asyncio.gather(*(asyncio.to_thread(add.run, add.Params(a=i, b=1)) for i in range(8)))\nprint([r.sum for r in await main()])";
         assert_eq!(run(&ex, code).await, "[1, 2, 3, 4, 5, 6, 7, 8]", "{kind:?}");
+        // The trust rule: a remote kernel reaches registered servers with recorded params only.
+        register(ws.path(), "fx", &fixture_params_who()).await;
+        forged_params_reach_nothing(&ex, ws.path(), &format!("{kind:?}")).await;
         ex.stop().await;
         server.assert_empty("after stop").await;
     }

@@ -426,3 +426,37 @@ for name in ["ok", "no"]:
         "{what}"
     );
 }
+
+/// The trust rule, seen from a kernel (issue 18, path 1): with `fx` (the fixture, `WHO` set to
+/// `registered` in its recorded env) registered for `ws`, kernel code that sends its own params
+/// reaches nothing of its own: an unregistered name with a shell command is refused (no process,
+/// no marker), and the registered name with forged params (a command, `${HOME}` from the host's
+/// environment, a URL) reaches the registered server with the recorded params.
+pub(crate) async fn forged_params_reach_nothing(ex: &CodeExecutor, ws: &Path, what: &str) {
+    let marker = ws.join("host-ran-it");
+    let code = format!(
+        r#"from ipybox_runtime import ToolRunner, ToolError
+evil = {{"command": "sh", "args": ["-c", "touch {m}"], "env": {{"WHO": "${{HOME}}"}}}}
+try:
+    ToolRunner("evil", evil).run("x", {{}})
+except ToolError as e:
+    print(str(e).splitlines()[0])
+print(ToolRunner("fx", evil).run("get_env", {{"name": "WHO"}}))
+print(ToolRunner("fx", {{"url": "http://127.0.0.1:9/${{HOME}}"}}).run("get_env", {{"name": "WHO"}}))"#,
+        m = marker.display()
+    );
+    assert_eq!(
+        run(ex, &code).await,
+        "MCP server `evil` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\nregistered\nregistered",
+        "{what}"
+    );
+    assert!(
+        !marker.exists(),
+        "{what}: the host ran the kernel's command"
+    );
+}
+
+/// The fixture's params with `WHO=registered` in its env (see [`forged_params_reach_nothing`]).
+pub(crate) fn fixture_params_who() -> Value {
+    json!({"command": python(), "args": [fixture_script(), "stdio"], "env": {"WHO": "registered"}})
+}

@@ -546,3 +546,49 @@ async fn cancel_while_an_approval_is_pending_ends_the_stream() {
     );
     ex.stop().await;
 }
+
+/// The trust rule on the user's own unsandboxed kernel (issue 18): registered servers only, with
+/// their recorded params; a server registered while the executor runs is callable at once; the
+/// registrations of one workspace do not reach another (generated code copied there is refused).
+#[tokio::test(flavor = "multi_thread")]
+async fn kernels_reach_only_servers_registered_for_their_workspace() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let ex = executor(ws.path()).await;
+    // Registered after the executor started (another process could have done it).
+    register(ws.path(), "fx", &fixture_params_who()).await;
+    forged_params_reach_nothing(&ex, ws.path(), "local kernel").await;
+    ex.stop().await;
+    // The same generated code in another workspace: not registered there.
+    let other = tempfile::tempdir().unwrap();
+    copy_dir(&ws.path().join("mcptools"), &other.path().join("mcptools"));
+    let ex = executor(other.path()).await;
+    let err = ex
+        .execute(
+            "from mcptools.fx import get_env\nget_env.run(get_env.Params(name='WHO'))",
+            Some(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.error_text().contains(
+            "ToolError: MCP server `fx` is not registered with this ipybox for this workspace"
+        ),
+        "{}",
+        err.error_text()
+    );
+    ex.stop().await;
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
