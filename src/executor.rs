@@ -135,6 +135,7 @@ pub struct CodeExecutorBuilder {
     require_shell_escape: bool,
     sandbox: Option<SandboxOptions>,
     kernel_gateway: Option<GatewayUrl>,
+    attach_kernel: Option<String>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
 }
@@ -285,6 +286,16 @@ impl CodeExecutorBuilder {
         self
     }
 
+    /// With [`Self::kernel_gateway`]: the first kernel is kernel `id`, which already runs on the
+    /// server (another ipybox created it: replicas sharing a server's kernels), instead of a new
+    /// one. It is connected to, checked for ipybox's runtime and used as it is, state included;
+    /// `start()` fails with [`KernelError::Gone`] if the server no longer has it. Kernels made
+    /// later (reset, replacement) are new ones.
+    pub fn attach_kernel(mut self, id: impl Into<String>) -> Self {
+        self.attach_kernel = Some(id.into());
+        self
+    }
+
     /// Runs the kernel inside Anthropic's sandbox-runtime (`srt`); see [`crate::sandbox`].
     /// `start()` fails (it never silently runs unsandboxed) if srt or bubblewrap is missing.
     pub fn sandbox(mut self, options: SandboxOptions) -> Self {
@@ -359,6 +370,7 @@ struct Inner {
 struct Live {
     runtime: PathBuf,
     kernel_pid: Arc<std::sync::atomic::AtomicU32>,
+    kernel_id: Arc<std::sync::Mutex<Option<String>>>,
     tools: Arc<ToolServerState>,
 }
 
@@ -590,10 +602,17 @@ impl CodeExecutor {
             );
         }
         let spares = b.spare_kernels.unwrap_or(DEFAULT_SPARE_KERNELS);
-        let pool = KernelPool::start(Arc::new(config), runtime.clone(), spares).await?;
+        let pool = KernelPool::start(
+            Arc::new(config),
+            runtime.clone(),
+            spares,
+            b.attach_kernel.as_deref(),
+        )
+        .await?;
         *self.inner.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(Live {
             runtime: runtime.path().to_path_buf(),
             kernel_pid: pool.current_pid(),
+            kernel_id: pool.current_id(),
             tools: tools.state().clone(),
         });
         *state = Some(Running {
@@ -729,6 +748,17 @@ impl CodeExecutor {
     /// Stops the kernels and removes the runtime directory. The executor can be started again.
     /// A running execution is abandoned (its caller gets [`KernelError::Stopped`]).
     pub async fn stop(&self) {
+        self.stop_inner(false).await;
+    }
+
+    /// [`Self::stop`], except that a kernel on a Jupyter server is left running there (its
+    /// WebSocket is closed): for replicas that share a server's kernels, when another replica
+    /// still uses it. Spare kernels are deleted; local kernels are stopped.
+    pub async fn stop_detaching(&self) {
+        self.stop_inner(true).await;
+    }
+
+    async fn stop_inner(&self, detach: bool) {
         self.inner.stopping.send_replace(true);
         let running = self.inner.state.lock().await.take();
         self.inner.stopping.send_replace(false);
@@ -743,7 +773,7 @@ impl CodeExecutor {
             runtime,
         }) = running
         {
-            tokio::join!(pool.shutdown(), tools.stop());
+            tokio::join!(pool.shutdown(detach), tools.stop());
             drop(runtime);
         }
     }
@@ -951,6 +981,30 @@ impl CodeExecutor {
         self.live()
             .map(|l| l.kernel_pid.load(std::sync::atomic::Ordering::SeqCst))
             .filter(|pid| *pid != 0)
+    }
+
+    /// The current kernel's id on its Jupyter server (with [`CodeExecutorBuilder::kernel_gateway`]),
+    /// if started (None while a kernel is being replaced). Does not wait for a running execution.
+    pub fn remote_kernel_id(&self) -> Option<String> {
+        self.live().and_then(|l| {
+            l.kernel_id
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        })
+    }
+
+    /// What the Jupyter server says about the current kernel (open connections, last activity):
+    /// `Ok(None)` if it has no such kernel any more, or if this executor has no remote kernel.
+    /// Does not wait for a running execution.
+    pub async fn remote_kernel_status(
+        &self,
+    ) -> Result<Option<crate::kernel::KernelStatus>, ExecutorError> {
+        let (Some(spec), Some(id)) = (&self.inner.builder.kernel_gateway, self.remote_kernel_id())
+        else {
+            return Ok(None);
+        };
+        Ok(self.gateway(&spec.0)?.kernel_status(&id).await?)
     }
 
     /// The kernel's Python interpreter, if started.

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 mod dotenv;
+mod http;
 mod mcp_server;
+mod metrics;
 mod terminal_approval;
 
 use anyhow::Context;
@@ -55,9 +57,10 @@ struct ServeArgs {
     #[arg(long, env = "IPYBOX_PYTHON")]
     python: Option<PathBuf>,
     /// Ready kernels kept for `reset` (~50 MB each while idle): N spares make N resets in a row
-    /// take ~25 ms each; 0 makes every reset wait for a kernel to start (~0.5 s).
-    #[arg(long, value_name = "N", default_value_t = ipybox::executor::DEFAULT_SPARE_KERNELS)]
-    spare_kernels: usize,
+    /// take ~25 ms each; 0 makes every reset wait for a kernel to start (~0.5 s). Default 1;
+    /// with --http 0 (per session: new sessions take warm kernels instead, --warm-sessions).
+    #[arg(long, value_name = "N")]
+    spare_kernels: Option<usize>,
     /// Who approves the tool calls (and, with --approve-shell, shell commands) of executed code:
     /// `auto` accepts them all; `ask` asks the user through the MCP client (elicitation), once
     /// per call or for the rest of the session.
@@ -137,8 +140,78 @@ impl ShellArgs {
     }
 }
 
+/// `ipybox serve --http`: MCP over Streamable HTTP, a kernel per agent session.
+#[derive(clap::Args, Debug)]
+struct HttpArgs {
+    /// Serve MCP over Streamable HTTP at http://HOST:PORT/mcp instead of stdio (e.g.
+    /// 127.0.0.1:8000; binding anything but loopback needs a bearer token).
+    #[arg(long, value_name = "HOST:PORT")]
+    http: Option<String>,
+    /// A bearer token clients must send (`Authorization: Bearer TOKEN`); repeatable. Prefer
+    /// --token-file or IPYBOX_TOKEN: a command line is visible to other local users.
+    #[arg(long, value_name = "TOKEN", requires = "http")]
+    token: Vec<String>,
+    /// A file of bearer tokens, one per line (`#` comments); repeatable. Each token is a
+    /// credential of its own: sessions belong to the token that made them.
+    #[arg(long, value_name = "FILE", requires = "http")]
+    token_file: Vec<PathBuf>,
+    /// A `Host` header value to accept (e.g. ipybox.example.com); repeatable. Default: the
+    /// loopback names when bound to loopback, any host otherwise.
+    #[arg(long, value_name = "HOST", requires = "http")]
+    allowed_host: Vec<String>,
+    /// A browser origin to accept (e.g. https://app.example.com:443); repeatable. A request
+    /// with another `Origin` header is refused (403); requests without one are not affected.
+    #[arg(long, value_name = "ORIGIN", requires = "http")]
+    allowed_origin: Vec<String>,
+    /// The largest request body accepted (bytes; larger: 413).
+    #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024, requires = "http")]
+    max_body_bytes: usize,
+    /// A session with no call for this long is closed and its kernel stopped (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = 1800.0, requires = "http")]
+    idle_timeout: f64,
+    /// At most this many kernel sessions at once; one more is refused (nothing is evicted).
+    #[arg(long, value_name = "N", default_value_t = 32, requires = "http")]
+    max_sessions: usize,
+    /// At most this many calls in progress per session; more are refused at once.
+    #[arg(long, value_name = "N", default_value_t = 4, requires = "http")]
+    max_concurrent_calls: usize,
+    /// Kernels started ahead for new sessions (a new session's first cell does not wait for a
+    /// kernel to start).
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "http")]
+    warm_sessions: usize,
+    /// This replica's name in session handles (a load balancer's routing key for local
+    /// kernels); default: the host name.
+    #[arg(long, value_name = "NAME", requires = "http")]
+    replica_id: Option<String>,
+    /// A file with the key of session handles; replicas behind one load balancer share it
+    /// (IPYBOX_SESSION_SECRET also works). Default: a random key (handles die with the process).
+    #[arg(long, value_name = "FILE", requires = "http")]
+    session_secret_file: Option<PathBuf>,
+    /// Let clients call install_package (it changes the kernel environment every session
+    /// shares).
+    #[arg(long, requires = "http")]
+    allow_install: bool,
+    /// Let clients call register_mcp_server: it makes this host start the MCP servers they
+    /// name (commands run as ipybox's user, outside any sandbox). Without it, the operator
+    /// registers the workspace's servers (`ipybox apigen NAME --params ... --root WS/mcptools`).
+    #[arg(long, requires = "http")]
+    allow_register: bool,
+    /// On SIGTERM/SIGINT, how long running calls may take to finish before their cells are
+    /// cancelled and every kernel stopped (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "http")]
+    shutdown_grace: f64,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Serve MCP: on stdio (the default, also without a subcommand), or with --http over
+    /// Streamable HTTP with a kernel per agent session (see docs/http.md).
+    Serve {
+        #[command(flatten)]
+        serve: ServeArgs,
+        #[command(flatten)]
+        http: HttpArgs,
+    },
     /// Run Python code in a fresh kernel and print its output.
     ///
     /// Exits 1 with the traceback on stderr when the code fails.
@@ -222,10 +295,9 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let cli = Cli::parse_from(args);
-    let default_level = if cli.command.is_some() {
-        "warn"
-    } else {
-        "info"
+    let default_level = match cli.command {
+        None | Some(Command::Serve { .. }) => "info",
+        Some(_) => "warn",
     };
     init_logging(cli.log_level.as_deref().unwrap_or(default_level));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -239,8 +311,9 @@ where
         }
     };
     let result = match cli.command {
+        Some(Command::Serve { serve: args, http }) => runtime.block_on(serve(args, Some(http))),
         Some(command) => runtime.block_on(run(command)),
-        None => runtime.block_on(serve(cli.serve)),
+        None => runtime.block_on(serve(cli.serve, None)),
     };
     // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -253,11 +326,21 @@ where
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
+/// The variables of ipybox's own secrets: kept out of what `${VAR}` in MCP server params can
+/// name when serving over HTTP.
+const OWN_SECRETS: [&str; 2] = ["IPYBOX_TOKEN", "IPYBOX_SESSION_SECRET"];
+
+async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
     use mcp_server::IpyboxServer;
+    let http = http.filter(|h| h.http.is_some());
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
     let host = HostEnv::from_process();
-    let env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;
+    let mut env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;
+    if http.is_some() {
+        for name in OWN_SECRETS {
+            env.tool_env.remove(name);
+        }
+    }
     if args.shell.approve_shell && args.approve == mcp_server::ApproveMode::Auto {
         anyhow::bail!(
             "--approve-shell needs someone to ask: with --approve auto every command would be accepted unseen\n  help: add --approve ask (the MCP client asks the user)"
@@ -280,7 +363,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
             .host_env(host)
             .kernel_env(env.kernel_env.clone())
             .tool_env(env.tool_env)
-            .spare_kernels(args.spare_kernels)
+            .spare_kernels(args.spare_kernels.unwrap_or(if http.is_some() {
+                0
+            } else {
+                ipybox::executor::DEFAULT_SPARE_KERNELS
+            }))
             .approval_timeout(approval_timeout)
             // A person reads the prompts (--approve ask): nothing is cut, too long is refused.
             .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT),
@@ -290,6 +377,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
             "--sandbox wraps local kernel processes; it cannot apply to kernels on a Jupyter server (--kernel-gateway)\n  help: use one of the two (isolate remote kernels on the server side, e.g. one pod per kernel)"
         );
     }
+    let gateway = args.gateway.kernel_gateway.is_some();
     builder = args.gateway.apply(builder, args.python);
     if args.sandbox {
         #[allow(clippy::needless_update)] // SandboxOptions may grow fields
@@ -299,7 +387,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
         };
         builder = builder.sandbox(options);
     }
-    let executor = builder.build();
     let task_after = match args.task_after.as_str() {
         "off" | "never" => None,
         secs => match secs.parse::<f64>() {
@@ -322,12 +409,130 @@ async fn serve(args: ServeArgs) -> anyhow::Result<u8> {
         task_after,
         task_ttl: Duration::from_secs_f64(args.task_ttl.min(86_400.0 * 365.0)),
     };
-    mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?;
+    match http {
+        None => mcp_server::serve_stdio(IpyboxServer::new(builder.build(), config)).await?,
+        Some(http) => {
+            let options = http_options(http, host_vars_get("IPYBOX_TOKEN"), gateway).await?;
+            let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone());
+            http::serve_http(options, config, factory).await?;
+        }
+    }
     Ok(SUCCESS)
+}
+
+fn host_vars_get(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Checks `--http`'s flags and collects what the HTTP server needs.
+async fn http_options(
+    args: HttpArgs,
+    env_token: Option<String>,
+    gateway: bool,
+) -> anyhow::Result<http::HttpOptions> {
+    let spec = args.http.unwrap_or_default();
+    let addr = tokio::net::lookup_host(spec.as_str())
+        .await
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .with_context(|| {
+            format!("invalid --http `{spec}`\n  help: pass HOST:PORT, e.g. 127.0.0.1:8000 or 0.0.0.0:8000")
+        })?;
+    let tokens = http::auth::Tokens::load(&args.token, env_token.as_deref(), &args.token_file)?;
+    let secs = |value: f64, flag: &str| -> anyhow::Result<Duration> {
+        if value.is_finite() && value > 0.0 {
+            Ok(Duration::from_secs_f64(value.min(86_400.0 * 365.0)))
+        } else {
+            anyhow::bail!("invalid {flag} {value}\n  help: pass a positive number of seconds")
+        }
+    };
+    let idle_timeout = secs(args.idle_timeout, "--idle-timeout")?;
+    let shutdown_grace = secs(args.shutdown_grace, "--shutdown-grace")?;
+    for (value, flag) in [
+        (args.max_sessions, "--max-sessions"),
+        (args.max_concurrent_calls, "--max-concurrent-calls"),
+        (args.max_body_bytes, "--max-body-bytes"),
+    ] {
+        if value == 0 {
+            anyhow::bail!("invalid {flag} 0\n  help: pass a positive number");
+        }
+    }
+    let replica = match args.replica_id {
+        Some(name) if http::handle::valid_replica(&name) => name,
+        Some(name) => anyhow::bail!(
+            "invalid --replica-id `{name}`\n  help: use 1-32 letters, digits, `-` or `_` (not `gw`)"
+        ),
+        None => default_replica(),
+    };
+    let session_key = match (
+        &args.session_secret_file,
+        host_vars_get("IPYBOX_SESSION_SECRET"),
+    ) {
+        (Some(file), _) => {
+            let key = std::fs::read(file)
+                .with_context(|| format!("cannot read --session-secret-file {}", file.display()))?;
+            let key = key.trim_ascii().to_vec();
+            if key.len() < 16 {
+                anyhow::bail!(
+                    "the session secret in {} is shorter than 16 bytes\n  help: write a long random value, e.g. `openssl rand -hex 32 > FILE`",
+                    file.display()
+                );
+            }
+            key
+        }
+        (None, Some(secret)) if secret.len() >= 16 => secret.into_bytes(),
+        (None, Some(_)) => anyhow::bail!(
+            "IPYBOX_SESSION_SECRET is shorter than 16 bytes\n  help: use a long random value, e.g. `openssl rand -hex 32`"
+        ),
+        (None, None) => rand::random::<[u8; 32]>().to_vec(),
+    };
+    Ok(http::HttpOptions {
+        addr,
+        tokens,
+        allowed_hosts: args.allowed_host,
+        allowed_origins: args.allowed_origin,
+        max_body_bytes: args.max_body_bytes,
+        shutdown_grace,
+        sessions: http::sessions::SessionConfig {
+            idle_timeout,
+            max_sessions: args.max_sessions,
+            max_concurrent_calls: Some(args.max_concurrent_calls),
+            replica,
+            gateway,
+            warm_sessions: args.warm_sessions,
+            allow_install: args.allow_install,
+            allow_register: args.allow_register,
+        },
+        session_key,
+    })
+}
+
+/// This replica's default name in handles: the host name, made valid (a pod's name on
+/// Kubernetes), else a random one.
+fn default_replica() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let name: String = host
+        .trim()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(32)
+        .collect();
+    if http::handle::valid_replica(&name) {
+        name
+    } else {
+        format!("r{:08x}", rand::random::<u32>())
+    }
 }
 
 async fn run(command: Command) -> anyhow::Result<u8> {
     match command {
+        Command::Serve { serve: args, http } => serve(args, Some(http)).await,
         Command::Setup { python } => {
             let host = HostEnv::from_process();
             let env = tokio::task::spawn_blocking(move || {

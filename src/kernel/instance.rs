@@ -167,6 +167,77 @@ impl Kernel {
         }
     }
 
+    /// Connects to kernel `id` that already runs on `gateway` (created and set up by another
+    /// ipybox: replicas sharing a server's kernels), waits until it answers, and checks that
+    /// ipybox's runtime is in it (a kernel the server restarted lost it: that counts as gone).
+    /// Nothing of the user's state is touched.
+    pub(crate) async fn attach_remote(
+        config: &KernelConfig,
+        gateway: &Gateway,
+        id: &str,
+    ) -> Result<Kernel, KernelError> {
+        let (shell, shell_rx) = mpsc::unbounded_channel();
+        let (iopub, iopub_rx) = mpsc::unbounded_channel();
+        let ready = async {
+            let remote = RemoteKernel::attach(
+                gateway,
+                id,
+                Inbound { shell, iopub },
+                config.input_handler.clone(),
+            )
+            .await?;
+            let mut kernel = Kernel {
+                shell_rx,
+                iopub_rx,
+                abandoned: Arc::new(Mutex::new(None)),
+                link: Link::Remote(remote),
+            };
+            handshake(&mut kernel).await?;
+            if super::execute::bootstrap(&mut kernel, config, super::gateway::bootstrap::PROBE)
+                .await
+                .is_err()
+            {
+                // Not ours to delete: detach and report it gone.
+                kernel.detach().await;
+                return Err(KernelError::Gone {
+                    what: format!(
+                        "kernel {id} on the kernel gateway at {} lost ipybox's runtime (the server restarted it): its state is gone",
+                        gateway.url()
+                    ),
+                });
+            }
+            Ok::<_, KernelError>(kernel)
+        };
+        match tokio::time::timeout(config.start_timeout, ready).await {
+            Ok(result) => result,
+            Err(_) => Err(KernelError::Start {
+                reason: format!(
+                    "kernel {id} on {} did not answer within {} s",
+                    gateway.url(),
+                    config.start_timeout.as_secs()
+                ),
+                help: "check the Jupyter server's log".into(),
+            }),
+        }
+    }
+
+    /// The kernel's id on its Jupyter server (`None` for a local kernel).
+    pub(crate) fn remote_id(&self) -> Option<&str> {
+        match &self.link {
+            Link::Local(_) => None,
+            Link::Remote(remote) => Some(&remote.id),
+        }
+    }
+
+    /// Closes the connection to a kernel on a Jupyter server and leaves it running there
+    /// (another replica uses it); a local kernel is stopped as by [`Kernel::shutdown`].
+    pub(crate) async fn detach(self) {
+        match self.link {
+            Link::Local(local) => local.shutdown().await,
+            Link::Remote(remote) => remote.detach(),
+        }
+    }
+
     /// The local process id (0 for a kernel on a Jupyter server).
     pub(crate) fn pid(&self) -> u32 {
         match &self.link {

@@ -18,6 +18,7 @@
 mod completion;
 pub(crate) mod execute;
 pub(crate) mod gateway;
+pub use gateway::KernelStatus;
 pub(crate) mod instance;
 mod kernel_env;
 mod local;
@@ -169,6 +170,10 @@ pub enum KernelError {
     /// The executor was stopped.
     #[error("the code executor is stopped\n  help: call start() before executing code")]
     Stopped,
+    /// The kernel an executor was to attach to no longer exists on its Jupyter server (or lost
+    /// ipybox's runtime when the server restarted it).
+    #[error("{what}")]
+    Gone { what: String },
 }
 
 fn timeout_message(seconds: f64, state_kept: bool) -> String {

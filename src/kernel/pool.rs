@@ -34,6 +34,9 @@ pub(crate) struct KernelPool {
     current: Option<Kernel>,
     /// The current kernel's pid (0: none), readable without access to the pool.
     current_pid: Arc<AtomicU32>,
+    /// The current kernel's id on its Jupyter server (remote kernels), readable without access
+    /// to the pool.
+    current_id: Arc<std::sync::Mutex<Option<String>>>,
     spares: VecDeque<Spare>,
     launched: u32,
     /// How many spares are kept.
@@ -50,22 +53,37 @@ impl std::fmt::Debug for KernelPool {
 }
 
 impl KernelPool {
-    /// Launches the first kernel (and, once it is ready, `spare_count` spares in the background).
+    /// Launches the first kernel, or attaches to kernel `attach` on the Jupyter server (a
+    /// kernel another replica created), and once it is ready, `spare_count` spares in the
+    /// background.
     pub(crate) async fn start(
         config: Arc<KernelConfig>,
         runtime: Arc<RuntimeDir>,
         spare_count: usize,
+        attach: Option<&str>,
     ) -> Result<Self, KernelError> {
         let mut pool = Self {
             config,
             runtime,
             current: None,
             current_pid: Arc::new(AtomicU32::new(0)),
+            current_id: Arc::default(),
             spares: VecDeque::new(),
             launched: 0,
             spare_count,
         };
-        let kernel = pool.launch().await?;
+        let kernel = match (attach, &pool.config.backend) {
+            (Some(id), super::Backend::Gateway(gateway)) => {
+                Kernel::attach_remote(&pool.config, gateway, id).await?
+            }
+            (Some(_), super::Backend::Local) => {
+                return Err(KernelError::Start {
+                    reason: "only kernels on a Jupyter server can be attached to".into(),
+                    help: "attach with a kernel gateway (--kernel-gateway)".into(),
+                });
+            }
+            (None, _) => pool.launch().await?,
+        };
         pool.set_current(Some(kernel));
         pool.refill_spare();
         Ok(pool)
@@ -77,14 +95,28 @@ impl KernelPool {
         self.current_pid.clone()
     }
 
+    /// The current kernel's id on its Jupyter server (`None`: none, or a local kernel), kept up
+    /// to date as kernels are replaced.
+    pub(crate) fn current_id(&self) -> Arc<std::sync::Mutex<Option<String>>> {
+        self.current_id.clone()
+    }
+
     fn set_current(&mut self, kernel: Option<Kernel>) {
         self.current_pid
             .store(kernel.as_ref().map_or(0, Kernel::pid), Ordering::SeqCst);
+        *self.current_id.lock().unwrap_or_else(|p| p.into_inner()) = kernel
+            .as_ref()
+            .and_then(Kernel::remote_id)
+            .map(str::to_string);
         self.current = kernel;
     }
 
     fn take_current(&mut self) -> Option<Kernel> {
         self.current_pid.store(0, Ordering::SeqCst);
+        self.current_id
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         self.current.take()
     }
 
@@ -203,10 +235,15 @@ impl KernelPool {
         }
     }
 
-    /// Stops every kernel and waits until they are gone.
-    pub(crate) async fn shutdown(mut self) {
+    /// Stops every kernel and waits until they are gone; with `detach`, the current kernel, if
+    /// it is on a Jupyter server, is left running there (another replica uses it).
+    pub(crate) async fn shutdown(mut self, detach: bool) {
         if let Some(k) = self.take_current() {
-            k.shutdown().await;
+            if detach {
+                k.detach().await;
+            } else {
+                k.shutdown().await;
+            }
         }
         let spares: Vec<_> = self.spares.drain(..).collect();
         futures::future::join_all(spares.into_iter().map(|spare| async move {

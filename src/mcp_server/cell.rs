@@ -19,6 +19,7 @@ use ipybox::tools::ApprovalRequest;
 use tokio::sync::watch;
 
 use super::elicit::SessionAllowances;
+use super::session::CellGuard;
 
 /// A cell being executed, shared by the requests (or the task) that serve it.
 #[derive(Clone)]
@@ -58,8 +59,13 @@ pub(crate) struct Snapshot {
 
 impl CellRun {
     /// Starts driving `execution`: from now on its events are consumed whether or not anybody
-    /// waits. Approvals of calls in `allowances` are accepted without asking.
-    pub(crate) fn start(mut execution: Execution, allowances: SessionAllowances) -> Self {
+    /// waits. Approvals of calls in `allowances` are accepted without asking. `guard` is held
+    /// until the cell has ended (its session counts as in use meanwhile).
+    pub(crate) fn start(
+        mut execution: Execution,
+        allowances: SessionAllowances,
+        guard: CellGuard,
+    ) -> Self {
         let inner = Arc::new(Inner {
             state: Mutex::default(),
             version: watch::channel(0).0,
@@ -96,6 +102,7 @@ impl CellRun {
             // Requests that arrived after the end have nobody to ask: dropped, so rejected.
             state.unasked.clear();
             drop(state);
+            drop(guard);
             driven.version.send_modify(|v| *v += 1);
         });
         Self { inner }

@@ -1,22 +1,29 @@
 //! The ipybox MCP server: four tools (`register_mcp_server`, `execute_ipython_cell`,
-//! `install_package`, `reset`) on top of [`CodeExecutor`], served over stdio with rmcp.
+//! `install_package`, `reset`) on top of [`CodeExecutor`], served with rmcp over stdio (one
+//! kernel session) or Streamable HTTP (one kernel session per agent conversation, see
+//! `crate::http`).
 //!
-//! The kernel starts in the background when the server is created, so the `initialize` reply
-//! never waits for it; the first execution does. Tool calls made by executed code are accepted
-//! automatically (as in Python ipybox), or, with `--approve ask`, asked about through the client
-//! ([`elicit`]); a cell whose request carries a progress token reports progress ([`progress`]).
-//! Results are text only (plus image content), never `structuredContent`: Claude Code would show
-//! the model only that.
+//! The kernel starts in the background when the stdio server is created, so the `initialize`
+//! reply never waits for it; the first execution does. Tool calls made by executed code are
+//! accepted automatically (as in Python ipybox), or, with `--approve ask`, asked about through
+//! the client ([`elicit`]); a cell whose request carries a progress token reports progress
+//! ([`progress`]). Results are text only (plus image content), never `structuredContent`:
+//! Claude Code would show the model only that.
 //!
-//! Not here: serving on stdio and shutting down ([`stdio`]), the workspace/`.env` handling of the
-//! command line (the binary's `dotenv` module builds the executor's environments), and everything
-//! the executor does.
+//! Over HTTP the tools that need a kernel take a `session` argument (a handle): 2026-07-28
+//! clients get a new session's handle in the first result and pass it back; a handshake-era
+//! MCP session has its own kernel session unless a handle is passed ([`Scope`]).
+//!
+//! Not here: serving on stdio and shutting down ([`stdio`]), kernel sessions over HTTP
+//! (`crate::http::sessions`), the workspace/`.env` handling of the command line (the binary's
+//! `dotenv` module builds the executor's environments), and everything the executor does.
 
 mod cell;
 mod elicit;
 mod mrtr;
 mod progress;
 mod request;
+pub(crate) mod session;
 mod skills;
 mod stdio;
 mod tasks;
@@ -24,7 +31,7 @@ mod tasks;
 pub(crate) use stdio::serve_stdio;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use base64::Engine;
@@ -41,13 +48,14 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use ipybox::CodeExecutor;
 use ipybox::executor::ExecutorError;
 
 use cell::CellRun;
 use request::Outcome;
+use session::{Caller, KernelSession, SessionSource};
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]
@@ -87,6 +95,18 @@ you need in one cell. Variables persist across cells; `reset` starts a fresh ker
 after regenerating or editing modules that are already imported). `install_package` adds \
 packages to the kernel's environment.";
 
+/// What the instructions add over HTTP.
+const SESSION_INSTRUCTIONS: &str = " This server keeps one kernel per session: the first \
+`execute_ipython_cell` without `session` starts a new kernel and its result names the session \
+handle; pass that handle as `session` in every later call (`execute_ipython_cell`, `reset`) to \
+keep your variables.";
+
+/// The `session` argument's description (HTTP only).
+const SESSION_DOC: &str = "The kernel session to use: the handle a previous result named (`ipybox-s1-...`). \
+Leave it out to start a new session with a fresh kernel (its handle is in the result); pass it in every \
+later call to keep your variables. Over a handshake-era MCP session it may be left out: the MCP session \
+has its own kernel.";
+
 /// Arguments of `register_mcp_server`.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(crate) struct RegisterParams {
@@ -113,6 +133,10 @@ pub(crate) struct ExecuteParams {
     #[serde(default = "default_max_output_chars")]
     #[schemars(default = "default_max_output_chars")]
     pub max_output_chars: usize,
+    /// Over HTTP: the kernel session (the schema gets it there, see [`SESSION_DOC`]).
+    #[serde(default)]
+    #[schemars(skip)]
+    pub session: Option<String>,
 }
 
 fn default_timeout() -> f64 {
@@ -129,28 +153,77 @@ pub(crate) struct InstallParams {
     /// Package name with optional version specifier (e.g. "numpy", "numpy>=1.20") or a
     /// "git+https://..." URL.
     pub package_name: String,
+    /// Over HTTP: the kernel session.
+    #[serde(default)]
+    #[schemars(skip)]
+    pub session: Option<String>,
 }
 
-/// The MCP server handler.
+/// Arguments of `reset`.
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
+pub(crate) struct ResetParams {
+    /// Over HTTP: the kernel session.
+    #[serde(default)]
+    #[schemars(skip)]
+    pub session: Option<String>,
+}
+
+/// The MCP server handler. Over stdio one value serves the whole connection; over HTTP rmcp
+/// makes one per handshake-era MCP session and one per 2026-07-28 request
+/// ([`IpyboxServer::factory`]), all sharing one [`Shared`].
 #[derive(Clone)]
 pub(crate) struct IpyboxServer {
-    executor: CodeExecutor,
-    config: Arc<ServerConfig>,
-    /// What the user allowed for the rest of the session (`--approve ask`).
-    allowances: elicit::SessionAllowances,
+    shared: Arc<Shared>,
+    /// The kernel session of this handshake-era MCP session (HTTP).
+    implicit: Arc<Implicit>,
+    tool_router: ToolRouter<Self>,
+}
+
+/// What every handler of one server shares.
+struct Shared {
+    config: ServerConfig,
+    scope: Scope,
     /// Cells waiting for a 2026-07-28 client's retry (`--approve ask`).
     rounds: Arc<mrtr::Rounds>,
     /// Cells running as tasks (the tasks extension).
     tasks: tasks::CellTasks,
     /// The codeact skill (the skills extension).
-    skills: Arc<skills::Skills>,
-    tool_router: ToolRouter<Self>,
+    skills: skills::Skills,
+    /// The tools, with the `session` argument over HTTP.
+    router: ToolRouter<IpyboxServer>,
+}
+
+/// Where a request's kernel session comes from.
+enum Scope {
+    /// stdio: the one session.
+    Single(Arc<KernelSession>),
+    /// HTTP: a session per agent conversation.
+    Service(Arc<dyn SessionSource>),
+}
+
+/// The kernel session of one handshake-era MCP session (HTTP): made on its first call that
+/// needs a kernel, closed when rmcp drops the MCP session (DELETE, idle, shutdown).
+#[derive(Default)]
+struct Implicit {
+    slot: tokio::sync::Mutex<Option<Arc<KernelSession>>>,
+    source: Option<Weak<dyn SessionSource>>,
+}
+
+impl Drop for Implicit {
+    fn drop(&mut self) {
+        if let (Some(session), Some(source)) = (
+            self.slot.get_mut().take(),
+            self.source.as_ref().and_then(Weak::upgrade),
+        ) {
+            source.close(&session, "its MCP session ended");
+        }
+    }
 }
 
 impl std::fmt::Debug for IpyboxServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpyboxServer")
-            .field("workspace", &self.config.workspace)
+            .field("workspace", &self.shared.config.workspace)
             .finish()
     }
 }
@@ -172,9 +245,73 @@ pub(crate) fn truncate_output(text: &str, max: usize) -> String {
     }
 }
 
-#[tool_router]
+/// Whether this request speaks a revision without server-to-client requests (2026-07-28 on).
+fn stateless(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| !v.has_initialize())
+}
+
+/// The credential of this request (put there by the HTTP service; stdio: local).
+pub(crate) fn caller(context: &RequestContext<RoleServer>) -> Caller {
+    context
+        .extensions
+        .get::<hyper::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Caller>())
+        .cloned()
+        .unwrap_or(Caller::Local)
+}
+
+/// How a result tells the model its session's handle: over HTTP, when the session is new to
+/// it (2026-07-28 without a handle) or its handle changed (a gateway kernel was replaced).
+#[derive(Clone)]
+struct Announce {
+    source: Option<Arc<dyn SessionSource>>,
+    session: Arc<KernelSession>,
+    /// The handle the request passed.
+    given: Option<String>,
+    /// Whether this request's client keeps the handle itself (2026-07-28, or a handle passed).
+    keeps_handle: bool,
+}
+
+impl Announce {
+    /// The line to add to a result, if any.
+    fn note(&self) -> Option<String> {
+        let source = self.source.as_ref()?;
+        if !self.keeps_handle {
+            return None;
+        }
+        let current = source.handle(&self.session);
+        match &self.given {
+            None => Some(format!(
+                "[ipybox session {current}: a new kernel session; pass session=\"{current}\" in later calls to keep its state]"
+            )),
+            Some(given) if *given != current => Some(format!(
+                "[ipybox session {current}: this session's kernel was replaced; pass session=\"{current}\" from now on]"
+            )),
+            Some(_) => None,
+        }
+    }
+
+    /// `result` with the note appended to its text.
+    fn apply(&self, mut result: CallToolResult) -> CallToolResult {
+        let Some(note) = self.note() else {
+            return result;
+        };
+        match result.content.first_mut() {
+            Some(ContentBlock::Text(text)) if !text.text.is_empty() => {
+                text.text = format!("{}\n\n{note}", text.text)
+            }
+            Some(ContentBlock::Text(text)) => text.text = note,
+            _ => result.content.insert(0, ContentBlock::text(note)),
+        }
+        result
+    }
+}
+
+#[tool_router(router = tool_router_template)]
 impl IpyboxServer {
-    /// Creates the server and starts the kernel in the background.
+    /// The stdio server: one kernel session; its kernel starts in the background.
     pub(crate) fn new(executor: CodeExecutor, config: ServerConfig) -> Self {
         let background = executor.clone();
         tokio::spawn(async move {
@@ -182,20 +319,128 @@ impl IpyboxServer {
                 tracing::error!("kernel failed to start (the first execution will retry): {e}");
             }
         });
-        Self {
-            executor,
-            config: Arc::new(config),
-            allowances: elicit::SessionAllowances::default(),
+        let session = Arc::new(KernelSession::new(executor, Caller::Local, [0; 16], None));
+        Self::with_shared(Arc::new(Shared {
+            config,
+            scope: Scope::Single(session),
             rounds: Arc::new(mrtr::Rounds::new()),
             tasks: tasks::CellTasks::default(),
-            skills: Arc::new(skills::Skills::load()),
-            tool_router: Self::tool_router(),
+            skills: skills::Skills::load(),
+            router: Self::tool_router_template(),
+        }))
+    }
+
+    /// Makes the handlers of an HTTP server whose kernel sessions come from `source`: one per
+    /// handshake-era MCP session, one per 2026-07-28 request (cheap: they share everything).
+    pub(crate) fn factory(
+        source: Arc<dyn SessionSource>,
+        config: ServerConfig,
+    ) -> impl Fn() -> Self + Send + Sync + 'static {
+        let mut router = Self::tool_router_template();
+        for name in ["execute_ipython_cell", "install_package", "reset"] {
+            if let Some(route) = router.map.get_mut(name) {
+                let mut schema = (*route.attr.input_schema).clone();
+                let properties = schema
+                    .entry("properties")
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if let Some(properties) = properties.as_object_mut() {
+                    properties.insert(
+                        "session".into(),
+                        json!({"type": "string", "description": SESSION_DOC, "x-mcp-header": "Session"}),
+                    );
+                }
+                route.attr.input_schema = Arc::new(schema);
+            }
+        }
+        let shared = Arc::new(Shared {
+            config,
+            scope: Scope::Service(source),
+            rounds: Arc::new(mrtr::Rounds::new()),
+            tasks: tasks::CellTasks::default(),
+            skills: skills::Skills::load(),
+            router,
+        });
+        move || Self::with_shared(shared.clone())
+    }
+
+    fn with_shared(shared: Arc<Shared>) -> Self {
+        let source = match &shared.scope {
+            Scope::Service(source) => Some(Arc::downgrade(source)),
+            Scope::Single(_) => None,
+        };
+        Self {
+            tool_router: shared.router.clone(),
+            implicit: Arc::new(Implicit {
+                slot: Default::default(),
+                source,
+            }),
+            shared,
         }
     }
 
-    /// The executor behind the server (to stop it on shutdown).
+    /// The executor behind the stdio server (to stop it on shutdown); over HTTP, the shared
+    /// workspace's.
     pub(crate) fn executor(&self) -> &CodeExecutor {
-        &self.executor
+        match &self.shared.scope {
+            Scope::Single(session) => &session.executor,
+            Scope::Service(source) => source.workspace_executor(),
+        }
+    }
+
+    /// The kernel session of this request: the one over stdio; over HTTP the one `given`
+    /// names, else (with `create`) a new one for 2026-07-28 requests, the MCP session's own for
+    /// handshake-era ones. `Ok(None)`: there is none and `create` was false.
+    async fn session(
+        &self,
+        context: &RequestContext<RoleServer>,
+        given: Option<&str>,
+        create: bool,
+    ) -> Result<Option<(Arc<KernelSession>, Announce)>, String> {
+        let source = match &self.shared.scope {
+            Scope::Single(session) => {
+                let announce = Announce {
+                    source: None,
+                    session: session.clone(),
+                    given: None,
+                    keeps_handle: false,
+                };
+                return Ok(Some((session.clone(), announce)));
+            }
+            Scope::Service(source) => source,
+        };
+        let caller = caller(context);
+        let stateless = stateless(context);
+        let announce = |session: &Arc<KernelSession>| Announce {
+            source: Some(source.clone()),
+            session: session.clone(),
+            given: given.map(str::to_string),
+            keeps_handle: stateless || given.is_some(),
+        };
+        if given.is_some() || stateless {
+            if given.is_none() && !create {
+                return Ok(None);
+            }
+            let session = source.resolve(&caller, given).await?;
+            let announced = announce(&session);
+            return Ok(Some((session, announced)));
+        }
+        // A handshake-era MCP session without a handle: its own kernel session.
+        let mut slot = self.implicit.slot.lock().await;
+        if let Some(session) = slot.as_ref() {
+            if session.owner != caller {
+                return Err("this MCP session belongs to another credential\n  help: start your own MCP session (initialize) with your token".into());
+            }
+            if let Some(why) = session.closed() {
+                return Err(why);
+            }
+            return Ok(Some((session.clone(), announce(session))));
+        }
+        if !create {
+            return Ok(None);
+        }
+        let session = source.resolve(&caller, None).await?;
+        *slot = Some(session.clone());
+        Ok(Some((session.clone(), announce(&session))))
     }
 
     #[tool(
@@ -205,9 +450,17 @@ impl IpyboxServer {
         &self,
         Parameters(p): Parameters<RegisterParams>,
     ) -> Result<CallToolResult, ErrorData> {
+        if let Scope::Service(source) = &self.shared.scope
+            && !source.register_allowed()
+        {
+            return Ok(text_error(format!(
+                "cannot register `{}`: on this ipybox service the operator registers the MCP servers (registering makes the host start the server named), and every session shares them\n  help: use the servers already in `mcptools/` (list them with `import os; print(os.listdir('mcptools'))`), or ask the operator to register it (`ipybox apigen`) or to start `ipybox serve` with --allow-register",
+                p.server_name
+            )));
+        }
         let params = Value::Object(p.server_params);
         match self
-            .executor
+            .executor()
             .register_mcp_server(&p.server_name, &params)
             .await
         {
@@ -235,59 +488,104 @@ impl IpyboxServer {
             ))
             .into());
         }
+        let started = std::time::Instant::now();
         // A retry must carry the arguments its requestState was sealed for.
-        let binding =
-            serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars)).unwrap_or_default();
+        let binding = serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars, &p.session))
+            .unwrap_or_default();
         let timeout = Duration::from_secs_f64(p.timeout.min(86_400.0 * 365.0));
-        let (run, resumed) = match request_state {
+        let (run, resumed, session, announce) = match request_state {
             Some(state) => {
+                let caller = caller(&context);
                 match self
+                    .shared
                     .rounds
-                    .resume(&state, &binding, responses.as_ref(), &self.allowances)
+                    .resume(&state, &binding, responses.as_ref(), &caller)
                 {
-                    Ok((run, round)) => (run, Some(round)),
+                    Ok((run, round, session)) => {
+                        let announce = Announce {
+                            source: match &self.shared.scope {
+                                Scope::Service(source) => Some(source.clone()),
+                                Scope::Single(_) => None,
+                            },
+                            session: session.clone(),
+                            given: p.session.clone(),
+                            keeps_handle: stateless(&context) || p.session.is_some(),
+                        };
+                        (run, Some(round), session, announce)
+                    }
                     Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
                 }
             }
             None => {
-                if let Some(busy) = self.tasks.busy_error() {
-                    return Ok(text_error(busy).into());
+                let (session, announce) =
+                    match self.session(&context, p.session.as_deref(), true).await {
+                        Ok(Some(found)) => found,
+                        Ok(None) => unreachable!("create is true"),
+                        Err(why) => return Ok(text_error(why).into()),
+                    };
+                if let Some(busy) = session.busy.busy_error() {
+                    return Ok(announce.apply(text_error(busy)).into());
                 }
-                if let Err(e) = self.executor.start().await {
-                    return Ok(text_error(format!("the kernel could not be started: {e}")).into());
-                }
-                let execution = if self.config.approve == ApproveMode::Ask {
-                    self.executor.stream(&p.code, Some(timeout))
-                } else {
-                    self.executor.stream_accepting(&p.code, Some(timeout))
+                let _entered = match session.enter() {
+                    Ok(entered) => entered,
+                    Err(why) => return Ok(announce.apply(text_error(why)).into()),
                 };
-                (CellRun::start(execution, self.allowances.clone()), None)
+                if let Err(e) = session.executor.start().await {
+                    return Ok(announce.apply(text_error(start_failed(&e))).into());
+                }
+                let execution = if self.shared.config.approve == ApproveMode::Ask {
+                    session.executor.stream(&p.code, Some(timeout))
+                } else {
+                    session.executor.stream_accepting(&p.code, Some(timeout))
+                };
+                let run = CellRun::start(
+                    execution,
+                    session.allowances.clone(),
+                    session.cell_running(),
+                );
+                (run, None, session, announce)
             }
         };
+        let _entered = session.enter();
         let serve = request::Serve {
-            config: &self.config,
-            allowances: &self.allowances,
-            rounds: &self.rounds,
-            tasks: &self.tasks,
+            config: &self.shared.config,
+            session: &session,
+            rounds: &self.shared.rounds,
+            tasks: &self.shared.tasks,
             context: &context,
             binding: &binding,
             timeout,
         };
         let max_chars = p.max_output_chars;
+        let announced = announce.clone();
         let finish = move || -> tasks::Finish {
-            Box::new(move |result| Box::pin(async move { cell_result(result, max_chars).await }))
+            Box::new(move |result| {
+                Box::pin(async move { announced.apply(cell_result(result, max_chars).await) })
+            })
         };
-        match serve.serve(run, resumed, finish).await {
-            Outcome::Done(result) => Ok(cell_result(result, max_chars).await.into()),
+        let outcome = serve.serve(run, resumed, finish).await;
+        crate::metrics::cell(
+            match &outcome {
+                Outcome::Done(Ok(_)) => crate::metrics::CellEnd::Ok,
+                Outcome::Done(Err(_)) => crate::metrics::CellEnd::Error,
+                Outcome::InputRequired(_) => crate::metrics::CellEnd::InputRequired,
+                Outcome::Task(_) => crate::metrics::CellEnd::Task,
+                Outcome::Cancelled => crate::metrics::CellEnd::Cancelled,
+            },
+            started.elapsed(),
+        );
+        match outcome {
+            Outcome::Done(result) => Ok(announce.apply(cell_result(result, max_chars).await).into()),
             Outcome::InputRequired(asked) => Ok(asked.into()),
             Outcome::Task(task) => Ok(CreateTaskResult::new(task).into()),
             // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code): the code
             // in the kernel was interrupted; state is kept.
-            Outcome::Cancelled => Ok(text_error(
-                "execution cancelled by the client; the kernel was interrupted and its state kept"
-                    .into(),
-            )
-            .into()),
+            Outcome::Cancelled => Ok(announce
+                .apply(text_error(
+                    "execution cancelled by the client; the kernel was interrupted and its state kept"
+                        .into(),
+                ))
+                .into()),
         }
     }
 
@@ -297,31 +595,83 @@ impl IpyboxServer {
     async fn install_package(
         &self,
         Parameters(p): Parameters<InstallParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        if let Some(busy) = self.tasks.busy_error() {
-            return Ok(text_error(busy));
+        if let Scope::Service(source) = &self.shared.scope
+            && !source.install_allowed()
+        {
+            return Ok(text_error(format!(
+                "cannot install `{}`: every session of this ipybox service shares the kernel environment, so installing is up to its operator\n  help: ask the operator to add the package to the kernel environment (or image), or to start `ipybox serve` with --allow-install",
+                p.package_name
+            )));
         }
-        match self.executor.install_package(&p.package_name).await {
-            Ok(summary) => Ok(CallToolResult::success(vec![ContentBlock::text(summary)])),
-            Err(e) => Ok(text_error(e.to_string())),
+        let (session, announce) = match self.session(&context, p.session.as_deref(), true).await {
+            Ok(Some(found)) => found,
+            Ok(None) => unreachable!("create is true"),
+            Err(why) => return Ok(text_error(why)),
+        };
+        if let Some(busy) = session.busy.busy_error() {
+            return Ok(announce.apply(text_error(busy)));
         }
+        let _entered = match session.enter() {
+            Ok(entered) => entered,
+            Err(why) => return Ok(announce.apply(text_error(why))),
+        };
+        let result = match session.executor.install_package(&p.package_name).await {
+            Ok(summary) => CallToolResult::success(vec![ContentBlock::text(summary)]),
+            Err(e) => text_error(e.to_string()),
+        };
+        Ok(announce.apply(result))
     }
 
     #[tool(
         description = "Reset the IPython kernel: a fresh kernel replaces the current one, clearing all variables, imports and definitions, and the MCP server sessions used by generated tools are closed. Files in the workspace (generated modules included) and installed packages are kept."
     )]
-    async fn reset(&self) -> Result<CallToolResult, ErrorData> {
+    async fn reset(
+        &self,
+        Parameters(p): Parameters<ResetParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let (session, announce) = match self.session(&context, p.session.as_deref(), false).await {
+            Ok(Some(found)) => found,
+            Ok(None) if stateless(&context) => {
+                return Ok(text_error(
+                    "no session given: reset needs the `session` handle of the kernel to reset\n  help: pass session=\"ipybox-s1-...\" as named by an earlier result; a call without it starts a new session with a fresh kernel anyway".into(),
+                ));
+            }
+            Ok(None) => {
+                return Ok(CallToolResult::success(vec![ContentBlock::text(
+                    "Kernel reset: no kernel was started in this session yet; the first cell gets a fresh one.",
+                )]));
+            }
+            Err(why) => return Ok(text_error(why)),
+        };
+        let _entered = match session.enter() {
+            Ok(entered) => entered,
+            Err(why) => return Ok(announce.apply(text_error(why))),
+        };
         // A cell running as a task would make the reset wait for it: it is cancelled instead.
-        self.tasks.cancel_running().await;
-        if let Err(e) = self.executor.start().await {
-            return Ok(text_error(format!("the kernel could not be started: {e}")));
+        session.busy.cancel_running(&self.shared.tasks).await;
+        if let Err(e) = session.executor.start().await {
+            return Ok(announce.apply(text_error(start_failed(&e))));
         }
-        match self.executor.reset().await {
-            Ok(()) => Ok(CallToolResult::success(vec![ContentBlock::text(
+        let result = match session.executor.reset().await {
+            Ok(()) => CallToolResult::success(vec![ContentBlock::text(
                 "Kernel reset: a fresh kernel is running and MCP sessions were closed.",
-            )])),
-            Err(e) => Ok(text_error(format!("reset failed: {e}"))),
-        }
+            )]),
+            Err(e) => text_error(format!("reset failed: {e}")),
+        };
+        Ok(announce.apply(result))
+    }
+}
+
+/// The error text when a session's kernel cannot be started.
+fn start_failed(e: &ExecutorError) -> String {
+    match e {
+        ExecutorError::Kernel(ipybox::kernel::KernelError::Gone { what }) => format!(
+            "this session's kernel is gone: {what}\n  help: call again without `session` to start a new session (its state starts empty)"
+        ),
+        e => format!("the kernel could not be started: {e}"),
     }
 }
 
@@ -370,6 +720,10 @@ fn failure_text(e: &ExecutorError) -> String {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for IpyboxServer {
     fn get_info(&self) -> rmcp::model::ServerConfig {
+        let instructions = match &self.shared.scope {
+            Scope::Single(_) => INSTRUCTIONS.to_string(),
+            Scope::Service(_) => format!("{INSTRUCTIONS}{SESSION_INSTRUCTIONS}"),
+        };
         rmcp::model::ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
@@ -379,35 +733,41 @@ impl ServerHandler for IpyboxServer {
                 .build(),
         )
         .with_server_info(Implementation::new("ipybox", env!("CARGO_PKG_VERSION")))
-        .with_instructions(INSTRUCTIONS)
+        .with_instructions(instructions)
     }
 
     async fn get_task(
         &self,
         request: GetTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        Ok(GetTaskResult::new(
-            self.tasks.manager().get_task(&request.task_id)?,
-        ))
+        let manager = self
+            .shared
+            .tasks
+            .manager_for(&caller(&context), &request.task_id)?;
+        Ok(GetTaskResult::new(manager.get_task(&request.task_id)?))
     }
 
     async fn update_task(
         &self,
         request: UpdateTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks
-            .manager()
+        self.shared
+            .tasks
+            .manager_for(&caller(&context), &request.task_id)?
             .update_task(&request.task_id, request.input_responses)
     }
 
     async fn cancel_task(
         &self,
         request: CancelTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.tasks.manager().cancel_task(&request.task_id)
+        self.shared
+            .tasks
+            .manager_for(&caller(&context), &request.task_id)?
+            .cancel_task(&request.task_id)
     }
 
     async fn list_skills(
@@ -415,7 +775,7 @@ impl ServerHandler for IpyboxServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListSkillsResult, ErrorData> {
-        Ok(self.skills.list())
+        Ok(self.shared.skills.list())
     }
 
     async fn get_skill(
@@ -423,7 +783,7 @@ impl ServerHandler for IpyboxServer {
         request: GetSkillRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<GetSkillResult, ErrorData> {
-        self.skills.get(&request.uri)
+        self.shared.skills.get(&request.uri)
     }
 
     async fn list_resources(
@@ -431,7 +791,7 @@ impl ServerHandler for IpyboxServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Ok(self.skills.resources())
+        Ok(self.shared.skills.resources())
     }
 
     async fn read_resource(
@@ -439,7 +799,8 @@ impl ServerHandler for IpyboxServer {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        self.skills
+        self.shared
+            .skills
             .read(&request.uri)
             .map(Into::into)
             .ok_or_else(|| ErrorData::resource_not_found(format!("no resource {}: ipybox serves the codeact skill's files (skill://codeact/...)", request.uri), None))
@@ -450,7 +811,7 @@ impl ServerHandler for IpyboxServer {
         request: ReadResourceDirectoryRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceDirectoryResult, ErrorData> {
-        self.skills.read_directory(&request.uri)
+        self.shared.skills.read_directory(&request.uri)
     }
 }
 

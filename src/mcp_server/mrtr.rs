@@ -32,7 +32,8 @@ use rmcp::model::{
 use serde::{Deserialize, Serialize};
 
 use super::cell::CellRun;
-use super::elicit::{self, SessionAllowances};
+use super::elicit;
+use super::session::{Caller, KernelSession};
 
 /// How long a parked run's result is kept after the cell ended, for a late retry.
 pub(crate) const RETENTION: Duration = Duration::from_secs(60);
@@ -47,6 +48,8 @@ pub(crate) struct Rounds {
 /// One run waiting for the user's answers.
 struct Parked {
     run: CellRun,
+    /// The kernel session the run belongs to: the retry continues there, whatever it names.
+    session: Arc<KernelSession>,
     /// The approvals asked about in this round, by their input-request key.
     asked: BTreeMap<String, ApprovalRequest>,
     round: u64,
@@ -95,6 +98,7 @@ impl Rounds {
         run: CellRun,
         asking: Vec<ApprovalRequest>,
         binding: &[u8],
+        session: &Arc<KernelSession>,
     ) -> InputRequiredResult {
         let (id, round) = match resumed {
             Some(r) => (r.id, r.round + 1),
@@ -116,7 +120,15 @@ impl Rounds {
             .seal_with(&state, &SealOptions::new().associated_data(binding));
         let mut ended = run.watch();
         let watched = run.clone();
-        self.lock().insert(id, Parked { run, asked, round });
+        self.lock().insert(
+            id,
+            Parked {
+                run,
+                session: session.clone(),
+                asked,
+                round,
+            },
+        );
         // A retry that never comes: drop the entry some time after the cell ended (its waiting
         // calls failed with ApprovalTimeout, then it ran to its end).
         let rounds = Arc::downgrade(self);
@@ -138,26 +150,37 @@ impl Rounds {
         InputRequiredResult::new(Some(requests), Some(sealed))
     }
 
-    /// The parked run that `state` names, after applying the user's answers to the approvals
-    /// of its round (an approval without an answer counts as cancelled); with the round, for
-    /// the next [`Rounds::park`].
+    /// The parked run that `state` names, with its kernel session, after applying the user's
+    /// answers to the approvals of its round (an approval without an answer counts as
+    /// cancelled); with the round, for the next [`Rounds::park`]. Only `caller`, the credential
+    /// whose call parked it, may resume it.
     pub(crate) fn resume(
         &self,
         state: &str,
         binding: &[u8],
         responses: Option<&InputResponses>,
-        allowances: &SessionAllowances,
-    ) -> Result<(CellRun, RoundId), Refused> {
+        caller: &Caller,
+    ) -> Result<(CellRun, RoundId, Arc<KernelSession>), Refused> {
         let opened: State = self.codec.open_json_with(state, binding).map_err(|e| {
             Refused(format!(
                 "this requestState is not valid for this call ({e}): it was altered, belongs to other arguments or to another ipybox process. Nothing ran.\n  help: retry with the arguments and requestState of the input_required result exactly as received, or run the cell again without requestState"
             ))
         })?;
         let mut parked = self.lock();
-        let Some(entry) = parked.remove(&opened.id) else {
-            return Err(Refused(
+        let gone = || {
+            Refused(
                 "this requestState names a cell that no longer waits: it was answered already, or its result was dropped after the approval timeout and a further minute. Nothing ran.\n  help: run the cell again without requestState".into(),
-            ));
+            )
+        };
+        // Another credential's state is answered as one that does not exist.
+        if parked
+            .get(&opened.id)
+            .is_some_and(|p| &p.session.owner != caller)
+        {
+            return Err(gone());
+        }
+        let Some(entry) = parked.remove(&opened.id) else {
+            return Err(gone());
         };
         if entry.round != opened.round {
             let current = entry.round;
@@ -173,7 +196,7 @@ impl Rounds {
                 .and_then(|r| r.get(&key))
                 .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok())
                 .unwrap_or_else(|| ElicitResult::new(ElicitationAction::Cancel));
-            elicit::answer(request, &answer, allowances);
+            elicit::answer(request, &answer, &entry.session.allowances);
         }
         Ok((
             entry.run,
@@ -181,6 +204,7 @@ impl Rounds {
                 id: opened.id,
                 round: opened.round,
             },
+            entry.session,
         ))
     }
 }

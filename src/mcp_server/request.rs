@@ -29,6 +29,7 @@ use ipybox::executor::{ExecutionResult, ExecutorError};
 use super::cell::CellRun;
 use super::mrtr::{RoundId, Rounds};
 use super::progress::ProgressReporter;
+use super::session::KernelSession;
 use super::tasks::{Adopt, CellTasks, Finish};
 use super::{ApproveMode, ServerConfig, elicit};
 
@@ -50,7 +51,8 @@ pub(crate) enum Outcome {
 /// What serving a request needs of the server.
 pub(crate) struct Serve<'a> {
     pub(crate) config: &'a ServerConfig,
-    pub(crate) allowances: &'a elicit::SessionAllowances,
+    /// The kernel session the cell runs in.
+    pub(crate) session: &'a std::sync::Arc<KernelSession>,
     pub(crate) rounds: &'a std::sync::Arc<Rounds>,
     pub(crate) tasks: &'a CellTasks,
     pub(crate) context: &'a RequestContext<RoleServer>,
@@ -143,7 +145,8 @@ impl Serve<'_> {
                     gather_until.get_or_insert_with(|| Instant::now() + GATHER);
                 } else {
                     for request in run.take_unasked() {
-                        let (peer, allowances) = (context.peer.clone(), self.allowances.clone());
+                        let (peer, allowances) =
+                            (context.peer.clone(), self.session.allowances.clone());
                         let approval_timeout = self.config.approval_timeout;
                         deciding.spawn(async move {
                             elicit::decide(request, &peer, &allowances, approval_timeout).await;
@@ -171,20 +174,24 @@ impl Serve<'_> {
                     }
                     let asking = run.take_unasked();
                     return Outcome::InputRequired(
-                        self.rounds.park(resumed, run, asking, self.binding),
+                        self.rounds.park(resumed, run, asking, self.binding, self.session),
                     );
                 }
                 () = tokio::time::sleep_until(task_due.unwrap_or_else(far)), if task_due.is_some() => {
                     if let Some(p) = progress.as_mut() {
                         p.finish().await;
                     }
-                    return Outcome::Task(self.tasks.adopt(Adopt {
-                        run,
-                        ttl: self.timeout.saturating_add(self.config.task_ttl),
-                        can_elicit: ask && can_elicit,
-                        allowances: self.allowances.clone(),
-                        finish: finish(),
-                    }));
+                    return Outcome::Task(self.tasks.adopt(
+                        &self.session.busy,
+                        &self.session.owner,
+                        Adopt {
+                            run,
+                            ttl: self.timeout.saturating_add(self.config.task_ttl),
+                            can_elicit: ask && can_elicit,
+                            allowances: self.session.allowances.clone(),
+                            finish: finish(),
+                        },
+                    ));
                 }
                 Some(_) = deciding.join_next(), if !deciding.is_empty() => {}
                 () = context.ct.cancelled() => {

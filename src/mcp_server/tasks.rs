@@ -15,8 +15,13 @@
 //! creation; a finished task's result stays available for at least `--task-ttl` after it ended
 //! ([`TaskManager`]'s retention), then `tasks/get` says the task is unknown.
 //!
+//! Over HTTP one server holds many kernel sessions: tasks are listed in one [`CellTasks`] per
+//! server, each task readable only with the credential ([`Caller`]) that started it (another's
+//! task id is answered as unknown); which task holds a kernel is per session ([`Busy`]).
+//!
 //! Not here: when a call becomes a task (the request loop in [`super`]).
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,16 +32,23 @@ use rmcp::task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions};
 
 use super::cell::CellRun;
 use super::elicit::{self, SessionAllowances};
+use super::session::Caller;
 
 /// The longest status message (the end of the output so far).
 const STATUS_CHARS: usize = 1000;
 /// The polling interval suggested to clients.
 const POLL_INTERVAL_MS: u64 = 250;
 
-/// The tasks of one server, and the one whose cell holds the kernel.
+/// The tasks of one server, and whose they are.
 #[derive(Clone, Default)]
 pub(crate) struct CellTasks {
     manager: TaskManager,
+    owners: Arc<Mutex<HashMap<String, Caller>>>,
+}
+
+/// The task whose cell holds one session's kernel.
+#[derive(Clone, Default)]
+pub(crate) struct Busy {
     running: Arc<Mutex<Option<(String, CellRun)>>>,
 }
 
@@ -60,7 +72,7 @@ pub(crate) struct Adopt {
     pub(crate) finish: Finish,
 }
 
-impl CellTasks {
+impl Busy {
     /// The task whose cell runs now, with how long it has been running.
     pub(crate) fn busy(&self) -> Option<(String, Duration)> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
@@ -82,22 +94,25 @@ impl CellTasks {
 
     /// Cancels the running task (as `tasks/cancel` does) and waits until its cell has ended
     /// (for `reset`).
-    pub(crate) async fn cancel_running(&self) {
+    pub(crate) async fn cancel_running(&self, tasks: &CellTasks) {
         let running = self
             .running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some((id, run)) = running {
-            if self.manager.cancel_task(&id).is_err() {
+            if tasks.manager.cancel_task(&id).is_err() {
                 run.cancel(); // the task is gone already (expired): stop its cell anyway
             }
             wait_ended(&run).await;
         }
     }
+}
 
-    /// Makes `adopt.run` a task; returns its seed state for `CreateTaskResult`.
-    pub(crate) fn adopt(&self, adopt: Adopt) -> Task {
+impl CellTasks {
+    /// Makes `adopt.run` a task of `owner` that holds `busy`'s kernel; returns its seed state
+    /// for `CreateTaskResult`.
+    pub(crate) fn adopt(&self, busy: &Busy, owner: &Caller, adopt: Adopt) -> Task {
         let Adopt {
             run,
             ttl,
@@ -109,7 +124,7 @@ impl CellTasks {
             .with_ttl_ms(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
             .with_poll_interval_ms(POLL_INTERVAL_MS)
             .with_status_message(status(&run));
-        let running = self.running.clone();
+        let running = busy.running.clone();
         let driven = run.clone();
         let task = self.manager.spawn(options, move |ctx| {
             Box::pin(async move {
@@ -129,11 +144,29 @@ impl CellTasks {
             })
         });
         *running.lock().unwrap_or_else(|p| p.into_inner()) = Some((task.task_id.clone(), run));
+        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        // Tasks past their time to live are gone from the manager: forget their owners too.
+        owners.retain(|id, _| self.manager.get_task(id).is_ok());
+        owners.insert(task.task_id.clone(), owner.clone());
         task
     }
 
-    pub(crate) fn manager(&self) -> &TaskManager {
-        &self.manager
+    /// The task manager, for a request of `caller` about `task_id`: another credential's task
+    /// is answered as unknown, as a task that never existed.
+    pub(crate) fn manager_for(
+        &self,
+        caller: &Caller,
+        task_id: &str,
+    ) -> Result<&TaskManager, rmcp::ErrorData> {
+        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
+        match owners.get(task_id) {
+            Some(owner) if owner == caller => Ok(&self.manager),
+            // The manager's own answer for a task it does not have.
+            _ => Err(rmcp::ErrorData::invalid_params(
+                format!("unknown task: {task_id}"),
+                None,
+            )),
+        }
     }
 }
 

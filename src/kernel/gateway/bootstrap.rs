@@ -54,6 +54,10 @@ const BOOTSTRAP: &str = r#"def _ipybox_bootstrap(sources, env, restore_cwd, shel
         __import__("ipybox_runtime.shell_guard", fromlist=["install"]).install(shell_guard)
 "#;
 
+/// A silent cell that fails unless the bootstrap cell ran in this kernel (checked when another
+/// replica's kernel is attached); binds no name in the user's namespace.
+pub(crate) const PROBE: &str = r#"__import__("sys").modules["ipybox_runtime.stdin_channel"]"#;
+
 /// The bootstrap cell for a kernel configured by `config`; `runtime` is ipybox's embedded
 /// `python/` directory.
 pub(crate) fn cell(config: &KernelConfig, runtime: &Dir<'_>) -> String {

@@ -79,6 +79,36 @@ impl RemoteKernel {
         if let Some(ledger) = ledger {
             ledger.record(gateway, &id);
         }
+        Self::open(gateway, ledger, id, inbound, input).await
+    }
+
+    /// Opens a connection to kernel `id`, which exists on `gateway` already (another ipybox
+    /// created it: replicas that share a server's kernels). The kernel is not recorded in the
+    /// ledger: this process did not create it.
+    pub(crate) async fn attach(
+        gateway: &Gateway,
+        id: &str,
+        inbound: Inbound,
+        input: Option<InputHandler>,
+    ) -> Result<Self, KernelError> {
+        if gateway.kernel_status(id).await?.is_none() {
+            return Err(KernelError::Gone {
+                what: format!(
+                    "kernel {id} is gone from the kernel gateway at {}",
+                    gateway.url()
+                ),
+            });
+        }
+        Self::open(gateway, None, id.to_string(), inbound, input).await
+    }
+
+    async fn open(
+        gateway: &Gateway,
+        ledger: Option<&Ledger>,
+        id: String,
+        inbound: Inbound,
+        input: Option<InputHandler>,
+    ) -> Result<Self, KernelError> {
         let (outbound, outbound_rx) = mpsc::unbounded_channel();
         let (exit_tx, exit) = watch::channel(None);
         let mut kernel = RemoteKernel {
@@ -140,6 +170,18 @@ impl RemoteKernel {
             }
             Ok(Err(e)) => tracing::warn!(kernel = %self.id, "could not delete the kernel: {e}"),
             Err(_) => tracing::warn!(kernel = %self.id, "deleting the kernel timed out"),
+        }
+    }
+
+    /// Closes the connection and leaves the kernel running on the server (another replica
+    /// uses it); it is forgotten from this process's ledger.
+    pub(crate) fn detach(mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+        self.deleted = true;
+        if let Some(ledger) = &self.ledger {
+            ledger.forget(&self.id);
         }
     }
 

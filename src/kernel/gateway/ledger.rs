@@ -18,6 +18,23 @@ struct Entry {
     gateway: String,
     kernel_id: String,
     owner_pid: u32,
+    /// The owner's host name: a pid means nothing on another machine (replicas may share the
+    /// data directory). Missing in records of older versions: taken as this host.
+    #[serde(default)]
+    owner_host: Option<String>,
+}
+
+/// This machine's host name (what `owner_host` records).
+fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: a writable buffer of the length passed.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    (rc == 0)
+        .then(|| {
+            let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+            String::from_utf8_lossy(&buf[..end]).trim().to_string()
+        })
+        .filter(|h| !h.is_empty())
 }
 
 /// Where kernel records live (`None`: no data directory, nothing is recorded).
@@ -51,6 +68,7 @@ impl Ledger {
             gateway: gateway.url().to_string(),
             kernel_id: kernel_id.to_string(),
             owner_pid: std::process::id(),
+            owner_host: host_name(),
         };
         let data_dir = self.dir.parent().unwrap_or(&self.dir);
         let write = crate::safe_fs::create_private_dir(data_dir)
@@ -81,20 +99,32 @@ impl Ledger {
         let Ok(dir) = std::fs::read_dir(&self.dir) else {
             return Vec::new();
         };
+        let here = host_name();
         dir.flatten()
             .filter_map(|e| std::fs::read(e.path()).ok())
             .filter_map(|bytes| serde_json::from_slice::<Entry>(&bytes).ok())
             .filter(|e| {
-                e.gateway == gateway.url() && crate::child_process::process_ended(e.owner_pid)
+                e.gateway == gateway.url()
+                    && (e.owner_host.is_none() || e.owner_host == here)
+                    && crate::child_process::process_ended(e.owner_pid)
             })
             .map(|e| e.kernel_id)
             .collect()
     }
 
     /// Deletes the kernels a killed ipybox left on `gateway`; returns how many were deleted.
+    /// A left kernel that has an open connection is in use by someone else (a replica that
+    /// shares the server's kernels took the session over): it is forgotten, not deleted.
     pub(crate) async fn clean_up(&self, gateway: &Gateway) -> usize {
         let mut deleted = 0;
         for id in self.orphans(gateway) {
+            if let Ok(Some(status)) = gateway.kernel_status(&id).await
+                && status.connections.is_some_and(|c| c > 0)
+            {
+                tracing::info!(kernel = %id, gateway = gateway.url(), "a kernel left behind by an earlier ipybox is in use by another client: leaving it");
+                self.forget(&id);
+                continue;
+            }
             match gateway.delete(&id).await {
                 Ok(()) => {
                     tracing::info!(kernel = %id, gateway = gateway.url(), "deleted a kernel left behind by an earlier ipybox");

@@ -276,6 +276,29 @@ impl Gateway {
         }
     }
 
+    /// What the server says about kernel `id` (`GET /api/kernels/{id}`): `None` if it has no
+    /// such kernel. Used by replicas that share a server's kernels: how many WebSockets are
+    /// open to it, and how long ago it was last active.
+    pub(crate) async fn kernel_status(
+        &self,
+        id: &str,
+    ) -> Result<Option<KernelStatus>, KernelError> {
+        let (status, value) = self
+            .call(Method::GET, &format!("api/kernels/{id}"), None)
+            .await?;
+        match status {
+            s if s.is_success() => Ok(Some(KernelStatus {
+                connections: value.get("connections").and_then(Value::as_u64),
+                last_activity: value
+                    .get("last_activity")
+                    .and_then(Value::as_str)
+                    .and_then(parse_utc_timestamp),
+            })),
+            StatusCode::NOT_FOUND => Ok(None),
+            s => Err(failed(&format!("asking for kernel {id}"), s, &value)),
+        }
+    }
+
     /// The WebSocket request for kernel `id`, offering the v1 subprotocol (unless turned off).
     pub(crate) fn channels_request(
         &self,
@@ -303,6 +326,42 @@ impl Gateway {
         }
         Ok(req)
     }
+}
+
+/// A kernel as a Jupyter server describes it (the parts replicas need).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelStatus {
+    /// Open WebSocket connections to the kernel (`None`: the server does not say).
+    pub connections: Option<u64>,
+    /// When the kernel was last active (any message), as seconds since the Unix epoch.
+    pub last_activity: Option<u64>,
+}
+
+/// Seconds since the Unix epoch of an ISO 8601 UTC timestamp as Jupyter servers write them
+/// (`2026-05-01T12:00:00.123456Z`, or `+00:00`); `None` for anything else.
+pub(crate) fn parse_utc_timestamp(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (date, time) = text.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let time = time
+        .strip_suffix('Z')
+        .or_else(|| time.strip_suffix("+00:00"))?;
+    let time = time.split('.').next()?;
+    let mut t = time.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()
 }
 
 /// A failed REST call as a protocol error: what was attempted, the status and the server's words.
@@ -368,6 +427,22 @@ mod tests {
             "ws://gw.example:8888/jupyter/api/kernels/abc/channels?session_id=sess"
         );
         assert_eq!(req.headers()["Authorization"], "token s3cret");
+    }
+
+    #[test]
+    fn jupyter_timestamps() {
+        assert_eq!(parse_utc_timestamp("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(
+            parse_utc_timestamp("2026-05-01T12:30:15.123456Z"),
+            Some(1_777_638_615)
+        );
+        assert_eq!(
+            parse_utc_timestamp("2000-02-29T00:00:01+00:00"),
+            Some(951_782_401)
+        );
+        assert_eq!(parse_utc_timestamp("2026-05-01 12:30:15"), None);
+        assert_eq!(parse_utc_timestamp("2026-13-01T00:00:00Z"), None);
+        assert_eq!(parse_utc_timestamp("garbage"), None);
     }
 
     #[test]

@@ -1,0 +1,317 @@
+//! `ipybox serve --http HOST:PORT`: the MCP server over Streamable HTTP at `/mcp` (rmcp's
+//! service: both MCP eras, handshake-era sessions with SSE and resumption), one kernel session
+//! per agent conversation ([`sessions`]), plus `/healthz` and `/metrics`.
+//!
+//! Every `/mcp` and `/metrics` request needs a configured bearer token when there is one
+//! ([`auth`]; a token is required to bind anything but loopback); rmcp checks `Host` and
+//! `Origin` (DNS rebinding) and the body size. A handshake-era MCP session belongs to the
+//! credential that opened it: another credential's requests are answered as if it did not
+//! exist. SIGTERM/SIGINT: stop accepting, give running calls `--shutdown-grace`, then stop
+//! every kernel (cancelling what still runs) and exit.
+//!
+//! Not here: the tools ([`crate::mcp_server`]), handles ([`handle`]).
+
+pub(crate) mod auth;
+pub(crate) mod handle;
+pub(crate) mod sessions;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::mcp_server::session::{Caller, SessionSource};
+use crate::mcp_server::{IpyboxServer, ServerConfig};
+use auth::Tokens;
+use sessions::{ExecutorFactory, Registry, SessionConfig};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+const SESSION_HEADER: &str = "mcp-session-id";
+
+/// What `ipybox serve --http` is told by its command line (beyond the MCP server's config).
+#[derive(Debug)]
+pub(crate) struct HttpOptions {
+    pub(crate) addr: SocketAddr,
+    pub(crate) tokens: Tokens,
+    /// `Host` values accepted (empty: any; loopback binds default to the loopback names).
+    pub(crate) allowed_hosts: Vec<String>,
+    /// Browser `Origin`s accepted; a request with any other `Origin` is refused (403).
+    pub(crate) allowed_origins: Vec<String>,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) shutdown_grace: Duration,
+    pub(crate) sessions: SessionConfig,
+    /// The key of session handles (replicas share it).
+    pub(crate) session_key: Vec<u8>,
+}
+
+/// What the request handler shares.
+struct State {
+    tokens: Tokens,
+    mcp: StreamableHttpService<IpyboxServer, LocalSessionManager>,
+    manager: Arc<LocalSessionManager>,
+    /// The credential that opened each handshake-era MCP session.
+    owners: std::sync::Mutex<HashMap<String, Caller>>,
+    draining: AtomicBool,
+}
+
+fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(body.into())).boxed());
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn unauthorized(present: bool) -> Response<Body> {
+    crate::metrics::unauthorized();
+    let why = if present {
+        "the bearer token was not accepted"
+    } else {
+        "no bearer token was sent"
+    };
+    let mut response = text(
+        StatusCode::UNAUTHORIZED,
+        format!(
+            "Unauthorized: {why}. This ipybox needs `Authorization: Bearer <token>` with a token its operator configured (--token, IPYBOX_TOKEN or --token-file).\n"
+        ),
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"ipybox\""),
+    );
+    response
+}
+
+impl State {
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, Caller>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn route(&self, mut req: Request<Incoming>) -> Response<Body> {
+        let path = req.uri().path();
+        match (req.method(), path) {
+            (&Method::GET, "/healthz") => {
+                if self.draining.load(Ordering::SeqCst) {
+                    return text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
+                }
+                return text(StatusCode::OK, "ok\n");
+            }
+            (&Method::GET, "/metrics") => {
+                let authorization = req.headers().get(header::AUTHORIZATION);
+                if self
+                    .tokens
+                    .check(authorization.map(HeaderValue::as_bytes))
+                    .is_none()
+                {
+                    return unauthorized(authorization.is_some());
+                }
+                let mut response = text(StatusCode::OK, crate::metrics::render());
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                return response;
+            }
+            (_, "/mcp") => {}
+            _ => {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    "Not Found: ipybox serves MCP at /mcp (and /healthz, /metrics)\n",
+                );
+            }
+        }
+        let authorization = req.headers().get(header::AUTHORIZATION);
+        let Some(caller) = self.tokens.check(authorization.map(HeaderValue::as_bytes)) else {
+            return unauthorized(authorization.is_some());
+        };
+        let session = req
+            .headers()
+            .get(SESSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        if let Some(id) = &session
+            && self.owners().get(id).is_some_and(|owner| *owner != caller)
+        {
+            // Someone else's MCP session: answered as rmcp answers an unknown one.
+            return text(StatusCode::NOT_FOUND, "Not Found: Session not found");
+        }
+        req.extensions_mut().insert(caller.clone());
+        let response = self.mcp.handle(req).await;
+        if session.is_none()
+            && let Some(id) = response
+                .headers()
+                .get(SESSION_HEADER)
+                .and_then(|v| v.to_str().ok())
+        {
+            self.owners().insert(id.to_string(), caller);
+        }
+        response
+    }
+
+    /// Forgets the owners of MCP sessions rmcp no longer has.
+    async fn prune_owners(&self) {
+        let live: std::collections::HashSet<String> = self
+            .manager
+            .sessions
+            .read()
+            .await
+            .keys()
+            .map(ToString::to_string)
+            .collect();
+        self.owners().retain(|id, _| live.contains(id));
+    }
+}
+
+/// Whether `addr` is a loopback address (binding anything else needs a token).
+fn loopback(addr: &SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// Serves until SIGTERM or SIGINT, then shuts down (see the module docs).
+pub(crate) async fn serve_http(
+    options: HttpOptions,
+    config: ServerConfig,
+    factory: ExecutorFactory,
+) -> Result<(), std::io::Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    if !loopback(&options.addr) && !options.tokens.any() {
+        return Err(std::io::Error::other(format!(
+            "refusing to serve on {} without a bearer token: anyone who reaches it could run code\n  help: pass --token-file FILE (or --token, or IPYBOX_TOKEN) with a long random token, or bind 127.0.0.1",
+            options.addr
+        )));
+    }
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let listener = tokio::net::TcpListener::bind(options.addr)
+        .await
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot listen on {}: {e}\n  help: pick a free port, or an address of this machine",
+                    options.addr
+                ),
+            )
+        })?;
+    let bound = listener.local_addr()?;
+    let registry = Registry::new(options.sessions.clone(), options.session_key, factory);
+    let source: Arc<dyn SessionSource> = Arc::new(registry.clone());
+    let handlers = IpyboxServer::factory(source, config);
+    let mut manager = LocalSessionManager::default();
+    // rmcp ends a handshake-era MCP session after this long without any message; its kernel
+    // session is closed after --idle-timeout already (a running cell counts as activity there,
+    // not here), so this is generous.
+    manager.session_config.keep_alive = Some(
+        options
+            .sessions
+            .idle_timeout
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(600)),
+    );
+    let manager = Arc::new(manager);
+    let cancel = CancellationToken::new();
+    let mut mcp_config = StreamableHttpServerConfig::default()
+        .with_cancellation_token(cancel.clone())
+        .with_max_request_body_bytes(options.max_body_bytes)
+        .with_json_response(true)
+        .with_allowed_origins(options.allowed_origins.clone())
+        .enforce_origin_validation();
+    mcp_config = if !options.allowed_hosts.is_empty() {
+        mcp_config.with_allowed_hosts(options.allowed_hosts.clone())
+    } else if loopback(&options.addr) {
+        mcp_config // rmcp's default: the loopback names
+    } else {
+        mcp_config.disable_allowed_hosts()
+    };
+    let mcp = StreamableHttpService::new(move || Ok(handlers()), manager.clone(), mcp_config);
+    let state = Arc::new(State {
+        tokens: options.tokens,
+        mcp,
+        manager,
+        owners: Default::default(),
+        draining: AtomicBool::new(false),
+    });
+    tracing::info!(
+        "serving MCP at http://{bound}/mcp ({} kernel sessions at most, closed after {} s idle)",
+        options.sessions.max_sessions,
+        options.sessions.idle_timeout.as_secs()
+    );
+    let tick = (options.sessions.idle_timeout / 10)
+        .clamp(Duration::from_millis(100), Duration::from_secs(5));
+    let reaper = {
+        let (registry, state) = (registry.clone(), state.clone());
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(tick);
+            loop {
+                interval.tick().await;
+                registry.reap();
+                state.prune_owners().await;
+            }
+        })
+    };
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let signal_name = loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!("accepting a connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = sigterm.recv() => break "SIGTERM",
+            _ = sigint.recv() => break "SIGINT",
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let service = service_fn(move |req: Request<Incoming>| {
+            let state = state.clone();
+            async move {
+                let response = state.route(req).await;
+                crate::metrics::http_response(response.status().as_u16());
+                Ok::<_, Infallible>(response)
+            }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), service);
+        let watched = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = watched.await {
+                tracing::debug!("connection ended: {e}");
+            }
+        });
+    };
+    tracing::info!(
+        "{signal_name}: shutting down (running calls get {} s)",
+        options.shutdown_grace.as_secs_f64()
+    );
+    state.draining.store(true, Ordering::SeqCst);
+    drop(listener);
+    reaper.abort();
+    registry.close_all(options.shutdown_grace).await;
+    // Ends the SSE streams and handshake-era sessions still open.
+    cancel.cancel();
+    if tokio::time::timeout(Duration::from_secs(2), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::debug!("some connections were still open at exit");
+    }
+    Ok(())
+}

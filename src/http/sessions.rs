@@ -1,0 +1,511 @@
+//! The kernel sessions of `ipybox serve --http`: one kernel per agent conversation, found by a
+//! handle ([`super::handle`]) bound to the caller's credential.
+//!
+//! - **New sessions** come from [`ExecutorFactory::executor`], the one place a session's kernel
+//!   is made (a warm executor when one is ready, see `--warm-sessions`); `--max-sessions` open
+//!   sessions at most: one more is refused with an error, no other session is touched.
+//! - **Idle sessions** (no call in progress, no cell running) are closed after
+//!   `--idle-timeout`: the kernel stops; a later call with the handle is told the session
+//!   expired and after how long. What a closed session's handle gets is kept for a while
+//!   ([`CLOSED_KEPT`]).
+//! - **Replicas with a kernel gateway**: a handle names the kernel on the gateway, so a replica
+//!   that does not hold the session attaches to that kernel (state and all); and a replica that
+//!   closes a session whose kernel another replica still uses (it has more than one connection,
+//!   or it was active within the idle timeout) only detaches from it. With local kernels the
+//!   handle names the replica that holds the kernel, and another replica says so.
+//!
+//! Not here: what a session holds ([`crate::mcp_server::session`]), the HTTP side.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::BoxFuture;
+use ipybox::CodeExecutor;
+use ipybox::executor::{CodeExecutorBuilder, ExecutorError};
+use tokio::sync::mpsc;
+
+use super::handle::{Handle, Handles, Place};
+use crate::mcp_server::session::{Caller, KernelSession, SessionSource};
+use crate::metrics::{self, Closed};
+
+/// How many closed sessions' reasons are kept (for "expired" answers).
+const CLOSED_KEPT: usize = 100_000;
+
+/// What the registry is told by the command line.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionConfig {
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_sessions: usize,
+    pub(crate) max_concurrent_calls: Option<usize>,
+    /// This replica's name in local-kernel handles.
+    pub(crate) replica: String,
+    /// Kernels run on a kernel gateway (`--kernel-gateway`): handles name the kernel.
+    pub(crate) gateway: bool,
+    pub(crate) warm_sessions: usize,
+    pub(crate) allow_install: bool,
+    pub(crate) allow_register: bool,
+}
+
+/// Makes the executor of a session: the one place a session's kernel comes from.
+#[derive(Clone)]
+pub(crate) struct ExecutorFactory {
+    builder: CodeExecutorBuilder,
+    workspace: std::path::PathBuf,
+}
+
+impl ExecutorFactory {
+    /// `builder` configures every session's executor (workspace, environment, gateway, sandbox,
+    /// approvals); `workspace` is the shared workspace.
+    pub(crate) fn new(builder: CodeExecutorBuilder, workspace: std::path::PathBuf) -> Self {
+        Self { builder, workspace }
+    }
+
+    /// The executor of session `id` (not started): a new kernel, or with `attach`, kernel
+    /// `attach` on the gateway. Its images go to `images/<session tag>/` of the workspace.
+    pub(crate) fn executor(&self, id: &[u8; 16], attach: Option<&str>) -> CodeExecutor {
+        let tag: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
+        let builder = self
+            .builder
+            .clone()
+            .images_dir(self.workspace.join("images").join(tag));
+        match attach {
+            Some(kernel) => builder.attach_kernel(kernel),
+            None => builder,
+        }
+        .build()
+    }
+
+    /// The shared workspace's executor, never started (registrations).
+    pub(crate) fn workspace_executor(&self) -> CodeExecutor {
+        self.builder.clone().build()
+    }
+}
+
+/// The open sessions and what is known about closed ones.
+pub(crate) struct Registry {
+    config: SessionConfig,
+    handles: Handles,
+    factory: ExecutorFactory,
+    workspace: CodeExecutor,
+    open: Mutex<HashMap<[u8; 16], Arc<KernelSession>>>,
+    closed: Mutex<ClosedLog>,
+    /// Started executors for new sessions (with their ids), refilled in the background.
+    warm: tokio::sync::Mutex<mpsc::Receiver<([u8; 16], CodeExecutor)>>,
+    warm_tx: mpsc::Sender<([u8; 16], CodeExecutor)>,
+    /// Set at shutdown: no new sessions.
+    closing: std::sync::atomic::AtomicBool,
+}
+
+/// Why recently closed sessions were closed, oldest first out.
+#[derive(Default)]
+struct ClosedLog {
+    why: HashMap<[u8; 16], String>,
+    order: VecDeque<[u8; 16]>,
+}
+
+impl ClosedLog {
+    fn insert(&mut self, id: [u8; 16], why: String) {
+        if self.why.insert(id, why).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > CLOSED_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.why.remove(&old);
+            }
+        }
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Registry {
+    pub(crate) fn new(config: SessionConfig, key: Vec<u8>, factory: ExecutorFactory) -> Arc<Self> {
+        let (warm_tx, warm_rx) = mpsc::channel(config.warm_sessions.max(1));
+        let registry = Arc::new(Self {
+            handles: Handles::new(key),
+            workspace: factory.workspace_executor(),
+            factory,
+            open: Mutex::default(),
+            closed: Mutex::default(),
+            warm: tokio::sync::Mutex::new(warm_rx),
+            warm_tx,
+            closing: Default::default(),
+            config,
+        });
+        for _ in 0..registry.config.warm_sessions {
+            registry.refill_warm();
+        }
+        registry
+    }
+
+    fn open(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 16], Arc<KernelSession>>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn closed(&self) -> std::sync::MutexGuard<'_, ClosedLog> {
+        self.closed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many sessions are open.
+    pub(crate) fn len(&self) -> usize {
+        self.open().len()
+    }
+
+    /// Starts one warm executor in the background.
+    fn refill_warm(self: &Arc<Self>) {
+        if self.config.warm_sessions == 0 || self.closing() {
+            return;
+        }
+        let registry = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let Some(this) = registry.upgrade() else {
+                return;
+            };
+            let id: [u8; 16] = rand::random();
+            let executor = this.factory.executor(&id, None);
+            let tx = this.warm_tx.clone();
+            drop(this);
+            match executor.start().await {
+                Ok(()) => {
+                    if let Err(mpsc::error::SendError((_, executor))) =
+                        tx.send((id, executor)).await
+                    {
+                        executor.stop().await;
+                    }
+                }
+                Err(e) => tracing::warn!("a warm kernel for new sessions failed to start: {e}"),
+            }
+        });
+    }
+
+    fn closing(&self) -> bool {
+        self.closing.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn refuse_more(&self) -> Result<(), String> {
+        if self.closing() {
+            return Err("ipybox is shutting down: no new sessions\n  help: retry in a moment (against another replica, if there is one)".into());
+        }
+        if self.len() >= self.config.max_sessions {
+            metrics::session_refused();
+            return Err(format!(
+                "too many sessions: this ipybox already runs the maximum of {} kernel sessions (--max-sessions)\n  help: retry later (sessions idle for {} s are closed), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions",
+                self.config.max_sessions,
+                self.config.idle_timeout.as_secs()
+            ));
+        }
+        Ok(())
+    }
+
+    /// A new session of `caller`.
+    async fn mint(self: &Arc<Self>, caller: &Caller) -> Result<Arc<KernelSession>, String> {
+        self.refuse_more()?;
+        let warm = if self.config.warm_sessions > 0 {
+            self.warm.lock().await.try_recv().ok()
+        } else {
+            None
+        };
+        let (id, executor) = match warm {
+            Some(ready) => {
+                self.refill_warm();
+                ready
+            }
+            None => {
+                let id: [u8; 16] = rand::random();
+                (id, self.factory.executor(&id, None))
+            }
+        };
+        let session = Arc::new(KernelSession::new(
+            executor,
+            caller.clone(),
+            id,
+            self.config.max_concurrent_calls,
+        ));
+        {
+            let mut open = self.open();
+            if open.len() >= self.config.max_sessions {
+                drop(open);
+                metrics::session_refused();
+                let executor = session.executor.clone();
+                tokio::spawn(async move { executor.stop().await });
+                return Err(self.refuse_more().err().unwrap_or_default());
+            }
+            open.insert(id, session.clone());
+        }
+        metrics::session_opened(false);
+        tracing::info!(session = %session.tag, "new kernel session");
+        Ok(session)
+    }
+
+    /// The session of `handle` on a kernel gateway that this replica does not hold (or holds
+    /// with another kernel): attach to the kernel the handle names.
+    async fn attach(
+        self: &Arc<Self>,
+        caller: &Caller,
+        handle: &Handle,
+        kernel_id: &str,
+        replacing: Option<Arc<KernelSession>>,
+    ) -> Result<Arc<KernelSession>, String> {
+        if kernel_id.is_empty() {
+            return Err("this session never got a kernel (its first start failed), so there is nothing to continue\n  help: call without `session` to start a new session".into());
+        }
+        if replacing.is_none() {
+            self.refuse_more()?;
+        }
+        let executor = self.factory.executor(&handle.id, Some(kernel_id));
+        let session = Arc::new(KernelSession::new(
+            executor,
+            caller.clone(),
+            handle.id,
+            self.config.max_concurrent_calls,
+        ));
+        {
+            let mut open = self.open();
+            match (open.get(&handle.id), &replacing) {
+                // Another call attached meanwhile.
+                (Some(current), None) => return Ok(current.clone()),
+                (Some(current), Some(old)) if !Arc::ptr_eq(current, old) => {
+                    return Ok(current.clone());
+                }
+                _ => {}
+            }
+            open.insert(handle.id, session.clone());
+        }
+        if let Some(old) = replacing {
+            // This replica's view of the session is older than the handle (another replica
+            // replaced the kernel): let go of the old kernel without deleting it.
+            let executor = old.executor.clone();
+            tokio::spawn(async move { executor.stop_detaching().await });
+        } else {
+            metrics::session_opened(true);
+        }
+        tracing::info!(session = %session.tag, "attaching to the session's kernel on the gateway");
+        match session.executor.start().await {
+            Ok(()) => Ok(session),
+            Err(e) => {
+                let gone = matches!(
+                    &e,
+                    ExecutorError::Kernel(ipybox::kernel::KernelError::Gone { .. })
+                );
+                let removed = {
+                    let mut open = self.open();
+                    match open.get(&handle.id) {
+                        Some(current) if Arc::ptr_eq(current, &session) => {
+                            open.remove(&handle.id).is_some()
+                        }
+                        _ => false,
+                    }
+                };
+                if removed {
+                    metrics::session_closed(Closed::Gone);
+                }
+                if gone {
+                    let why = format!(
+                        "session {} is gone: {e}: it was reset (a reset names the new handle), closed after being idle for more than {} s, or its kernel died\n  help: call without `session` to start a new session",
+                        session.tag,
+                        self.config.idle_timeout.as_secs()
+                    );
+                    session.mark_closed(why.clone());
+                    Err(why)
+                } else {
+                    Err(format!(
+                        "cannot reach this session's kernel on the kernel gateway: {e}\n  help: retry; if the gateway is up and this persists, start a new session"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Closes `session` for `why`: it leaves the registry, later calls with its handle get
+    /// `message`, and its kernel stops (or, on a gateway, is detached from when another
+    /// replica still uses it).
+    pub(crate) fn close_with(
+        self: &Arc<Self>,
+        session: &Arc<KernelSession>,
+        why: Closed,
+        message: String,
+    ) {
+        let removed = {
+            let mut open = self.open();
+            match open.get(&session.id) {
+                Some(current) if Arc::ptr_eq(current, session) => open.remove(&session.id),
+                _ => None,
+            }
+        };
+        if removed.is_none() {
+            return;
+        }
+        session.mark_closed(message.clone());
+        self.closed().insert(session.id, message);
+        metrics::session_closed(why);
+        tracing::info!(session = %session.tag, reason = ?why, "kernel session closed");
+        let session = session.clone();
+        let gateway = self.config.gateway;
+        let idle = self.config.idle_timeout;
+        tokio::spawn(async move { stop_kernel(&session, gateway, idle, why).await });
+    }
+
+    /// The sessions idle for longer than the idle timeout are closed; run every `tick`.
+    pub(crate) fn reap(self: &Arc<Self>) {
+        let idle: Vec<Arc<KernelSession>> = self
+            .open()
+            .values()
+            .filter(|s| s.idle_for().is_some_and(|d| d >= self.config.idle_timeout))
+            .cloned()
+            .collect();
+        for session in idle {
+            let message = format!(
+                "session {} expired: it was idle for more than {} s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session",
+                session.tag,
+                self.config.idle_timeout.as_secs()
+            );
+            self.close_with(&session, Closed::Idle, message);
+        }
+    }
+
+    /// Shutdown: no new sessions; waits up to `grace` for calls in progress and running cells
+    /// to end, then closes every session (running cells are cancelled), kernels deleted (or
+    /// detached from, on a gateway, when another replica uses them).
+    pub(crate) async fn close_all(self: &Arc<Self>, grace: Duration) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let deadline = tokio::time::Instant::now() + grace;
+        while tokio::time::Instant::now() < deadline
+            && self.open().values().any(|s| s.idle_for().is_none())
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let sessions: Vec<Arc<KernelSession>> = self.open().drain().map(|(_, s)| s).collect();
+        let gateway = self.config.gateway;
+        let idle = self.config.idle_timeout;
+        let stops = sessions.into_iter().map(|session| async move {
+            session.mark_closed("ipybox is shutting down; this session's kernel was stopped\n  help: start a new session when the service is back".into());
+            metrics::session_closed(Closed::Shutdown);
+            stop_kernel(&session, gateway, idle, Closed::Shutdown).await;
+        });
+        futures::future::join_all(stops).await;
+        // Warm executors: started, never used.
+        let mut warm = self.warm.lock().await;
+        warm.close();
+        while let Some((_, executor)) = warm.recv().await {
+            executor.stop().await;
+        }
+    }
+}
+
+/// Stops a closed session's kernel. On a gateway, a kernel another replica still uses (more
+/// than this connection, or active within the idle timeout) is detached from, not deleted.
+async fn stop_kernel(session: &KernelSession, gateway: bool, idle: Duration, why: Closed) {
+    if gateway {
+        match session.executor.remote_kernel_status().await {
+            Ok(Some(status)) => {
+                let others = status.connections.is_some_and(|c| c > 1);
+                // Closed for being idle here, but used through another replica meanwhile.
+                let recent = matches!(why, Closed::Idle)
+                    && status
+                        .last_activity
+                        .is_some_and(|at| now_unix().saturating_sub(at) < idle.as_secs());
+                if others || recent {
+                    tracing::info!(session = %session.tag, "another replica uses this session's kernel: detaching, not deleting");
+                    session.executor.stop_detaching().await;
+                    return;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(session = %session.tag, "cannot ask the gateway about the kernel: {e}")
+            }
+        }
+    }
+    session.executor.stop().await;
+}
+
+impl SessionSource for Arc<Registry> {
+    fn resolve<'a>(
+        &'a self,
+        caller: &'a Caller,
+        handle: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Arc<KernelSession>, String>> {
+        Box::pin(async move {
+            let Some(text) = handle else {
+                return self.mint(caller).await;
+            };
+            let handle = self.handles.decode(text, caller).map_err(|e| e.message())?;
+            let found = self.open().get(&handle.id).cloned();
+            match (&handle.place, found) {
+                (Place::Gateway { kernel_id }, Some(session)) => {
+                    match session.executor.remote_kernel_id() {
+                        // The handle names another kernel than the one this replica holds:
+                        // the handle is the truth (another replica reset or replaced it).
+                        Some(current) if current != *kernel_id => {
+                            self.attach(caller, &handle, kernel_id, Some(session)).await
+                        }
+                        _ => Ok(session),
+                    }
+                }
+                (_, Some(session)) => Ok(session),
+                (place, None) => {
+                    if let Some(why) = self.closed().why.get(&handle.id) {
+                        return Err(why.clone());
+                    }
+                    match place {
+                        Place::Gateway { kernel_id } => {
+                            self.attach(caller, &handle, kernel_id, None).await
+                        }
+                        Place::Local { replica } if *replica != self.config.replica => Err(format!(
+                            "this session's kernel runs on replica `{replica}`, and this is `{}`: kernels of local sessions live in one replica's memory\n  help: route requests by the handle's replica (the `Mcp-Param-Session` header, or the `{replica}` part of the handle) to that replica, or start a new session",
+                            self.config.replica
+                        )),
+                        Place::Local { .. } => Err(
+                            "this session is unknown here: ipybox was restarted since it was made (or it closed long ago), and its kernel is gone\n  help: call without `session` to start a new session".into(),
+                        ),
+                    }
+                }
+            }
+        })
+    }
+
+    fn handle(&self, session: &KernelSession) -> String {
+        let place = if self.config.gateway {
+            Place::Gateway {
+                kernel_id: session.executor.remote_kernel_id().unwrap_or_default(),
+            }
+        } else {
+            Place::Local {
+                replica: self.config.replica.clone(),
+            }
+        };
+        self.handles.encode(
+            &Handle {
+                id: session.id,
+                place,
+            },
+            &session.owner,
+        )
+    }
+
+    fn close(&self, session: &Arc<KernelSession>, why: &str) {
+        let message = format!(
+            "session {} was closed: {why}; its kernel was stopped\n  help: call without `session` to start a new session",
+            session.tag
+        );
+        self.close_with(session, Closed::McpSession, message);
+    }
+
+    fn workspace_executor(&self) -> &CodeExecutor {
+        &self.workspace
+    }
+
+    fn install_allowed(&self) -> bool {
+        self.config.allow_install
+    }
+
+    fn register_allowed(&self) -> bool {
+        self.config.allow_register
+    }
+}

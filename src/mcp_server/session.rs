@@ -1,0 +1,201 @@
+//! A kernel session: one kernel (its [`CodeExecutor`]) and the MCP state that belongs to it —
+//! the calls the user allowed for the rest of the session (`--approve ask`) and the task whose
+//! cell holds the kernel — plus what its owner needs to know about it: whose it is
+//! ([`Caller`]), whether it is in use, since when it has been idle, and why it was closed.
+//!
+//! Over stdio the server has exactly one. Over HTTP every agent conversation has its own,
+//! found through a [`SessionSource`] (the HTTP service's registry: handles, limits, expiry).
+//!
+//! Not here: handles, limits and expiry (`crate::http::sessions`), the tools ([`super`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use ipybox::CodeExecutor;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::elicit::SessionAllowances;
+use super::tasks::Busy;
+
+/// Who makes a request: the credential it carried. Over stdio (and over HTTP on loopback
+/// without a token) everyone is [`Caller::Local`]; over HTTP with tokens, a digest of the
+/// bearer token (never the token itself).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Caller {
+    Local,
+    /// SHA-256 of the bearer token.
+    Token([u8; 32]),
+}
+
+impl std::fmt::Debug for Caller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Caller::Local => f.write_str("Caller::Local"),
+            Caller::Token(_) => f.write_str("Caller::Token(..)"),
+        }
+    }
+}
+
+impl Caller {
+    /// The bytes that bind a handle to this credential.
+    pub(crate) fn binding(&self) -> &[u8] {
+        match self {
+            Caller::Local => b"local",
+            Caller::Token(digest) => digest,
+        }
+    }
+}
+
+/// One kernel and the MCP state that belongs to it.
+pub(crate) struct KernelSession {
+    pub(crate) executor: CodeExecutor,
+    /// What the user allowed for the rest of this session.
+    pub(crate) allowances: SessionAllowances,
+    /// The task whose cell holds this kernel.
+    pub(crate) busy: Busy,
+    /// The credential that created it; nobody else may use it.
+    pub(crate) owner: Caller,
+    /// The session's identity (random); handles are made from it.
+    pub(crate) id: [u8; 16],
+    /// For logs and metrics: a short name that is not the handle.
+    pub(crate) tag: String,
+    activity: Mutex<Activity>,
+    /// Cells still running (a parked round or a task outlives its request).
+    cells: Arc<AtomicUsize>,
+    /// At most this many calls at once (`None`: no limit).
+    limiter: Option<(Arc<Semaphore>, usize)>,
+    closed: Mutex<Option<String>>,
+}
+
+struct Activity {
+    /// Calls in progress.
+    active: usize,
+    last_used: Instant,
+}
+
+impl KernelSession {
+    pub(crate) fn new(
+        executor: CodeExecutor,
+        owner: Caller,
+        id: [u8; 16],
+        max_concurrent_calls: Option<usize>,
+    ) -> Self {
+        let tag = id[..4].iter().map(|b| format!("{b:02x}")).collect();
+        Self {
+            executor,
+            allowances: SessionAllowances::default(),
+            busy: Busy::default(),
+            owner,
+            id,
+            tag,
+            activity: Mutex::new(Activity {
+                active: 0,
+                last_used: Instant::now(),
+            }),
+            cells: Arc::default(),
+            limiter: max_concurrent_calls.map(|n| (Arc::new(Semaphore::new(n)), n)),
+            closed: Mutex::default(),
+        }
+    }
+
+    fn activity(&self) -> std::sync::MutexGuard<'_, Activity> {
+        self.activity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Starts a call: counts it as activity until the returned guard is dropped. Fails at once
+    /// (nothing waits) when the session already has its maximum of calls in progress.
+    pub(crate) fn enter(self: &Arc<Self>) -> Result<Entered, String> {
+        let permit = match &self.limiter {
+            None => None,
+            Some((semaphore, max)) => Some(semaphore.clone().try_acquire_owned().map_err(|_| {
+                format!(
+                    "too many calls at once in this session: it already has {max} in progress (--max-concurrent-calls)\n  help: wait for a call to finish; calls of one session run one after another in its kernel anyway"
+                )
+            })?),
+        };
+        self.activity().active += 1;
+        Ok(Entered {
+            session: self.clone(),
+            _permit: permit,
+        })
+    }
+
+    /// Counts a running cell as activity until the returned guard is dropped (when the cell's
+    /// driver ends).
+    pub(crate) fn cell_running(&self) -> CellGuard {
+        self.cells.fetch_add(1, Ordering::SeqCst);
+        CellGuard(self.cells.clone())
+    }
+
+    /// How long the session has been idle: `None` while a call is in progress or a cell runs.
+    pub(crate) fn idle_for(&self) -> Option<Duration> {
+        let activity = self.activity();
+        (activity.active == 0 && self.cells.load(Ordering::SeqCst) == 0)
+            .then(|| activity.last_used.elapsed())
+    }
+
+    /// Marks the session closed, saying why (what a later call with its handle is told).
+    pub(crate) fn mark_closed(&self, why: String) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// Why the session was closed, if it was.
+    pub(crate) fn closed(&self) -> Option<String> {
+        self.closed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A call in progress in a session (see [`KernelSession::enter`]).
+pub(crate) struct Entered {
+    pub(crate) session: Arc<KernelSession>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let mut activity = self.session.activity();
+        activity.active = activity.active.saturating_sub(1);
+        activity.last_used = Instant::now();
+    }
+}
+
+/// A running cell (see [`KernelSession::cell_running`]).
+pub(crate) struct CellGuard(Arc<AtomicUsize>);
+
+impl Drop for CellGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Where the kernel sessions of a server with many come from (the HTTP service's registry).
+pub(crate) trait SessionSource: Send + Sync + 'static {
+    /// The session `handle` names, if `caller` may use it; without a handle, a new session of
+    /// `caller`. The error is the text for the model (what went wrong, what to do).
+    fn resolve<'a>(
+        &'a self,
+        caller: &'a Caller,
+        handle: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Arc<KernelSession>, String>>;
+
+    /// The session's current handle (it changes when a kernel on a gateway is replaced).
+    fn handle(&self, session: &KernelSession) -> String;
+
+    /// Closes `session` (its MCP session ended): its kernel stops.
+    fn close(&self, session: &Arc<KernelSession>, why: &str);
+
+    /// An executor of the shared workspace for what needs no kernel session
+    /// (`register_mcp_server`).
+    fn workspace_executor(&self) -> &CodeExecutor;
+
+    /// Whether `install_package` may change the kernel environment every session shares.
+    fn install_allowed(&self) -> bool;
+
+    /// Whether clients may register MCP servers (the host starts what they name).
+    fn register_allowed(&self) -> bool;
+}
