@@ -2,6 +2,7 @@
 # Provisions what the integration tests need beside ipybox's own kernel environment:
 #   target/test-env/venv           Python with the MCP SDK (fixture servers) and schema-testing tools
 #   target/test-env/node_modules   @modelcontextprotocol/server-everything (pinned)
+#   target/mcp1/venv              Python `mcp` 1.x (a handshake-era client for the HTTP service)
 #   target/test-env/jupyter/{kg,eg,js}  Jupyter Kernel Gateway, Enterprise Gateway and Jupyter Server
 #                                  (separate venvs: EG pins jupyter-server 1.x), each with the
 #                                  kernel image ipybox needs on a server: ipykernel + pydantic
@@ -19,6 +20,21 @@ JUPYTER_KG=(jupyter-kernel-gateway==3.0.1 ipykernel==7.4.0 pydantic==2.13.4)
 JUPYTER_EG=(jupyter-enterprise-gateway==3.3.0 ipykernel==6.29.5 pydantic==2.13.4)
 JUPYTER_JS=(jupyter-server==2.21.1 ipykernel==7.4.0 pydantic==2.13.4)
 NPM_PKGS=(@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31)
+
+# The handshake-era Python client for the HTTP service tests (tests/python/http_clients_check.py):
+# `mcp` 1.x in a venv of its own, target/mcp1/venv (its own stamp: independent of the rest).
+MCP1_PKGS=(mcp==1.30.0)
+mcp1="$root/target/mcp1"
+if [ ! -f "$mcp1/.stamp" ] || [ "$(cat "$mcp1/.stamp")" != "${MCP1_PKGS[*]}" ]; then
+  command -v uv >/dev/null 2>&1 || { python3 -m pip install -q --user uv >&2 || python3 -m pip install -q uv >&2; }
+  export PATH="$HOME/.local/bin:$PATH"
+  echo "test-env: creating $mcp1/venv (${MCP1_PKGS[*]})" >&2
+  rm -rf "$mcp1/venv"
+  mkdir -p "$mcp1"
+  uv venv -q --python "$(command -v python3)" "$mcp1/venv"
+  uv pip install -q --python "$mcp1/venv/bin/python" "${MCP1_PKGS[@]}"
+  echo "${MCP1_PKGS[*]}" > "$mcp1/.stamp"
+fi
 
 stamp="$dir/.stamp"
 want="${PY_PKGS[*]} | ${NPM_PKGS[*]} | ${JUPYTER_KG[*]} | ${JUPYTER_EG[*]} | ${JUPYTER_JS[*]}"

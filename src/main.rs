@@ -183,6 +183,12 @@ struct HttpArgs {
     /// kernels); default: the host name.
     #[arg(long, value_name = "NAME", requires = "http")]
     replica_id: Option<String>,
+    /// Declare the `session` argument as a header parameter (SEP-2243 `x-mcp-header`):
+    /// 2026-07-28 clients then also send the handle as `Mcp-Param-Session`, which a load
+    /// balancer can route on. Clients must list the tools before calling them (rmcp refuses a
+    /// call whose header is missing).
+    #[arg(long, requires = "http")]
+    session_header: bool,
     /// A file with the key of session handles; replicas behind one load balancer share it
     /// (IPYBOX_SESSION_SECRET also works). Default: a random key (handles die with the process).
     #[arg(long, value_name = "FILE", requires = "http")]
@@ -493,6 +499,7 @@ async fn http_options(
         allowed_origins: args.allowed_origin,
         max_body_bytes: args.max_body_bytes,
         shutdown_grace,
+        session_header: args.session_header,
         sessions: http::sessions::SessionConfig {
             idle_timeout,
             max_sessions: args.max_sessions,

@@ -52,6 +52,8 @@ pub(crate) struct HttpOptions {
     pub(crate) allowed_origins: Vec<String>,
     pub(crate) max_body_bytes: usize,
     pub(crate) shutdown_grace: Duration,
+    /// Annotate `session` for the `Mcp-Param-Session` header (SEP-2243).
+    pub(crate) session_header: bool,
     pub(crate) sessions: SessionConfig,
     /// The key of session handles (replicas share it).
     pub(crate) session_key: Vec<u8>,
@@ -151,7 +153,12 @@ impl State {
             return text(StatusCode::NOT_FOUND, "Not Found: Session not found");
         }
         req.extensions_mut().insert(caller.clone());
-        let response = self.mcp.handle(req).await;
+        let delete = req.method() == Method::DELETE;
+        let mut response = self.mcp.handle(req).await;
+        if delete && response.status() == StatusCode::ACCEPTED {
+            // The session is gone; clients (the Python SDK) expect 200 or 204 for that.
+            *response.status_mut() = StatusCode::OK;
+        }
         if session.is_none()
             && let Some(id) = response
                 .headers()
@@ -182,6 +189,21 @@ fn loopback(addr: &SocketAddr) -> bool {
     addr.ip().is_loopback()
 }
 
+/// The browser origins accepted: `--allowed-origin`s, plus the loopback origins when bound to
+/// loopback (pages on this machine, e.g. the MCP Inspector; DNS rebinding pages carry their
+/// own origin and stay refused).
+fn allowed_origins(options: &HttpOptions) -> Vec<String> {
+    let mut origins = options.allowed_origins.clone();
+    if loopback(&options.addr) {
+        for host in ["localhost", "127.0.0.1", "[::1]"] {
+            for scheme in ["http", "https"] {
+                origins.push(format!("{scheme}://{host}:*"));
+            }
+        }
+    }
+    origins
+}
+
 /// Serves until SIGTERM or SIGINT, then shuts down (see the module docs).
 pub(crate) async fn serve_http(
     options: HttpOptions,
@@ -209,9 +231,10 @@ pub(crate) async fn serve_http(
             )
         })?;
     let bound = listener.local_addr()?;
+    let origins = allowed_origins(&options);
     let registry = Registry::new(options.sessions.clone(), options.session_key, factory);
     let source: Arc<dyn SessionSource> = Arc::new(registry.clone());
-    let handlers = IpyboxServer::factory(source, config);
+    let handlers = IpyboxServer::factory(source, config, options.session_header);
     let mut manager = LocalSessionManager::default();
     // rmcp ends a handshake-era MCP session after this long without any message; its kernel
     // session is closed after --idle-timeout already (a running cell counts as activity there,
@@ -229,7 +252,7 @@ pub(crate) async fn serve_http(
         .with_cancellation_token(cancel.clone())
         .with_max_request_body_bytes(options.max_body_bytes)
         .with_json_response(true)
-        .with_allowed_origins(options.allowed_origins.clone())
+        .with_allowed_origins(origins)
         .enforce_origin_validation();
     mcp_config = if !options.allowed_hosts.is_empty() {
         mcp_config.with_allowed_hosts(options.allowed_hosts.clone())

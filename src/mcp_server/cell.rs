@@ -73,38 +73,43 @@ impl CellRun {
             started: Instant::now(),
         });
         let driven = inner.clone();
-        tokio::spawn(async move {
-            while let Some(event) = execution.next().await {
-                let mut state = driven.lock();
-                match event {
-                    ExecutionEvent::Chunk(text) => state.output.push_str(&text),
-                    ExecutionEvent::Image(_) => continue,
-                    ExecutionEvent::Approval(request) => {
-                        if allowances.allows(&request) {
-                            request.accept();
-                            continue;
+        // The driver logs within the request's span (the session, over HTTP).
+        let span = tracing::Span::current();
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                while let Some(event) = execution.next().await {
+                    let mut state = driven.lock();
+                    match event {
+                        ExecutionEvent::Chunk(text) => state.output.push_str(&text),
+                        ExecutionEvent::Image(_) => continue,
+                        ExecutionEvent::Approval(request) => {
+                            if allowances.allows(&request) {
+                                request.accept();
+                                continue;
+                            }
+                            state.unasked.push(request);
                         }
-                        state.unasked.push(request);
+                        ExecutionEvent::Result(result) => {
+                            state.result = Some(result);
+                            state.ended = true;
+                        }
                     }
-                    ExecutionEvent::Result(result) => {
-                        state.result = Some(result);
-                        state.ended = true;
-                    }
+                    drop(state);
+                    driven.version.send_modify(|v| *v += 1);
                 }
+                let mut state = driven.lock();
+                if !state.ended {
+                    state.result = Some(Err(ipybox::kernel::KernelError::Stopped.into()));
+                    state.ended = true;
+                }
+                // Requests that arrived after the end have nobody to ask: dropped, so rejected.
+                state.unasked.clear();
                 drop(state);
+                drop(guard);
                 driven.version.send_modify(|v| *v += 1);
-            }
-            let mut state = driven.lock();
-            if !state.ended {
-                state.result = Some(Err(ipybox::kernel::KernelError::Stopped.into()));
-                state.ended = true;
-            }
-            // Requests that arrived after the end have nobody to ask: dropped, so rejected.
-            state.unasked.clear();
-            drop(state);
-            drop(guard);
-            driven.version.send_modify(|v| *v += 1);
-        });
+            },
+            span,
+        ));
         Self { inner }
     }
 

@@ -49,6 +49,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, schemars, tool, tool_handler, tool_router};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
+use tracing::Instrument;
 
 use ipybox::CodeExecutor;
 use ipybox::executor::ExecutorError;
@@ -332,9 +333,15 @@ impl IpyboxServer {
 
     /// Makes the handlers of an HTTP server whose kernel sessions come from `source`: one per
     /// handshake-era MCP session, one per 2026-07-28 request (cheap: they share everything).
+    ///
+    /// With `session_header`, the `session` argument carries the `x-mcp-header` annotation
+    /// (SEP-2243): 2026-07-28 clients that listed the tools also send it as the
+    /// `Mcp-Param-Session` header, which a load balancer can route on (and rmcp then refuses a
+    /// call whose header is missing).
     pub(crate) fn factory(
         source: Arc<dyn SessionSource>,
         config: ServerConfig,
+        session_header: bool,
     ) -> impl Fn() -> Self + Send + Sync + 'static {
         let mut router = Self::tool_router_template();
         for name in ["execute_ipython_cell", "install_package", "reset"] {
@@ -344,10 +351,11 @@ impl IpyboxServer {
                     .entry("properties")
                     .or_insert_with(|| Value::Object(Map::new()));
                 if let Some(properties) = properties.as_object_mut() {
-                    properties.insert(
-                        "session".into(),
-                        json!({"type": "string", "description": SESSION_DOC, "x-mcp-header": "Session"}),
-                    );
+                    let mut session = json!({"type": "string", "description": SESSION_DOC});
+                    if session_header {
+                        session["x-mcp-header"] = json!("Session");
+                    }
+                    properties.insert("session".into(), session);
                 }
                 route.attr.input_schema = Arc::new(schema);
             }
@@ -493,7 +501,7 @@ impl IpyboxServer {
         let binding = serde_json::to_vec(&(&p.code, p.timeout, p.max_output_chars, &p.session))
             .unwrap_or_default();
         let timeout = Duration::from_secs_f64(p.timeout.min(86_400.0 * 365.0));
-        let (run, resumed, session, announce) = match request_state {
+        let (run, resumed, session, announce, _entered) = match request_state {
             Some(state) => {
                 let caller = caller(&context);
                 match self
@@ -502,6 +510,10 @@ impl IpyboxServer {
                     .resume(&state, &binding, responses.as_ref(), &caller)
                 {
                     Ok((run, round, session)) => {
+                        let entered = match session.enter() {
+                            Ok(entered) => entered,
+                            Err(why) => return Ok(text_error(why).into()),
+                        };
                         let announce = Announce {
                             source: match &self.shared.scope {
                                 Scope::Service(source) => Some(source.clone()),
@@ -511,7 +523,7 @@ impl IpyboxServer {
                             given: p.session.clone(),
                             keeps_handle: stateless(&context) || p.session.is_some(),
                         };
-                        (run, Some(round), session, announce)
+                        (run, Some(round), session, announce, entered)
                     }
                     Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
                 }
@@ -526,13 +538,15 @@ impl IpyboxServer {
                 if let Some(busy) = session.busy.busy_error() {
                     return Ok(announce.apply(text_error(busy)).into());
                 }
-                let _entered = match session.enter() {
+                let entered = match session.enter() {
                     Ok(entered) => entered,
                     Err(why) => return Ok(announce.apply(text_error(why)).into()),
                 };
-                if let Err(e) = session.executor.start().await {
+                let span = session_span(&session);
+                if let Err(e) = session.executor.start().instrument(span.clone()).await {
                     return Ok(announce.apply(text_error(start_failed(&e))).into());
                 }
+                let _in_span = span.enter();
                 let execution = if self.shared.config.approve == ApproveMode::Ask {
                     session.executor.stream(&p.code, Some(timeout))
                 } else {
@@ -543,10 +557,9 @@ impl IpyboxServer {
                     session.allowances.clone(),
                     session.cell_running(),
                 );
-                (run, None, session, announce)
+                (run, None, session, announce, entered)
             }
         };
-        let _entered = session.enter();
         let serve = request::Serve {
             config: &self.shared.config,
             session: &session,
@@ -563,7 +576,10 @@ impl IpyboxServer {
                 Box::pin(async move { announced.apply(cell_result(result, max_chars).await) })
             })
         };
-        let outcome = serve.serve(run, resumed, finish).await;
+        let outcome = serve
+            .serve(run, resumed, finish)
+            .instrument(session_span(&session))
+            .await;
         crate::metrics::cell(
             match &outcome {
                 Outcome::Done(Ok(_)) => crate::metrics::CellEnd::Ok,
@@ -663,6 +679,12 @@ impl IpyboxServer {
         };
         Ok(announce.apply(result))
     }
+}
+
+/// The span of a call's work in its kernel session: logs carry the session's tag (never its
+/// handle, never a token).
+fn session_span(session: &KernelSession) -> tracing::Span {
+    tracing::info_span!("session", id = %session.tag)
 }
 
 /// The error text when a session's kernel cannot be started.

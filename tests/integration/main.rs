@@ -10,6 +10,7 @@
 // These start fixtures and ipybox itself, not host children of ipybox (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
+mod http_support;
 mod mcp_eras;
 mod support;
 
@@ -21,6 +22,7 @@ mod cli_exec;
 mod codeact_example;
 #[cfg(target_os = "linux")]
 mod host_confinement;
+mod http_service;
 mod jupyter_servers;
 mod kernel;
 mod kernel_env;

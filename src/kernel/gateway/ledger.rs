@@ -118,9 +118,7 @@ impl Ledger {
     pub(crate) async fn clean_up(&self, gateway: &Gateway) -> usize {
         let mut deleted = 0;
         for id in self.orphans(gateway) {
-            if let Ok(Some(status)) = gateway.kernel_status(&id).await
-                && status.connections.is_some_and(|c| c > 0)
-            {
+            if in_use(gateway, &id).await {
                 tracing::info!(kernel = %id, gateway = gateway.url(), "a kernel left behind by an earlier ipybox is in use by another client: leaving it");
                 self.forget(&id);
                 continue;
@@ -135,6 +133,23 @@ impl Ledger {
             }
         }
         deleted
+    }
+}
+
+/// Whether kernel `id` has an open connection (someone else's: its owner is gone). A
+/// connection of the owner that was just killed can take the server a moment to notice: asked
+/// again for up to 3 s before it counts.
+async fn in_use(gateway: &Gateway, id: &str) -> bool {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        match gateway.kernel_status(id).await {
+            Ok(Some(status)) if status.connections.is_some_and(|c| c > 0) => {}
+            _ => return false,
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 

@@ -1,0 +1,698 @@
+//! `ipybox serve --http` with local kernels, driven by real MCP clients over Streamable HTTP:
+//! rmcp's client in both eras (handles in 2026-07-28, the MCP session's own kernel in the
+//! handshake era), the Python `mcp` SDK 2.x `Client` and 1.x `ClientSession`
+//! (`tests/python/http_clients_check.py`), isolation between concurrent clients, handles of
+//! other credentials, the limits (idle expiry, max sessions, calls per session, body size,
+//! tokens, Origin, binding without a token), shutdown with running cells, and 500 sessions
+//! created and closed without leaking kernels, file descriptors or memory.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::http_support::*;
+use crate::mcp_eras::{CallTool, Era};
+use crate::support::*;
+
+const EXPIRED_SUFFIX: &str = " expired: it was idle for more than 1 s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session";
+
+fn session_tag_ok(tag: &str) -> bool {
+    tag.len() == 8 && tag.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The metric `name` (with its labels) from `/metrics`.
+async fn metric(port: u16, token: Option<&str>, name: &str) -> f64 {
+    let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{port}/metrics"));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    let text = req.send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stateless_clients_carry_their_session_handle() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(ws.path(), &[("IPYBOX_TOKEN", TOKEN_A)], &[]);
+    let c = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let tools = c.service.list_all_tools().await.unwrap();
+    let execute = tools
+        .iter()
+        .find(|t| t.name == "execute_ipython_cell")
+        .unwrap();
+    assert_eq!(
+        execute.input_schema["properties"]["session"]["type"],
+        json!("string")
+    );
+    assert_eq!(
+        execute.input_schema["properties"]["session"].get("x-mcp-header"),
+        None
+    );
+    let (out, h) = new_session(&c, "x = 1\nprint('one')").await;
+    assert_eq!(out, "one");
+    assert!(h.starts_with("ipybox-s1."), "{h}");
+    assert_eq!(
+        cell(&c, "x += 1\nprint(x)", Some(&h)).await,
+        (false, "2".into())
+    );
+    // Without the handle: a new session, a fresh kernel.
+    let (is_error, text) = cell(&c, "print(x)", None).await;
+    let (out, other) = split_note(&text);
+    assert!(
+        is_error && out.contains("NameError: name 'x' is not defined"),
+        "{text}"
+    );
+    assert_ne!(other.as_deref(), Some(h.as_str()));
+    // reset resets that session only.
+    assert_eq!(
+        cell(&c, "y = 5", other.as_deref()).await,
+        (false, String::new())
+    );
+    let reset = c
+        .call_tool_json("reset", json!({"session": h}).as_object().unwrap().clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        text_of(&reset),
+        (
+            false,
+            "Kernel reset: a fresh kernel is running and MCP sessions were closed.".into()
+        )
+    );
+    let (is_error, text) = cell(&c, "x", Some(&h)).await;
+    assert!(is_error && text.contains("NameError"), "{text}");
+    assert_eq!(cell(&c, "y", other.as_deref()).await, (false, "5".into()));
+    let reset = c
+        .call_tool_json("reset", serde_json::Map::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        text_of(&reset),
+        (
+            true,
+            "no session given: reset needs the `session` handle of the kernel to reset\n  help: pass session=\"ipybox-s1-...\" as named by an earlier result; a call without it starts a new session with a fresh kernel anyway".into()
+        )
+    );
+    // Operator-only tools.
+    let register = c
+        .call_tool_json(
+            "register_mcp_server",
+            json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")})
+                .as_object()
+                .unwrap()
+                .clone(),
+        )
+        .await
+        .unwrap();
+    let (is_error, text) = text_of(&register);
+    assert!(
+        is_error && text.starts_with("cannot register `fx`: on this ipybox service the operator registers the MCP servers"),
+        "{text}"
+    );
+    let install = c
+        .call_tool_json(
+            "install_package",
+            json!({"package_name": "six", "session": h})
+                .as_object()
+                .unwrap()
+                .clone(),
+        )
+        .await
+        .unwrap();
+    let (is_error, text) = text_of(&install);
+    assert!(
+        is_error && text.starts_with("cannot install `six`: every session of this ipybox service shares the kernel environment"),
+        "{text}"
+    );
+    assert_eq!(
+        metric(service.port, Some(TOKEN_A), "ipybox_sessions").await,
+        2.0
+    );
+    c.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handshake_sessions_have_their_own_kernel() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(ws.path(), &[], &["--token", TOKEN_A]);
+    let a = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let b = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    assert_eq!(cell(&a, "x = 'a'", None).await, (false, String::new()));
+    assert_eq!(cell(&a, "print(x)", None).await, (false, "a".into()));
+    let (is_error, text) = cell(&b, "print(x)", None).await;
+    assert!(is_error && text.contains("NameError"), "{text}");
+    // A handle works in this era too: b continues a's kernel only with a handle of its own
+    // making, so a 2026-07-28 session made by the same token is reachable from b.
+    let modern = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let (_, h) = new_session(&modern, "z = 3").await;
+    assert_eq!(cell(&b, "print(z)", Some(&h)).await, (false, "3".into()));
+    let port = service.port;
+    assert_eq!(metric(port, Some(TOKEN_A), "ipybox_sessions").await, 3.0);
+    // Ending the MCP session (DELETE) closes its kernel session.
+    a.close().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(port, Some(TOKEN_A), "ipybox_sessions").await != 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "a's kernel session was not closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric(
+            port,
+            Some(TOKEN_A),
+            "ipybox_sessions_closed_total{reason=\"mcp_session\"}"
+        )
+        .await,
+        1.0
+    );
+    b.close().await;
+    modern.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_sdk_clients_of_both_eras() {
+    require!(TestEnv);
+    let mcp1 = root().join("target/mcp1/venv/bin/python");
+    assert!(
+        mcp1.exists(),
+        "{} is missing: run `bash scripts/test-env.sh`",
+        mcp1.display()
+    );
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(ws.path(), &[("IPYBOX_TOKEN", TOKEN_A)], &[]);
+    for python in [python(), mcp1.display().to_string()] {
+        let out = std::process::Command::new(&python)
+            .arg(root().join("tests/python/http_clients_check.py"))
+            .arg(service.url())
+            .arg(TOKEN_A)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{python}:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains(" passed, 0 failed"), "{stdout}");
+    }
+}
+
+/// Eight clients at once (four per era), each setting `x` to its own values and reading them
+/// back 100 times: every read sees its own client's last write.
+#[tokio::test(flavor = "multi_thread")]
+async fn eight_concurrent_clients_never_see_each_other() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &[
+            "--token",
+            TOKEN_A,
+            "--token",
+            TOKEN_B,
+            "--warm-sessions",
+            "2",
+        ],
+    );
+    let url = service.url();
+    let mut runs = Vec::new();
+    for i in 0..8 {
+        let url = url.clone();
+        runs.push(tokio::spawn(async move {
+            let era = if i % 2 == 0 {
+                Era::Stateless
+            } else {
+                Era::Handshake
+            };
+            let token = if i < 4 { TOKEN_A } else { TOKEN_B };
+            let c = connect(&url, Some(token), era).await;
+            let mut handle = None;
+            for n in 0..100 {
+                let value = format!("client{i}-{n}");
+                let set = format!("x = {value:?}");
+                let (is_error, text) = cell(&c, &set, handle.as_deref()).await;
+                assert!(!is_error, "{text}");
+                if n == 0 && era == Era::Stateless {
+                    handle = split_note(&text).1;
+                    assert!(handle.is_some(), "{text}");
+                }
+                assert_eq!(
+                    cell(&c, "print(x)", handle.as_deref()).await,
+                    (false, value),
+                    "client {i}, round {n}"
+                );
+            }
+            c.close().await;
+        }));
+    }
+    for run in runs {
+        run.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn handles_and_mcp_sessions_of_another_token_are_refused() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(ws.path(), &[], &["--token", TOKEN_A, "--token", TOKEN_B]);
+    let a = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let b = connect(&service.url(), Some(TOKEN_B), Era::Stateless).await;
+    let (_, h) = new_session(&a, "secret = 42").await;
+    let not_yours = "this session handle is not valid with your credential: it was made for another token, altered, or issued by an ipybox with another --session-secret\n  help: pass a handle a result gave you, or leave `session` out to start a new session";
+    assert_eq!(
+        cell(&b, "print(secret)", Some(&h)).await,
+        (true, not_yours.into())
+    );
+    // A guessed handle: the right shape, random contents.
+    use base64::Engine;
+    let (prefix, payload) = h.rsplit_once('.').unwrap();
+    let len = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload)
+        .unwrap()
+        .len();
+    for _ in 0..20 {
+        let mut bytes: Vec<u8> = (0..len).map(|_| rand::random()).collect();
+        bytes[0] = 0;
+        let route_len = bytes.len() - 1 - 16 - 1 - 16;
+        bytes[17] = route_len as u8;
+        let route = prefix.rsplit('.').next().unwrap().as_bytes();
+        bytes[18..18 + route_len].copy_from_slice(route);
+        let guess = format!(
+            "{prefix}.{}",
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&bytes)
+        );
+        assert_eq!(
+            cell(&a, "print(secret)", Some(&guess)).await,
+            (true, not_yours.into())
+        );
+    }
+    assert_eq!(
+        cell(&a, "1", Some("s1")).await,
+        (
+            true,
+            "this is not an ipybox session handle (they look like `ipybox-s1.<route>.<...>`)\n  help: pass the handle exactly as a result named it, or leave `session` out to start a new session".into()
+        )
+    );
+    assert_eq!(
+        cell(&a, "print(secret)", Some(&h)).await,
+        (false, "42".into())
+    );
+
+    // A handshake-era MCP session is its opener's: another token's requests on it are 404.
+    let http = reqwest::Client::new();
+    let init = http
+        .post(service.url())
+        .bearer_auth(TOKEN_A)
+        .header("Accept", "application/json, text/event-stream")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(init.status(), 200);
+    let sid = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let call = |token: &'static str| {
+        http.post(service.url())
+            .bearer_auth(token)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Mcp-Session-Id", &sid)
+            .header("MCP-Protocol-Version", "2025-11-25")
+            .json(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .send()
+    };
+    let refused = call(TOKEN_B).await.unwrap();
+    assert_eq!(refused.status(), 404);
+    assert_eq!(
+        refused.text().await.unwrap(),
+        "Not Found: Session not found"
+    );
+    assert_eq!(call(TOKEN_A).await.unwrap().status(), 202);
+    a.close().await;
+    b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sessions_expire_with_a_clear_error() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &["--idle-timeout", "1", "--warm-sessions", "0"],
+    );
+    let modern = connect(&service.url(), None, Era::Stateless).await;
+    let legacy = connect(&service.url(), None, Era::Handshake).await;
+    let (_, h) = new_session(&modern, "x = 1").await;
+    assert_eq!(cell(&legacy, "x = 1", None).await, (false, String::new()));
+    // A cell that runs longer than the idle timeout keeps its session.
+    assert_eq!(
+        cell(&modern, "import time\ntime.sleep(2.5)\nprint(x)", Some(&h)).await,
+        (false, "1".into())
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for (is_error, text) in [
+        cell(&modern, "print(x)", Some(&h)).await,
+        cell(&legacy, "print(x)", None).await,
+    ] {
+        let tag = text
+            .strip_prefix("session ")
+            .and_then(|t| t.strip_suffix(EXPIRED_SUFFIX))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(is_error && session_tag_ok(tag), "{text}");
+    }
+    assert_eq!(
+        metric(
+            service.port,
+            None,
+            "ipybox_sessions_closed_total{reason=\"idle\"}"
+        )
+        .await,
+        2.0
+    );
+    modern.close().await;
+    legacy.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_sessions_and_calls_per_session_are_refused_not_evicted() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &[
+            "--max-sessions",
+            "2",
+            "--warm-sessions",
+            "0",
+            "--max-concurrent-calls",
+            "1",
+        ],
+    );
+    let c = connect(&service.url(), None, Era::Stateless).await;
+    let (_, one) = new_session(&c, "x = 1").await;
+    let (_, two) = new_session(&c, "x = 2").await;
+    let refused = "too many sessions: this ipybox already runs the maximum of 2 kernel sessions (--max-sessions)\n  help: retry later (sessions idle for 1800 s are closed), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions";
+    assert_eq!(cell(&c, "x = 3", None).await, (true, refused.into()));
+    let legacy = connect(&service.url(), None, Era::Handshake).await;
+    assert_eq!(cell(&legacy, "x = 3", None).await, (true, refused.into()));
+    assert_eq!(cell(&c, "print(x)", Some(&one)).await, (false, "1".into()));
+    assert_eq!(cell(&c, "print(x)", Some(&two)).await, (false, "2".into()));
+    assert_eq!(
+        metric(service.port, None, "ipybox_sessions_refused_total").await,
+        2.0
+    );
+
+    // One call at a time per session (--max-concurrent-calls 1): a second is refused at once.
+    let c = std::sync::Arc::new(c);
+    let slow = {
+        let (c, one) = (c.clone(), one.clone());
+        tokio::spawn(async move {
+            cell(&*c, "import time\ntime.sleep(2)\nprint('slow')", Some(&one)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let started = Instant::now();
+    assert_eq!(
+        cell(&*c, "print('fast')", Some(&one)).await,
+        (
+            true,
+            "too many calls at once in this session: it already has 1 in progress (--max-concurrent-calls)\n  help: wait for a call to finish; calls of one session run one after another in its kernel anyway".into()
+        )
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // Another session is not held up.
+    assert_eq!(cell(&*c, "print(x)", Some(&two)).await, (false, "2".into()));
+    assert_eq!(slow.await.unwrap(), (false, "slow".into()));
+    legacy.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &["--token", TOKEN_A, "--max-body-bytes", "2000"],
+    );
+    let http = reqwest::Client::new();
+    let discover = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let post = |token: Option<&str>, origin: Option<&str>, body: Value| {
+        let mut req = http
+            .post(service.url())
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "server/discover")
+            .json(&body);
+        if let Some(token) = token {
+            req = req.header("Authorization", format!("Bearer {token}"));
+        }
+        if let Some(origin) = origin {
+            req = req.header("Origin", origin);
+        }
+        req.send()
+    };
+    for (token, why) in [
+        (None, "no bearer token was sent"),
+        (
+            Some("wrong-token-0123456789"),
+            "the bearer token was not accepted",
+        ),
+        (Some(TOKEN_B), "the bearer token was not accepted"),
+    ] {
+        let resp = post(token, None, discover.clone()).await.unwrap();
+        assert_eq!(resp.status(), 401);
+        assert_eq!(
+            resp.headers()["www-authenticate"],
+            "Bearer realm=\"ipybox\""
+        );
+        let body = resp.text().await.unwrap();
+        assert_eq!(
+            body,
+            format!(
+                "Unauthorized: {why}. This ipybox needs `Authorization: Bearer <token>` with a token its operator configured (--token, IPYBOX_TOKEN or --token-file).\n"
+            )
+        );
+        assert!(!body.contains("wrong-token") && !body.contains(TOKEN_A));
+    }
+    assert_eq!(
+        post(Some(TOKEN_A), None, discover.clone())
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let metrics = http
+        .get(format!("http://127.0.0.1:{}/metrics", service.port))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status(), 401);
+    // DNS rebinding: a page of another origin is refused; this machine's pages are not.
+    let evil = post(
+        Some(TOKEN_A),
+        Some("http://evil.example.com"),
+        discover.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(evil.status(), 403);
+    let local = format!("http://localhost:{}", service.port);
+    assert_eq!(
+        post(Some(TOKEN_A), Some(&local), discover.clone())
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    // A body over --max-body-bytes: 413, nothing runs.
+    let big = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "execute_ipython_cell", "arguments": {"code": format!("open('ran', 'w')  # {}", "x".repeat(3000))}}});
+    assert_eq!(post(Some(TOKEN_A), None, big).await.unwrap().status(), 413);
+    assert!(!ws.path().join("ran").exists());
+    assert_eq!(
+        metric(
+            service.port,
+            Some(TOKEN_A),
+            "ipybox_http_unauthorized_total"
+        )
+        .await,
+        4.0
+    );
+    assert_eq!(
+        metric(
+            service.port,
+            Some(TOKEN_A),
+            "ipybox_sessions_opened_total{how=\"new\"}"
+        )
+        .await,
+        0.0
+    );
+
+    // Binding beyond loopback without a token: refused at start.
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--http", &format!("0.0.0.0:{}", free_port())])
+        .arg("--workspace")
+        .arg(ws.path())
+        .env_remove("IPYBOX_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refusing to serve on 0.0.0.0:")
+            && stderr.contains("without a bearer token: anyone who reaches it could run code\n  help: pass --token-file FILE"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_with_running_cells_leaves_no_kernel() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let mut service = Service::start(
+        ws.path(),
+        &[],
+        &["--shutdown-grace", "1", "--warm-sessions", "1"],
+    );
+    let modern = std::sync::Arc::new(connect(&service.url(), None, Era::Stateless).await);
+    let legacy = std::sync::Arc::new(connect(&service.url(), None, Era::Handshake).await);
+    let (_, h) = new_session(&*modern, "x = 1").await;
+    assert_eq!(cell(&*legacy, "x = 1", None).await, (false, String::new()));
+    let running: Vec<_> = [(modern.clone(), Some(h)), (legacy.clone(), None)]
+        .into_iter()
+        .map(|(c, h)| {
+            tokio::spawn(async move {
+                let code = "import time\nprint('started', flush=True)\ntime.sleep(60)";
+                let arguments = match &h {
+                    Some(h) => json!({"code": code, "session": h}),
+                    None => json!({"code": code}),
+                };
+                c.call_tool_json(
+                    "execute_ipython_cell",
+                    arguments.as_object().unwrap().clone(),
+                )
+                .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let kernels = crate::proc_tree::descendants(service.pid());
+    assert!(
+        kernels.len() >= 3,
+        "two sessions and a warm kernel: {kernels:?}"
+    );
+    let (status, took) = service.terminate(Duration::from_secs(15));
+    assert!(status.success(), "{status}\n{}", service.log());
+    assert!(took < Duration::from_secs(6), "{took:?}");
+    for pid in kernels {
+        assert!(
+            wait_gone(pid, Duration::from_secs(5)).await,
+            "kernel {pid} left"
+        );
+    }
+    for run in running {
+        // The calls end (cancelled with the kernel, or the connection closed): none hangs.
+        let _ = tokio::time::timeout(Duration::from_secs(10), run)
+            .await
+            .expect("the running call ended");
+    }
+}
+
+/// 500 sessions made and closed (handshake-era MCP sessions, DELETE at the end): kernels, file
+/// descriptors and memory come back to where they were after the first 20.
+#[tokio::test(flavor = "multi_thread")]
+async fn five_hundred_sessions_leak_nothing() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(ws.path(), &[], &["--warm-sessions", "1"]);
+    let pid = service.pid();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count()
+    };
+    let rss_kb = || -> u64 {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+            .unwrap()
+    };
+    let url = service.url();
+    let port = service.port;
+    let round = |n: usize| {
+        let url = url.clone();
+        async move {
+            let c = connect(&url, None, Era::Handshake).await;
+            assert_eq!(
+                cell(&c, &format!("print({n})"), None).await,
+                (false, n.to_string())
+            );
+            c.close().await;
+        }
+    };
+    // Settled: every closed session's kernel is gone and the warm one is ready.
+    let settle = || async move {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let open = metric(port, None, "ipybox_sessions").await;
+            let kernels = crate::proc_tree::children(pid).len();
+            if open == 0.0 && kernels == 1 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{open} sessions, {kernels} kernels still there"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    for n in 0..20 {
+        round(n).await;
+    }
+    settle().await;
+    let (fds0, rss0) = (fds(), rss_kb());
+    let started = Instant::now();
+    for batch in 0..240 {
+        // Two sessions at a time.
+        tokio::join!(round(20 + 2 * batch), round(21 + 2 * batch));
+    }
+    settle().await;
+    let (fds1, rss1) = (fds(), rss_kb());
+    eprintln!(
+        "500 sessions in {:?}: fds {fds0} -> {fds1}, RSS {rss0} kB -> {rss1} kB",
+        started.elapsed()
+    );
+    assert_eq!(
+        metric(
+            port,
+            None,
+            "ipybox_sessions_closed_total{reason=\"mcp_session\"}"
+        )
+        .await,
+        500.0
+    );
+    assert!(fds1 <= fds0 + 4, "fds {fds0} -> {fds1}");
+    assert!(rss1 <= rss0 + 16 * 1024, "RSS {rss0} kB -> {rss1} kB");
+}

@@ -1,0 +1,408 @@
+//! What the tests of `ipybox serve --http` share: the service as a child process (waited for on
+//! `/healthz`, stopped with SIGTERM), rmcp clients of either MCP era connected to it over
+//! Streamable HTTP with a bearer token, a cell call that returns (is_error, text) and the
+//! session handle a result names, and a tiny round-robin HTTP proxy (what "a plain load
+//! balancer" does: every request to the next backend, a dead backend skipped).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{Map, Value, json};
+
+use crate::mcp_eras::{CallTool, Era};
+use crate::support::{BIN, free_port};
+
+/// A token the tests configure (long enough for ipybox's minimum).
+pub(crate) const TOKEN_A: &str = "token-a-0123456789abcdef";
+pub(crate) const TOKEN_B: &str = "token-b-0123456789abcdef";
+
+/// `ipybox serve --http 127.0.0.1:PORT` as a child process; SIGKILLed when dropped.
+pub(crate) struct Service {
+    child: Option<Child>,
+    pub(crate) port: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Service {
+    /// Starts the service for workspace `ws` with `flags` and `env`, and waits until
+    /// `/healthz` answers.
+    pub(crate) fn start(ws: &Path, env: &[(&str, &str)], flags: &[&str]) -> Self {
+        Self::start_on(free_port(), ws, env, flags)
+    }
+
+    pub(crate) fn start_on(port: u16, ws: &Path, env: &[(&str, &str)], flags: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("ipybox.log");
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["serve", "--http", &format!("127.0.0.1:{port}")])
+            .arg("--workspace")
+            .arg(ws)
+            .args(flags)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("ipybox serve starts");
+        let mut service = Self {
+            child: Some(child),
+            port,
+            log,
+            _dir: dir,
+        };
+        service.wait_healthy();
+        service
+    }
+
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if healthz(self.port) == Some(200) {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!("ipybox serve exited early ({status}):\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ipybox serve did not answer /healthz within 30 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    pub(crate) fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// SIGTERM, then waits up to `within` for the exit; returns the status and how long it took.
+    pub(crate) fn terminate(&mut self, within: Duration) -> (ExitStatus, Duration) {
+        let mut child = self.child.take().expect("still running");
+        let started = Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return (status, started.elapsed());
+            }
+            if started.elapsed() > within {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "ipybox serve did not exit within {within:?} of SIGTERM:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL (no chance to clean up).
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The status of `GET /healthz`, if the port answers.
+pub(crate) fn healthz(port: u16) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    buf.split(' ').nth(1)?.parse().ok()
+}
+
+/// An rmcp client connected to an ipybox service over Streamable HTTP.
+pub(crate) struct HttpClient<H: ClientHandler> {
+    pub(crate) service: RunningService<RoleClient, H>,
+}
+
+/// A client that declares nothing.
+pub(crate) type PlainHttp = HttpClient<ClientConfig>;
+
+/// Connects `handler` to `url` in `era`, sending `token` as a bearer token; asserts the
+/// negotiated revision.
+pub(crate) async fn connect_with<H: ClientHandler>(
+    url: &str,
+    token: Option<&str>,
+    handler: H,
+    era: Era,
+) -> HttpClient<H> {
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_string());
+    if let Some(token) = token {
+        config = config.auth_header(token.to_string());
+    }
+    let transport = StreamableHttpClientTransport::from_config(config);
+    let service = match era {
+        Era::Handshake => handler.serve(transport).await,
+        Era::Stateless => {
+            let lifecycle = ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            };
+            handler.serve_with_lifecycle(transport, lifecycle).await
+        }
+    }
+    .expect("connects to ipybox over HTTP");
+    let negotiated = service
+        .peer()
+        .peer_info()
+        .map(|info| info.protocol_version.clone());
+    assert_eq!(negotiated, Some(era.version()), "negotiated revision");
+    HttpClient { service }
+}
+
+/// [`connect_with`] for a client that declares nothing.
+pub(crate) async fn connect(url: &str, token: Option<&str>, era: Era) -> PlainHttp {
+    let config = ClientConfig::default().with_protocol_version(era.version());
+    connect_with(url, token, config, era).await
+}
+
+impl<H: ClientHandler> HttpClient<H> {
+    /// Ends the client (a handshake-era client DELETEs its MCP session).
+    pub(crate) async fn close(self) {
+        let _ = self.service.cancel().await;
+    }
+}
+
+impl<H: ClientHandler> CallTool for HttpClient<H> {
+    async fn call_tool_json(
+        &self,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<CallToolResult, String> {
+        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments);
+        self.service
+            .call_tool(params)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The text of a tool result and whether it is an error.
+pub(crate) fn text_of(result: &CallToolResult) -> (bool, String) {
+    let text = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    (result.is_error == Some(true), text)
+}
+
+/// Runs `code` (in `session`, if given); returns (is_error, text).
+pub(crate) async fn cell(
+    client: &impl CallTool,
+    code: &str,
+    session: Option<&str>,
+) -> (bool, String) {
+    let mut arguments = json!({"code": code});
+    if let Some(session) = session {
+        arguments["session"] = json!(session);
+    }
+    let result = client
+        .call_tool_json(
+            "execute_ipython_cell",
+            arguments.as_object().unwrap().clone(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("tools/call failed: {e}"));
+    text_of(&result)
+}
+
+/// The note a result carries about its session: `(text before it, handle)`.
+pub(crate) fn split_note(text: &str) -> (String, Option<String>) {
+    match text.rfind("[ipybox session ") {
+        Some(at) => {
+            let handle = text[at + "[ipybox session ".len()..]
+                .split(':')
+                .next()
+                .map(str::to_string);
+            (text[..at].trim_end().to_string(), handle)
+        }
+        None => (text.to_string(), None),
+    }
+}
+
+/// Runs `code` in a new session (2026-07-28): returns its output and the new handle.
+pub(crate) async fn new_session(client: &impl CallTool, code: &str) -> (String, String) {
+    let (is_error, text) = cell(client, code, None).await;
+    let (output, handle) = split_note(&text);
+    let handle = handle.unwrap_or_else(|| panic!("no session handle in: {text}"));
+    assert!(!is_error, "{text}");
+    assert_eq!(
+        text,
+        format!(
+            "{}[ipybox session {handle}: a new kernel session; pass session=\"{handle}\" in later calls to keep its state]",
+            if output.is_empty() {
+                String::new()
+            } else {
+                format!("{output}\n\n")
+            }
+        )
+    );
+    (output, handle)
+}
+
+/// A round-robin HTTP/1.1 proxy: each request goes to the next backend; a backend that cannot
+/// be reached is skipped (the request goes to the one after). Responses stream through (SSE).
+pub(crate) struct Proxy {
+    pub(crate) port: u16,
+    /// How many requests each backend served.
+    pub(crate) served: Arc<Vec<AtomicUsize>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub(crate) async fn start(backends: Vec<u16>) -> Self {
+        use http_body_util::{BodyExt, StreamBody};
+        use hyper::body::Frame;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let served: Arc<Vec<AtomicUsize>> =
+            Arc::new(backends.iter().map(|_| AtomicUsize::new(0)).collect());
+        let next = Arc::new(AtomicUsize::new(0));
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .unwrap();
+        let backends = Arc::new(backends);
+        let counts = served.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let (client, backends, next, counts) = (
+                    client.clone(),
+                    backends.clone(),
+                    next.clone(),
+                    counts.clone(),
+                );
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (client, backends, next, counts) = (
+                            client.clone(),
+                            backends.clone(),
+                            next.clone(),
+                            counts.clone(),
+                        );
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body
+                                .collect()
+                                .await
+                                .map(|b| b.to_bytes())
+                                .unwrap_or_default();
+                            let first = next.fetch_add(1, Ordering::SeqCst);
+                            for attempt in 0..backends.len() {
+                                let i = (first + attempt) % backends.len();
+                                let url = format!(
+                                    "http://127.0.0.1:{}{}",
+                                    backends[i],
+                                    parts.uri.path_and_query().map_or("/", |p| p.as_str())
+                                );
+                                let mut out = client.request(parts.method.clone(), url);
+                                for (name, value) in &parts.headers {
+                                    if name != hyper::header::HOST
+                                        && name != hyper::header::CONNECTION
+                                        && name != hyper::header::CONTENT_LENGTH
+                                    {
+                                        out = out.header(name, value);
+                                    }
+                                }
+                                match out.body(body.clone()).send().await {
+                                    Ok(resp) => {
+                                        counts[i].fetch_add(1, Ordering::SeqCst);
+                                        let mut builder = hyper::Response::builder()
+                                            .status(resp.status().as_u16());
+                                        for (name, value) in resp.headers() {
+                                            if name != hyper::header::CONTENT_LENGTH
+                                                && name != hyper::header::TRANSFER_ENCODING
+                                                && name != hyper::header::CONNECTION
+                                            {
+                                                builder = builder.header(name, value);
+                                            }
+                                        }
+                                        let stream =
+                                            futures::StreamExt::map(resp.bytes_stream(), |chunk| {
+                                                chunk.map(Frame::data)
+                                            });
+                                        let body = StreamBody::new(stream).boxed();
+                                        return Ok::<_, std::convert::Infallible>(
+                                            builder.body(body).unwrap(),
+                                        );
+                                    }
+                                    Err(e) if e.is_connect() => continue,
+                                    Err(e) => {
+                                        let body = http_body_util::Full::new(bytes::Bytes::from(
+                                            format!("proxy: {e}"),
+                                        ))
+                                        .map_err(|never| match never {})
+                                        .boxed();
+                                        return Ok(hyper::Response::builder()
+                                            .status(502)
+                                            .body(body)
+                                            .unwrap());
+                                    }
+                                }
+                            }
+                            let body = http_body_util::Full::new(bytes::Bytes::from(
+                                "proxy: no backend answers",
+                            ))
+                            .map_err(|never| match never {})
+                            .boxed();
+                            Ok(hyper::Response::builder().status(502).body(body).unwrap())
+                        }
+                    },
+                );
+                tokio::spawn(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { port, served, task }
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
