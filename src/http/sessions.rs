@@ -10,15 +10,15 @@
 //!   ([`CLOSED_KEPT`]).
 //! - **Replicas with a kernel gateway**: a handle names the kernel on the gateway, so a replica
 //!   that does not hold the session attaches to that kernel (state and all); and a replica that
-//!   closes a session whose kernel another replica still uses (it has more than one connection,
-//!   or it was active within the idle timeout) only detaches from it. With local kernels the
+//!   closes a session whose kernel another replica is connected to (the gateway counts more
+//!   than one connection) only detaches from it, to attach again if a call comes back. With local kernels the
 //!   handle names the replica that holds the kernel, and another replica says so.
 //!
 //! Not here: what a session holds ([`crate::mcp_server::session`]), the HTTP side.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use ipybox::CodeExecutor;
@@ -115,12 +115,6 @@ impl ClosedLog {
             }
         }
     }
-}
-
-fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 impl Registry {
@@ -341,13 +335,22 @@ impl Registry {
             return;
         }
         session.mark_closed(message.clone());
-        self.closed().insert(session.id, message);
         metrics::session_closed(why);
         tracing::info!(session = %session.tag, reason = ?why, "kernel session closed");
-        let session = session.clone();
-        let gateway = self.config.gateway;
-        let idle = self.config.idle_timeout;
-        tokio::spawn(async move { stop_kernel(&session, gateway, idle, why).await });
+        if !self.config.gateway {
+            self.closed().insert(session.id, message);
+            let session = session.clone();
+            tokio::spawn(async move { session.executor.stop().await });
+            return;
+        }
+        // On a gateway the kernel may live on (another replica uses it): then a later call
+        // here attaches to it again, so the session is not recorded as closed.
+        let (registry, session) = (self.clone(), session.clone());
+        tokio::spawn(async move {
+            if !stop_kernel(&session).await {
+                registry.closed().insert(session.id, message);
+            }
+        });
     }
 
     /// The sessions idle for longer than the idle timeout are closed; run every `tick`.
@@ -382,11 +385,14 @@ impl Registry {
         }
         let sessions: Vec<Arc<KernelSession>> = self.open().drain().map(|(_, s)| s).collect();
         let gateway = self.config.gateway;
-        let idle = self.config.idle_timeout;
         let stops = sessions.into_iter().map(|session| async move {
             session.mark_closed("ipybox is shutting down; this session's kernel was stopped\n  help: start a new session when the service is back".into());
             metrics::session_closed(Closed::Shutdown);
-            stop_kernel(&session, gateway, idle, Closed::Shutdown).await;
+            if gateway {
+                stop_kernel(&session).await;
+            } else {
+                session.executor.stop().await;
+            }
         });
         futures::future::join_all(stops).await;
         // Warm executors: started, never used.
@@ -398,31 +404,26 @@ impl Registry {
     }
 }
 
-/// Stops a closed session's kernel. On a gateway, a kernel another replica still uses (more
-/// than this connection, or active within the idle timeout) is detached from, not deleted.
-async fn stop_kernel(session: &KernelSession, gateway: bool, idle: Duration, why: Closed) {
-    if gateway {
-        match session.executor.remote_kernel_status().await {
-            Ok(Some(status)) => {
-                let others = status.connections.is_some_and(|c| c > 1);
-                // Closed for being idle here, but used through another replica meanwhile.
-                let recent = matches!(why, Closed::Idle)
-                    && status
-                        .last_activity
-                        .is_some_and(|at| now_unix().saturating_sub(at) < idle.as_secs());
-                if others || recent {
-                    tracing::info!(session = %session.tag, "another replica uses this session's kernel: detaching, not deleting");
-                    session.executor.stop_detaching().await;
-                    return;
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::debug!(session = %session.tag, "cannot ask the gateway about the kernel: {e}")
-            }
+/// Stops a closed session's kernel on a gateway; returns whether it was only detached from.
+/// A kernel another replica is connected to (more connections than this one) is left
+/// running: that replica uses it, and closes it in turn when the session is idle there too.
+async fn stop_kernel(session: &KernelSession) -> bool {
+    match session.executor.remote_kernel_status().await {
+        Ok(Some(status)) if status.connections.is_some_and(|c| c > 1) => {
+            tracing::info!(session = %session.tag, "another replica uses this session's kernel: detaching, not deleting");
+            session.executor.stop_detaching().await;
+            true
+        }
+        Ok(_) => {
+            session.executor.stop().await;
+            false
+        }
+        Err(e) => {
+            tracing::debug!(session = %session.tag, "cannot ask the gateway about the kernel: {e}");
+            session.executor.stop().await;
+            false
         }
     }
-    session.executor.stop().await;
 }
 
 impl SessionSource for Arc<Registry> {
