@@ -4,7 +4,8 @@
 # starts the MCP server in a container through the codeact-docker plugin's launcher and drives
 # it with a real MCP client (the Python `mcp` SDK, tests/python/mcp_server_check.py): tool list,
 # state across cells, registering an MCP server (the fixture over streamable HTTP on the host's
-# loopback), a tool call from kernel code, reset. Ends with `N passed, M failed`.
+# loopback), a tool call from kernel code, reset. Ends with `N passed, M failed`. Then the same
+# image serving MCP over HTTP (`ipybox serve --http`), checked with tests/python/http_clients_check.py.
 #
 # Needs scripts/test-env.sh (the client and the fixture run from its venv). Image tag: ipybox
 # (what the plugin runs; override with IPYBOX_DOCKER_IMAGE).
@@ -50,4 +51,19 @@ IPYBOX_WORKSPACE="$workspace" IPYBOX_DOCKER_IMAGE="$image" \
   sh plugins/shared/ipybox-mcp --docker --network host
 status=$?
 rm -rf "$workspace"
+
+# The image as a service: `ipybox serve --http` in a container (docs/http.md), driven by the
+# Python SDK's clients of both eras over HTTP, then stopped (SIGTERM: every kernel stopped).
+token="docker-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+hport=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# shellcheck disable=SC2086 # IPYBOX_DOCKER_ARGS holds several flags
+cid=$("$ENGINE" run -d --rm --network host -e IPYBOX_TOKEN="$token" ${IPYBOX_DOCKER_ARGS:-} \
+  "$image" serve --http "127.0.0.1:$hport")
+trap 'kill $fixture 2>/dev/null || true; "$ENGINE" rm -f "$cid" >/dev/null 2>&1 || true' EXIT
+for _ in $(seq 300); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.1; done
+echo "docker-check: ipybox serve --http in a container"
+"$py" tests/python/http_clients_check.py "http://127.0.0.1:$hport/mcp" "$token" || status=1
+stop_start=$(date +%s)
+"$ENGINE" stop -t 20 "$cid" >/dev/null
+echo "docker-check: the HTTP service stopped in $(( $(date +%s) - stop_start )) s"
 exit $status

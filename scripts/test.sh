@@ -26,6 +26,7 @@ export IPYBOX_WHEEL                  # plugin-check.sh runs the launcher's uvx p
 bash scripts/wheel-check.sh
 IPYBOX_TEST_STRICT=1 bash scripts/plugin-check.sh
 bash scripts/smoke-clients.sh
+bash scripts/conformance.sh          # the MCP conformance runner against `ipybox serve --http`
 target/test-env/venv/bin/python tests/python/mcp_approval_check.py target/debug/ipybox  # --approve ask, progress
 # 2 test threads on 2 cores: each test starts real kernels and servers.
 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2

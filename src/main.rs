@@ -202,6 +202,10 @@ struct HttpArgs {
     /// registers the workspace's servers (`ipybox apigen NAME --params ... --root WS/mcptools`).
     #[arg(long, requires = "http")]
     allow_register: bool,
+    /// Let several tokens (tenants) share local kernels: they share the workspace those kernels
+    /// can write (and, unsandboxed, read: `.env` included). Not needed with --kernel-gateway.
+    #[arg(long, requires = "http")]
+    trust_tenants: bool,
     /// On SIGTERM/SIGINT, how long running calls may take to finish before their cells are
     /// cancelled and every kernel stopped (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "http")]
@@ -317,7 +321,17 @@ where
         }
     };
     let result = match cli.command {
-        Some(Command::Serve { serve: args, http }) => runtime.block_on(serve(args, Some(http))),
+        Some(Command::Serve {
+            serve: mut args,
+            http,
+        }) => {
+            // `ipybox --workspace W serve ...` (the container image's entrypoint puts
+            // `--workspace` first): the workspace given before `serve` counts.
+            if args.workspace == std::path::Path::new(".") {
+                args.workspace = cli.serve.workspace;
+            }
+            runtime.block_on(serve(args, Some(http)))
+        }
         Some(command) => runtime.block_on(run(command)),
         None => runtime.block_on(serve(cli.serve, None)),
     };
@@ -500,6 +514,7 @@ async fn http_options(
         max_body_bytes: args.max_body_bytes,
         shutdown_grace,
         session_header: args.session_header,
+        trust_tenants: args.trust_tenants,
         sessions: http::sessions::SessionConfig {
             idle_timeout,
             max_sessions: args.max_sessions,

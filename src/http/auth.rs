@@ -105,6 +105,14 @@ impl Tokens {
         !self.digests.is_empty()
     }
 
+    /// How many different tokens are configured (each is a credential of its own).
+    pub(crate) fn count(&self) -> usize {
+        let mut distinct = self.digests.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        distinct.len()
+    }
+
     /// The caller of a request with this `Authorization` header value, or `None` if it carries
     /// no configured token. Without configured tokens every request is [`Caller::Local`].
     pub(crate) fn check(&self, authorization: Option<&[u8]>) -> Option<Caller> {

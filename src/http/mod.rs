@@ -54,6 +54,8 @@ pub(crate) struct HttpOptions {
     pub(crate) shutdown_grace: Duration,
     /// Annotate `session` for the `Mcp-Param-Session` header (SEP-2243).
     pub(crate) session_header: bool,
+    /// Several tokens may share local kernels (`--trust-tenants`).
+    pub(crate) trust_tenants: bool,
     pub(crate) sessions: SessionConfig,
     /// The key of session handles (replicas share it).
     pub(crate) session_key: Vec<u8>,
@@ -153,6 +155,8 @@ impl State {
             return text(StatusCode::NOT_FOUND, "Not Found: Session not found");
         }
         req.extensions_mut().insert(caller.clone());
+        // Checked: nothing after this needs the token (and nothing can log it).
+        req.headers_mut().remove(header::AUTHORIZATION);
         let delete = req.method() == Method::DELETE;
         let mut response = self.mcp.handle(req).await;
         if delete && response.status() == StatusCode::ACCEPTED {
@@ -215,6 +219,12 @@ pub(crate) async fn serve_http(
         return Err(std::io::Error::other(format!(
             "refusing to serve on {} without a bearer token: anyone who reaches it could run code\n  help: pass --token-file FILE (or --token, or IPYBOX_TOKEN) with a long random token, or bind 127.0.0.1",
             options.addr
+        )));
+    }
+    if options.tokens.count() > 1 && !options.sessions.gateway && !options.trust_tenants {
+        return Err(std::io::Error::other(format!(
+            "{} tokens (tenants) would share local kernels, and with them the workspace: each tenant's code can write `mcptools/` that the others import, and unsandboxed it reads `.env` and whatever ipybox's user can\n  help: run kernels on a gateway (--kernel-gateway: kernels never touch this host's files), or pass --trust-tenants if these tenants trust each other",
+            options.tokens.count()
         )));
     }
     let mut sigterm = signal(SignalKind::terminate())?;

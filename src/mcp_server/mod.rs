@@ -825,7 +825,15 @@ impl ServerHandler for IpyboxServer {
             .skills
             .read(&request.uri)
             .map(Into::into)
-            .ok_or_else(|| ErrorData::resource_not_found(format!("no resource {}: ipybox serves the codeact skill's files (skill://codeact/...)", request.uri), None))
+            .ok_or_else(|| {
+                ErrorData::resource_not_found(
+                    format!(
+                        "no resource {}: ipybox serves the codeact skill's files (skill://codeact/...)",
+                        request.uri
+                    ),
+                    Some(json!({"uri": request.uri})),
+                )
+            })
     }
 
     async fn read_resource_directory(

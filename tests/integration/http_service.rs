@@ -221,6 +221,7 @@ async fn eight_concurrent_clients_never_see_each_other() {
             TOKEN_B,
             "--warm-sessions",
             "2",
+            "--trust-tenants",
         ],
     );
     let url = service.url();
@@ -263,7 +264,11 @@ async fn eight_concurrent_clients_never_see_each_other() {
 async fn handles_and_mcp_sessions_of_another_token_are_refused() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let service = Service::start(ws.path(), &[], &["--token", TOKEN_A, "--token", TOKEN_B]);
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &["--token", TOKEN_A, "--token", TOKEN_B, "--trust-tenants"],
+    );
     let a = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
     let b = connect(&service.url(), Some(TOKEN_B), Era::Stateless).await;
     let (_, h) = new_session(&a, "secret = 42").await;
@@ -548,6 +553,24 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
         0.0
     );
 
+    // Several tokens sharing local kernels: refused unless the operator says they trust each
+    // other.
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--http", &format!("127.0.0.1:{}", free_port())])
+        .args(["--token", TOKEN_A, "--token", TOKEN_B])
+        .arg("--workspace")
+        .arg(ws.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("2 tokens (tenants) would share local kernels")
+            && stderr.contains("pass --trust-tenants if these tenants trust each other")
+            && !stderr.contains(TOKEN_A),
+        "{stderr}"
+    );
+
     // Binding beyond loopback without a token: refused at start.
     let out = std::process::Command::new(BIN)
         .args(["serve", "--http", &format!("0.0.0.0:{}", free_port())])
@@ -696,3 +719,52 @@ async fn five_hundred_sessions_leak_nothing() {
     assert!(fds1 <= fds0 + 4, "fds {fds0} -> {fds1}");
     assert!(rss1 <= rss0 + 16 * 1024, "RSS {rss0} kB -> {rss1} kB");
 }
+
+/// `--approve ask` over HTTP: 2026-07-28 clients answer `input_required` rounds, handshake-era
+/// clients `elicitation/create` on their MCP session's stream; "allow for the rest of the
+/// session" holds for that kernel session only.
+async fn approvals_are_per_session(era: Era) {
+    use crate::mcp_approvals::{CALL_ADD, ask_add};
+    use crate::mcp_eras::{Answer, ScriptedClient};
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["apigen", "fx", "--params"])
+        .arg(fixture_stdio_params("stdio").to_string())
+        .arg("--root")
+        .arg(ws.path().join("mcptools"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let service = Service::start(ws.path(), &[], &["--approve", "ask", "--token", TOKEN_A]);
+    let first = ScriptedClient::new(era, true, &[Answer::AcceptForSession]);
+    let a = connect_with(&service.url(), Some(TOKEN_A), first.clone(), era).await;
+    let (is_error, text) = cell(&a, CALL_ADD, None).await;
+    let (output, handle) = split_note(&text);
+    assert_eq!((is_error, output.as_str()), (false, "3"), "{text}");
+    assert_eq!(handle.is_some(), era == Era::Stateless, "{text}");
+    assert_eq!(first.questions(), vec![ask_add()]);
+    // Remembered for this session: not asked again.
+    assert_eq!(
+        cell(&a, CALL_ADD, handle.as_deref()).await,
+        (false, "3".into())
+    );
+    assert_eq!(first.questions().len(), 1);
+    // Another session is asked afresh.
+    let second = ScriptedClient::new(era, true, &[Answer::Decline]);
+    let b = connect_with(&service.url(), Some(TOKEN_A), second.clone(), era).await;
+    let (is_error, text) = cell(&b, CALL_ADD, None).await;
+    assert!(
+        is_error
+            && text.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user"),
+        "{text}"
+    );
+    assert_eq!(second.questions(), vec![ask_add()]);
+    a.close().await;
+    b.close().await;
+}
+crate::mcp_eras::both_eras!(approvals_are_per_session);

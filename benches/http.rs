@@ -1,0 +1,357 @@
+//! `ipybox serve --http` benchmark (`cargo bench --bench http`); prints tables.
+//!
+//! N = 1, 8, 32 concurrent MCP clients (rmcp, 2026-07-28 over Streamable HTTP, each with its
+//! own kernel session) running `print(1)` and a cell with one MCP tool call back to back for
+//! 10 s: throughput, p50, p99, and the memory one session costs (ipybox, its kernel and the
+//! stdio MCP server its tool calls started, measured after the sessions were created and had
+//! made one tool call). Then session creation (a call without `session`) to the
+//! first result, with a warm kernel waiting and without; the same client against the stdio
+//! server (one client, `print(1)`) for comparison; and the same load with the kernels on a
+//! local Jupyter Enterprise Gateway.
+//!
+//! Needs `bash scripts/test-env.sh` (fixture server, Enterprise Gateway).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rmcp::RoleClient;
+use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use serde_json::json;
+
+#[path = "common/mod.rs"]
+mod common;
+use common::ms;
+
+/// What `jupyter_servers` needs from the test support module.
+mod support {
+    pub(crate) fn root() -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+    pub(crate) fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    }
+}
+
+#[allow(dead_code)]
+#[path = "../tests/integration/jupyter_servers.rs"]
+mod jupyter_servers;
+#[allow(dead_code)]
+#[path = "../tests/integration/proc_tree.rs"]
+mod proc_tree;
+use jupyter_servers::{JupyterServer, Kind, TOKEN};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ipybox");
+const PRINT: &str = "print(1)";
+const TOOL: &str = "print(add.run(add.Params(a=1, b=2)).sum)";
+const WINDOW: Duration = Duration::from_secs(10);
+
+type Client = RunningService<RoleClient, ClientConfig>;
+
+/// The service as a child process; killed when dropped.
+struct Service {
+    child: Child,
+    port: u16,
+}
+
+impl Service {
+    fn start(ws: &Path, flags: &[&str], env: &[(&str, &str)]) -> Self {
+        let port = support::free_port();
+        let child = Command::new(BIN)
+            .args(["serve", "--http", &format!("127.0.0.1:{port}")])
+            .arg("--workspace")
+            .arg(ws)
+            .args(["--log-level", "error", "--max-sessions", "40"])
+            .args(flags)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "ipybox serve did not listen");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self { child, port }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child; SIGTERM lets it delete its kernels.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+async fn connect(url: &str) -> Client {
+    let transport = StreamableHttpClientTransport::from_uri(url.to_string());
+    ClientConfig::default()
+        .with_protocol_version(ProtocolVersion::V_2026_07_28)
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .unwrap()
+}
+
+/// Runs `code` (in `session`); returns the text.
+async fn call(c: &Client, code: &str, session: Option<&str>) -> String {
+    let mut arguments = json!({"code": code});
+    if let Some(s) = session {
+        arguments["session"] = json!(s);
+    }
+    let r = c
+        .call_tool(
+            CallToolRequestParams::new("execute_ipython_cell")
+                .with_arguments(arguments.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    let text = r.content[0].as_text().unwrap().text.clone();
+    assert!(r.is_error != Some(true), "{text}");
+    text
+}
+
+/// A new session: (client, handle) after its first cell (`setup`).
+async fn session(url: &str, setup: &str) -> (Client, String) {
+    let c = connect(url).await;
+    let text = call(&c, setup, None).await;
+    let handle = text
+        .rsplit("[ipybox session ")
+        .next()
+        .and_then(|t| t.split(':').next())
+        .unwrap()
+        .to_string();
+    (c, handle)
+}
+
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// RSS of `pid` and its descendants (MB).
+fn tree_rss_mb(pid: u32) -> f64 {
+    let mut pids = proc_tree::descendants(pid);
+    pids.push(pid);
+    pids.into_iter().map(rss_kb).sum::<u64>() as f64 / 1024.0
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+/// One row: `n` sessions (created 4 at a time), each running `code` back to back for
+/// [`WINDOW`]. `rss_pids`: whose memory a session costs (ipybox's tree; the gateway's too).
+async fn load(url: &str, rss_pids: &[u32], n: usize, code: &str, label: &str) -> String {
+    // The warm kernel is up before and after: the difference is the sessions' kernels.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let base: f64 = rss_pids.iter().map(|p| tree_rss_mb(*p)).sum();
+    let mut sessions = Vec::new();
+    while sessions.len() < n {
+        let batch = (n - sessions.len()).min(4);
+        sessions.extend(
+            futures::future::join_all(
+                // The first tool call starts the session's MCP server (a Python process):
+                // part of creating the session, not of the measured calls.
+                (0..batch).map(|_| {
+                    session(
+                        url,
+                        "from mcptools.fx import add\nadd.run(add.Params(a=1, b=2))",
+                    )
+                }),
+            )
+            .await,
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_session = (rss_pids.iter().map(|p| tree_rss_mb(*p)).sum::<f64>() - base) / n as f64;
+    let started = Instant::now();
+    let latencies: Vec<Vec<Duration>> =
+        futures::future::join_all(sessions.iter().map(|(c, h)| async move {
+            let mut times = Vec::new();
+            while started.elapsed() < WINDOW {
+                let t = Instant::now();
+                call(c, code, Some(h)).await;
+                times.push(t.elapsed());
+            }
+            times
+        }))
+        .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    for (c, _) in sessions {
+        let _ = c.cancel().await;
+    }
+    let mut all: Vec<Duration> = latencies.into_iter().flatten().collect();
+    all.sort();
+    format!(
+        "| {n} | {label} | {:.0} | {} | {} | {per_session:.0} MB |",
+        all.len() as f64 / elapsed,
+        ms(percentile(&all, 0.50)),
+        ms(percentile(&all, 0.99)),
+    )
+}
+
+/// Session creation (a call without `session`) to its first result, 10 times in a row.
+async fn creation(url: &str) -> String {
+    let mut times = Vec::new();
+    for _ in 0..10 {
+        let c = connect(url).await;
+        let t = Instant::now();
+        call(&c, PRINT, None).await;
+        times.push(t.elapsed());
+        let _ = c.cancel().await;
+        // Let a warm kernel come up again (what a steady trickle of new sessions sees).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    times.sort();
+    format!(
+        "{} (p50), {} (max)",
+        ms(percentile(&times, 0.5)),
+        ms(*times.last().unwrap())
+    )
+}
+
+/// One client against the stdio server, `print(1)` back to back.
+async fn stdio(ws: &Path) -> String {
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("--workspace")
+        .arg(ws)
+        .args(["--log-level", "error"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let c = ClientConfig::default()
+        .with_protocol_version(ProtocolVersion::V_2026_07_28)
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .unwrap();
+    call(&c, PRINT, None).await;
+    let started = Instant::now();
+    let mut times = Vec::new();
+    while started.elapsed() < WINDOW {
+        let t = Instant::now();
+        call(&c, PRINT, None).await;
+        times.push(t.elapsed());
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = c.cancel().await;
+    times.sort();
+    format!(
+        "| 1 | `print(1)`, stdio | {:.0} | {} | {} | — |",
+        times.len() as f64 / elapsed,
+        ms(percentile(&times, 0.50)),
+        ms(percentile(&times, 0.99)),
+    )
+}
+
+fn register_fixture(ws: &Path) {
+    let python = support::root().join("target/test-env/venv/bin/python");
+    let fixture = support::root().join("tests/fixtures/mcp_fixture.py");
+    let out = Command::new(BIN)
+        .args(["apigen", "fx", "--params"])
+        .arg(json!({"command": python, "args": [fixture, "stdio"]}).to_string())
+        .arg("--root")
+        .arg(ws.join("mcptools"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const HEADER: &str = "| clients | cell | calls/s (total) | p50 | p99 | memory per session |\n|---|---|---|---|---|---|";
+
+fn main() {
+    common::run(|| async {
+        let ws = tempfile::tempdir().unwrap();
+        register_fixture(ws.path());
+
+        println!("\n## ipybox serve --http, local kernels (2 cores)\n\n{HEADER}");
+        println!("{}", stdio(ws.path()).await);
+        // A fresh service per row: 2026-07-28 sessions end only by expiring, so each row's
+        // sessions go with its service.
+        for n in [1, 8, 32] {
+            for (code, label) in [(PRINT, "`print(1)`"), (TOOL, "one tool call")] {
+                let service = Service::start(ws.path(), &["--warm-sessions", "1"], &[]);
+                let pid = service.child.id();
+                println!("{}", load(&service.url(), &[pid], n, code, label).await);
+            }
+        }
+        {
+            let service = Service::start(ws.path(), &["--warm-sessions", "1"], &[]);
+            println!(
+                "\nsession creation -> first result, a warm kernel waiting: {}",
+                creation(&service.url()).await
+            );
+        }
+        {
+            let service = Service::start(ws.path(), &["--warm-sessions", "0"], &[]);
+            println!(
+                "session creation -> first result, no warm kernel: {}",
+                creation(&service.url()).await
+            );
+        }
+
+        let eg = JupyterServer::start(Kind::EnterpriseGateway);
+        println!(
+            "\n## ipybox serve --http, kernels on Jupyter Enterprise Gateway 3.3.0 (same machine)\n\n{HEADER}"
+        );
+        let url = eg.url();
+        let on_eg = |warm: &'static str| {
+            Service::start(
+                ws.path(),
+                &["--warm-sessions", warm, "--kernel-gateway", &url],
+                &[("IPYBOX_GATEWAY_TOKEN", TOKEN)],
+            )
+        };
+        for n in [1, 8, 32] {
+            for (code, label) in [(PRINT, "`print(1)`"), (TOOL, "one tool call")] {
+                let service = on_eg("1");
+                let pids = [service.child.id(), eg.pid()];
+                println!("{}", load(&service.url(), &pids, n, code, label).await);
+                drop(service);
+                // The gateway deletes the row's kernels asynchronously.
+                eg.wait_kernels(0).await;
+            }
+        }
+        for (warm, what) in [("1", "a warm kernel waiting"), ("0", "no warm kernel")] {
+            let service = on_eg(warm);
+            println!(
+                "\nsession creation -> first result, {what}: {}",
+                creation(&service.url()).await
+            );
+        }
+    });
+}
