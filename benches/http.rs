@@ -11,6 +11,9 @@
 //!
 //! Needs `bash scripts/test-env.sh` (fixture server, Enterprise Gateway).
 
+// It starts ipybox, the fixture and the gateway itself, not host children of ipybox.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -218,9 +218,9 @@ enum Command {
     /// Streamable HTTP with a kernel per agent session (see docs/http.md).
     Serve {
         #[command(flatten)]
-        serve: ServeArgs,
+        serve: Box<ServeArgs>,
         #[command(flatten)]
-        http: HttpArgs,
+        http: Box<HttpArgs>,
     },
     /// Run Python code in a fresh kernel and print its output.
     ///
@@ -330,7 +330,7 @@ where
             if args.workspace == std::path::Path::new(".") {
                 args.workspace = cli.serve.workspace;
             }
-            runtime.block_on(serve(args, Some(http)))
+            runtime.block_on(serve(*args, Some(*http)))
         }
         Some(command) => runtime.block_on(run(command)),
         None => runtime.block_on(serve(cli.serve, None)),
@@ -554,7 +554,7 @@ fn default_replica() -> String {
 
 async fn run(command: Command) -> anyhow::Result<u8> {
     match command {
-        Command::Serve { serve: args, http } => serve(args, Some(http)).await,
+        Command::Serve { serve: args, http } => serve(*args, Some(*http)).await,
         Command::Setup { python } => {
             let host = HostEnv::from_process();
             let env = tokio::task::spawn_blocking(move || {

@@ -14,7 +14,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::mcp_server::session::Caller;
+use super::super::mcp_server::session::Caller;
 
 /// The shortest token accepted (a token is the only thing between the network and code
 /// execution).

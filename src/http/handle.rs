@@ -9,7 +9,7 @@
 //! valid on every replica that shares the session key (`--session-secret`).
 //!
 //! A handle carries no secret of its own: it is a name that only its owner's token makes
-//! usable. It is never logged (logs use [`crate::mcp_server::session::KernelSession::tag`]).
+//! usable. It is never logged (logs use the session's tag).
 //!
 //! Not here: what a session is, when it expires.
 
@@ -18,7 +18,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use crate::mcp_server::session::Caller;
+use super::super::mcp_server::session::Caller;
 
 const PREFIX: &str = "ipybox-s1.";
 /// The route of handles whose kernel is on a kernel gateway.

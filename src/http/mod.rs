@@ -9,7 +9,7 @@
 //! exist. SIGTERM/SIGINT: stop accepting, give running calls `--shutdown-grace`, then stop
 //! every kernel (cancelling what still runs) and exit.
 //!
-//! Not here: the tools ([`crate::mcp_server`]), handles ([`handle`]).
+//! Not here: the tools ([`super::mcp_server`]), handles ([`handle`]).
 
 pub(crate) mod auth;
 pub(crate) mod handle;
@@ -32,8 +32,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use crate::mcp_server::session::{Caller, SessionSource};
-use crate::mcp_server::{IpyboxServer, ServerConfig};
+use super::mcp_server::session::{Caller, SessionSource};
+use super::mcp_server::{IpyboxServer, ServerConfig};
 use auth::Tokens;
 use sessions::{ExecutorFactory, Registry, SessionConfig};
 
@@ -82,7 +82,7 @@ fn text(status: StatusCode, body: impl Into<String>) -> Response<Body> {
 }
 
 fn unauthorized(present: bool) -> Response<Body> {
-    crate::metrics::unauthorized();
+    super::metrics::unauthorized();
     let why = if present {
         "the bearer token was not accepted"
     } else {
@@ -124,7 +124,7 @@ impl State {
                 {
                     return unauthorized(authorization.is_some());
                 }
-                let mut response = text(StatusCode::OK, crate::metrics::render());
+                let mut response = text(StatusCode::OK, super::metrics::render());
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -317,7 +317,7 @@ pub(crate) async fn serve_http(
             let state = state.clone();
             async move {
                 let response = state.route(req).await;
-                crate::metrics::http_response(response.status().as_u16());
+                super::metrics::http_response(response.status().as_u16());
                 Ok::<_, Infallible>(response)
             }
         });

@@ -14,7 +14,7 @@
 //!   than one connection) only detaches from it, to attach again if a call comes back. With local kernels the
 //!   handle names the replica that holds the kernel, and another replica says so.
 //!
-//! Not here: what a session holds ([`crate::mcp_server::session`]), the HTTP side.
+//! Not here: what a session holds ([`super::super::mcp_server::session`]), the HTTP side.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -25,9 +25,9 @@ use ipybox::CodeExecutor;
 use ipybox::executor::{CodeExecutorBuilder, ExecutorError};
 use tokio::sync::mpsc;
 
+use super::super::mcp_server::session::{Caller, KernelSession, SessionSource};
+use super::super::metrics::{self, Closed};
 use super::handle::{Handle, Handles, Place};
-use crate::mcp_server::session::{Caller, KernelSession, SessionSource};
-use crate::metrics::{self, Closed};
 
 /// How many closed sessions' reasons are kept (for "expired" answers).
 const CLOSED_KEPT: usize = 100_000;

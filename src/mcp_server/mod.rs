@@ -580,13 +580,13 @@ impl IpyboxServer {
             .serve(run, resumed, finish)
             .instrument(session_span(&session))
             .await;
-        crate::metrics::cell(
+        super::metrics::cell(
             match &outcome {
-                Outcome::Done(Ok(_)) => crate::metrics::CellEnd::Ok,
-                Outcome::Done(Err(_)) => crate::metrics::CellEnd::Error,
-                Outcome::InputRequired(_) => crate::metrics::CellEnd::InputRequired,
-                Outcome::Task(_) => crate::metrics::CellEnd::Task,
-                Outcome::Cancelled => crate::metrics::CellEnd::Cancelled,
+                Outcome::Done(Ok(_)) => super::metrics::CellEnd::Ok,
+                Outcome::Done(Err(_)) => super::metrics::CellEnd::Error,
+                Outcome::InputRequired(_) => super::metrics::CellEnd::InputRequired,
+                Outcome::Task(_) => super::metrics::CellEnd::Task,
+                Outcome::Cancelled => super::metrics::CellEnd::Cancelled,
             },
             started.elapsed(),
         );
