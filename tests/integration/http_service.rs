@@ -768,3 +768,53 @@ async fn approvals_are_per_session(era: Era) {
     b.close().await;
 }
 crate::mcp_eras::both_eras!(approvals_are_per_session);
+
+/// `--session-header`: the `session` argument is a header parameter (SEP-2243), so a load
+/// balancer can route on `Mcp-Param-Session`: a 2026-07-28 client that listed the tools sends
+/// it (and the call works); a call whose header is missing is refused before anything runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn session_header_for_load_balancers() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(ws.path(), &[], &["--session-header"]);
+    let c = connect(&service.url(), None, Era::Stateless).await;
+    let tools = c.service.list_all_tools().await.unwrap();
+    let execute = tools
+        .iter()
+        .find(|t| t.name == "execute_ipython_cell")
+        .unwrap();
+    assert_eq!(
+        execute.input_schema["properties"]["session"]["x-mcp-header"],
+        json!("Session")
+    );
+    let (_, h) = new_session(&c, "x = 'routed'").await;
+    assert_eq!(cell(&c, "print(x)", Some(&h)).await, (false, "routed".into()));
+    let raw = |header: Option<&str>| {
+        let mut req = reqwest::Client::new()
+            .post(service.url())
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", "execute_ipython_cell")
+            .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+                "name": "execute_ipython_cell",
+                "arguments": {"code": "print(x)", "session": h},
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+                    "io.modelcontextprotocol/clientCapabilities": {}}}}));
+        if let Some(value) = header {
+            req = req.header("Mcp-Param-Session", value);
+        }
+        req.send()
+    };
+    let missing = raw(None).await.unwrap();
+    assert_eq!(missing.status(), 400);
+    let body: Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["code"], json!(-32020), "{body}");
+    let routed = raw(Some(&h)).await.unwrap();
+    assert_eq!(routed.status(), 200);
+    let body: Value = routed.json().await.unwrap();
+    assert_eq!(body["result"]["content"][0]["text"], json!("routed"), "{body}");
+    c.close().await;
+}
