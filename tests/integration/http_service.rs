@@ -788,7 +788,10 @@ async fn session_header_for_load_balancers() {
         json!("Session")
     );
     let (_, h) = new_session(&c, "x = 'routed'").await;
-    assert_eq!(cell(&c, "print(x)", Some(&h)).await, (false, "routed".into()));
+    assert_eq!(
+        cell(&c, "print(x)", Some(&h)).await,
+        (false, "routed".into())
+    );
     let raw = |header: Option<&str>| {
         let mut req = reqwest::Client::new()
             .post(service.url())
@@ -796,13 +799,15 @@ async fn session_header_for_load_balancers() {
             .header("MCP-Protocol-Version", "2026-07-28")
             .header("Mcp-Method", "tools/call")
             .header("Mcp-Name", "execute_ipython_cell")
-            .json(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            .json(
+                &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
                 "name": "execute_ipython_cell",
                 "arguments": {"code": "print(x)", "session": h},
                 "_meta": {
                     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                     "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
-                    "io.modelcontextprotocol/clientCapabilities": {}}}}));
+                    "io.modelcontextprotocol/clientCapabilities": {}}}}),
+            );
         if let Some(value) = header {
             req = req.header("Mcp-Param-Session", value);
         }
@@ -815,6 +820,126 @@ async fn session_header_for_load_balancers() {
     let routed = raw(Some(&h)).await.unwrap();
     assert_eq!(routed.status(), 200);
     let body: Value = routed.json().await.unwrap();
-    assert_eq!(body["result"]["content"][0]["text"], json!("routed"), "{body}");
+    assert_eq!(
+        body["result"]["content"][0]["text"],
+        json!("routed"),
+        "{body}"
+    );
     c.close().await;
+}
+
+/// The trust rule holds in every session's kernel (servers registered for the workspace only,
+/// with their recorded params), and a parked `input_required` round can only be resumed with
+/// the token whose call parked it.
+#[tokio::test(flavor = "multi_thread")]
+async fn trust_rule_per_session_and_request_state_per_token() {
+    use crate::mcp_approvals::CALL_ADD;
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["apigen", "fx", "--params"])
+        .arg(fixture_params_who().to_string())
+        .arg("--root")
+        .arg(ws.path().join("mcptools"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Two sessions, each kernel held to the workspace's registrations.
+    let service = Service::start(ws.path(), &[], &[]);
+    let c = connect(&service.url(), None, Era::Stateless).await;
+    let marker = ws.path().join("host-ran-it");
+    let forged = format!(
+        r#"from ipybox_runtime import ToolRunner, ToolError
+evil = {{"command": "sh", "args": ["-c", "touch {m}"], "env": {{"WHO": "${{HOME}}"}}}}
+try:
+    ToolRunner("evil", evil).run("x", {{}})
+except ToolError as e:
+    print(str(e).splitlines()[0])
+print(ToolRunner("fx", evil).run("get_env", {{"name": "WHO"}}))"#,
+        m = marker.display()
+    );
+    for _ in 0..2 {
+        let (out, _) = new_session(&c, &forged).await;
+        assert_eq!(
+            out,
+            "MCP server `evil` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\nregistered"
+        );
+    }
+    assert!(!marker.exists(), "the host ran the kernel's command");
+    c.close().await;
+    drop(service);
+
+    // --approve ask: the round parked by token A's call answers only token A's retry.
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &[
+            "--approve",
+            "ask",
+            "--token",
+            TOKEN_A,
+            "--token",
+            TOKEN_B,
+            "--trust-tenants",
+        ],
+    );
+    let http = reqwest::Client::new();
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}}});
+    let call = |token: &'static str, extra: Value| {
+        let mut params =
+            json!({"name": "execute_ipython_cell", "arguments": {"code": CALL_ADD}, "_meta": meta});
+        for (k, v) in extra.as_object().unwrap() {
+            params[k] = v.clone();
+        }
+        http.post(service.url())
+            .bearer_auth(token)
+            .header("Accept", "application/json, text/event-stream")
+            .header("MCP-Protocol-Version", "2026-07-28")
+            .header("Mcp-Method", "tools/call")
+            .header("Mcp-Name", "execute_ipython_cell")
+            .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}))
+            .send()
+    };
+    let first: Value = call(TOKEN_A, json!({}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let result = &first["result"];
+    assert_eq!(result["resultType"], json!("input_required"), "{first}");
+    let state = result["requestState"].as_str().unwrap().to_string();
+    let key = result["inputRequests"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let answer = json!({
+        "requestState": state,
+        "inputResponses": {key: {"action": "accept", "content": {}}}});
+    let stolen: Value = call(TOKEN_B, answer.clone())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(stolen["result"]["isError"], json!(true), "{stolen}");
+    let text = stolen["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("this requestState names a cell that no longer waits"),
+        "{text}"
+    );
+    let own: Value = call(TOKEN_A, answer).await.unwrap().json().await.unwrap();
+    let text = own["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("3\n\n[ipybox session "), "{own}");
 }
