@@ -113,7 +113,12 @@ impl Serve<'_> {
         let mut deciding = tokio::task::JoinSet::new();
         let mut gather_until: Option<Instant> = None;
         let mut changes = run.watch();
-        let mut offset = 0;
+        // A resumed run's earlier output went out as progress of the earlier round (and is in the
+        // final result anyway): report what is new since.
+        let mut offset = match resumed {
+            Some(_) => run.snapshot(usize::MAX).offset,
+            None => 0,
+        };
         let far = || Instant::now() + Duration::from_secs(3600);
         loop {
             let now = run.snapshot(offset);
