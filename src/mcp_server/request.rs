@@ -110,6 +110,21 @@ impl Serve<'_> {
             }
             _ => None,
         };
+        let adopt = |run: CellRun, finish: Finish| {
+            Outcome::Task(self.tasks.adopt(Adopt {
+                run,
+                ttl: self.timeout.saturating_add(self.config.task_ttl),
+                can_elicit: ask && can_elicit,
+                allowances: self.allowances.clone(),
+                finish,
+            }))
+        };
+        // `--task-after 0`: every cell is a task, however quick (a new call; a resumed round is
+        // resolved first).
+        if task_at.is_some() && self.config.task_after == Some(Duration::ZERO) && resumed.is_none()
+        {
+            return adopt(run, finish());
+        }
         let mut deciding = tokio::task::JoinSet::new();
         let mut gather_until: Option<Instant> = None;
         let mut changes = run.watch();
@@ -183,13 +198,7 @@ impl Serve<'_> {
                     if let Some(p) = progress.as_mut() {
                         p.finish().await;
                     }
-                    return Outcome::Task(self.tasks.adopt(Adopt {
-                        run,
-                        ttl: self.timeout.saturating_add(self.config.task_ttl),
-                        can_elicit: ask && can_elicit,
-                        allowances: self.allowances.clone(),
-                        finish: finish(),
-                    }));
+                    return adopt(run, finish());
                 }
                 Some(_) = deciding.join_next(), if !deciding.is_empty() => {}
                 () = context.ct.cancelled() => {
