@@ -198,10 +198,15 @@ impl Serve<'_> {
                     }
                 }
                 () = tokio::time::sleep_until(gather_until.unwrap_or_else(far)), if gather_until.is_some() => {
+                    let asking = run.take_unasked();
+                    if asking.is_empty() {
+                        // The cell ended meanwhile (its leftover requests are rejected).
+                        (gather_until, gather_started, gathered) = (None, None, 0);
+                        continue;
+                    }
                     if let Some(p) = progress.as_mut() {
                         p.finish().await;
                     }
-                    let asking = run.take_unasked();
                     return Outcome::InputRequired(
                         self.rounds.park(resumed, run, asking, self.binding),
                     );
