@@ -492,7 +492,10 @@ async fn home_startup_files_and_credentials_are_out_of_reach() {
         );
         assert!(!startup.exists());
         assert!(!h.join(".jupyter/jupyter_server_config.py").exists());
-        assert!(!h.join(".local/share/jupyter/kernels/x/kernel.json").exists());
+        assert!(
+            !h.join(".local/share/jupyter/kernels/x/kernel.json")
+                .exists()
+        );
         ex.stop().await;
     }
     // The next unsandboxed `ipybox exec` (the user's own IPython profile) runs no planted file.
