@@ -65,7 +65,10 @@ fn prompt(what: &str, request: &ApprovalRequest) -> String {
         .map(|cmd| {
             format!(
                 "ipybox: MCP server {} is {}\n",
-                ipybox::tools::shown::name(&request.server_name, ipybox::tools::shown::Syntax::Json),
+                ipybox::tools::shown::name(
+                    &request.server_name,
+                    ipybox::tools::shown::Syntax::Json
+                ),
                 ipybox::tools::shown::command(cmd)
             )
         })

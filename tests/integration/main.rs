@@ -19,6 +19,7 @@ mod codeact_example;
 mod jupyter_servers;
 mod kernel;
 mod kernel_env;
+mod kernel_factory;
 mod mcp_approvals;
 mod mcp_client;
 mod mcp_modern;

@@ -279,7 +279,10 @@ async fn approvals_and_cancel_inside_tasks(era: Era) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let question = serde_json::to_value(requests.values().next().unwrap()).unwrap();
-    assert_eq!(question["params"]["message"], crate::mcp_approvals::ask_add());
+    assert_eq!(
+        question["params"]["message"],
+        crate::mcp_approvals::ask_add()
+    );
     let mut answers = InputResponses::new();
     answers.insert(requests.keys().next().unwrap().clone(), accept());
     c.peer()

@@ -212,6 +212,15 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Waits up to `within` for `pid` to be reaped (its /proc entry gone, zombie included).
+pub(crate) async fn wait_reaped(pid: u32, within: Duration) -> bool {
+    let start = Instant::now();
+    while pid_exists(pid) && start.elapsed() < within {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    !pid_exists(pid)
+}
+
 /// True while `pid` runs; a zombie counts as gone (its state is read from /proc).
 pub(crate) fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -325,12 +334,27 @@ pub(crate) fn args(v: Value) -> Map<String, Value> {
 /// Starts `ipybox --workspace WS` as an MCP server (with `extra_env` added to the process
 /// environment) and connects a real MCP client (rmcp, through ipybox's own session type).
 pub(crate) async fn connect_ipybox(ws: &Path, extra_env: &[(&str, &str)]) -> McpSession {
+    connect_ipybox_with(ws, &[], extra_env).await
+}
+
+/// [`connect_ipybox`] with more command-line arguments.
+pub(crate) async fn connect_ipybox_with(
+    ws: &Path,
+    extra_args: &[&str],
+    extra_env: &[(&str, &str)],
+) -> McpSession {
     let env: Map<String, Value> = extra_env
         .iter()
         .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
-    let params =
-        json!({"command": BIN, "args": ["--workspace", ws, "--log-level", "warn"], "env": env});
+    let mut args = vec![
+        json!("--workspace"),
+        json!(ws),
+        json!("--log-level"),
+        json!("warn"),
+    ];
+    args.extend(extra_args.iter().map(|a| json!(a)));
+    let params = json!({"command": BIN, "args": args, "env": env});
     let params = ServerParams::parse(&params).unwrap();
     McpSession::connect(&params, &process_env(), Duration::from_secs(60))
         .await
