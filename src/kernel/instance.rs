@@ -163,11 +163,16 @@ impl Kernel {
 /// status seen means iopub is connected. (A Jupyter server's WebSocket has the same property: it
 /// subscribes when the socket opens.) The first resend comes after 10 ms, then the wait doubles
 /// up to 200 ms: a forked kernel is up within tens of milliseconds, and a lost first status must
-/// not cost it a fixed 200 ms.
+/// not cost it a fixed 200 ms. A message on iopub that answers none of our requests (ipykernel 7
+/// welcomes each new subscriber) proves the subscription live: the request is resent at once.
 pub(super) async fn handshake(kernel: &mut Kernel) -> Result<(), KernelError> {
     let mut exit = kernel.exit_watch();
     let mut ready: Option<Completion> = None;
     let mut wait = Duration::from_millis(10);
+    // Whether an iopub message of someone else's (ipykernel's `iopub_welcome` to a new
+    // subscriber, say) arrived: then the subscription is live, and a request sent now gets its
+    // status through.
+    let mut subscribed = false;
     while !ready.as_ref().is_some_and(Completion::is_complete) {
         let req: JupyterMessage = KernelInfoRequest {}.into();
         match ready.as_mut() {
@@ -183,7 +188,12 @@ pub(super) async fn handshake(kernel: &mut Kernel) -> Result<(), KernelError> {
             tokio::select! {
                 Some(msg) = kernel.shell_rx.recv() => done.on_shell(msg),
                 Some(msg) = kernel.iopub_rx.recv() => {
-                    done.on_iopub(&msg);
+                    if !done.on_iopub(&msg) && !subscribed {
+                        subscribed = true;
+                        if !done.idle_seen() {
+                            break; // resend now rather than at the end of the round
+                        }
+                    }
                 }
                 _ = exit.changed() => return Err(kernel.exited_err()),
                 _ = &mut round => break,

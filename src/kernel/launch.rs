@@ -69,9 +69,16 @@ async fn until_ready(
     let deadline = tokio::time::Instant::from(started + config.start_timeout);
     let ready = async {
         let (info, process) = start.await?;
+        let spawned_ms = started.elapsed().as_millis() as u64;
         let connected = local::connect(&info, process).await?;
+        let connected_ms = started.elapsed().as_millis() as u64;
         let mut kernel = Kernel::local(connected);
         handshake(&mut kernel).await?;
+        tracing::debug!(
+            spawned_ms,
+            connected_ms,
+            "kernel started, sockets connected"
+        );
         Ok::<_, KernelError>(kernel)
     };
     match tokio::time::timeout_at(deadline, ready).await {

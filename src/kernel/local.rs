@@ -249,23 +249,32 @@ pub(super) async fn connect(
         if process.exited().is_some() {
             return Err(process.exited_err());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // A forked kernel binds its sockets ~20 ms after it starts: poll finely.
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let session_id = uuid::Uuid::new_v4().to_string();
     let identity = jupyter_zmq_client::peer_identity_for_session(&session_id).map_err(proto)?;
-    let shell = jupyter_zmq_client::create_client_shell_connection_with_identity(
-        info,
-        &session_id,
-        identity,
-    )
-    .await
-    .map_err(proto)?;
-    let mut iopub = jupyter_zmq_client::create_client_iopub_connection(info, "", &session_id)
-        .await
-        .map_err(proto)?;
-    let control = jupyter_zmq_client::create_client_control_connection(info, &session_id)
-        .await
-        .map_err(proto)?;
+    let (shell, mut iopub, control) = tokio::try_join!(
+        async {
+            jupyter_zmq_client::create_client_shell_connection_with_identity(
+                info,
+                &session_id,
+                identity,
+            )
+            .await
+            .map_err(proto)
+        },
+        async {
+            jupyter_zmq_client::create_client_iopub_connection(info, "", &session_id)
+                .await
+                .map_err(proto)
+        },
+        async {
+            jupyter_zmq_client::create_client_control_connection(info, &session_id)
+                .await
+                .map_err(proto)
+        },
+    )?;
     let (shell_tx, mut shell_read) = shell.split();
 
     let (to_shell_rx, shell_rx) = mpsc::unbounded_channel();

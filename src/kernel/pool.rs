@@ -142,11 +142,9 @@ impl KernelPool {
             factory.invalidate();
         }
         for spare in self.spares.drain(..) {
-            tokio::spawn(async move {
-                if let Ok(Ok(kernel)) = spare.task.await {
-                    kernel.shutdown().await;
-                }
-            });
+            // A spare still starting is dropped with its task, a started one with the finished
+            // task's output: either way its process group is killed.
+            spare.task.abort();
         }
         self.refill_spare();
     }

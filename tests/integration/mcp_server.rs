@@ -398,7 +398,11 @@ async fn install_package_from_index_and_git(era: Era) {
     let probe = "import os, packaging\nprint(os.getppid(), packaging.__version__)";
     let before = exec(&s, probe).await;
     let (old_template, old_version) = before.split_once(' ').unwrap();
-    let version = if old_version == "24.2" { "24.1" } else { "24.2" };
+    let version = if old_version == "24.2" {
+        "24.1"
+    } else {
+        "24.2"
+    };
     ok_text(
         &s,
         "install_package",
@@ -409,7 +413,10 @@ async fn install_package_from_index_and_git(era: Era) {
     let after = exec(&s, probe).await;
     let (new_template, new_version) = after.split_once(' ').unwrap();
     assert_eq!(new_version, version, "{before} -> {after}");
-    assert_ne!(new_template, old_template, "a new template: {before} -> {after}");
+    assert_ne!(
+        new_template, old_template,
+        "a new template: {before} -> {after}"
+    );
     assert_eq!(exec(&s, "import six\nsix.__version__").await, "'1.16.0'");
     let url = format!("git+file://{}", repo.display());
     ok_text(&s, "install_package", json!({"package_name": url})).await;
