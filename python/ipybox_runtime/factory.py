@@ -144,13 +144,21 @@ class _Template:
                     pass
                 self.reap()
             if self.chan in ready:
-                data = self.chan.recv(65536)
+                try:
+                    data = self.chan.recv(65536)
+                except OSError:
+                    data = b""
                 if not data:
                     self.host_gone()
                 buf += data
                 while b"\n" in buf:
                     line, buf = buf.split(b"\n", 1)
-                    self.handle(json.loads(line))
+                    try:
+                        req = json.loads(line)
+                    except ValueError:
+                        print(f"ipybox kernel factory: unreadable request {line[:200]!r}", file=sys.stderr)
+                        continue
+                    self.handle(req)
 
     def reap(self) -> None:
         while True:
@@ -176,7 +184,7 @@ class _Template:
         os._exit(0)
 
     def handle(self, req: dict) -> None:
-        if req.get("op") != "fork":
+        if not isinstance(req, dict) or req.get("op") != "fork":
             return
         kid = str(req.get("id", ""))
         reason = _unsafe_to_fork()
