@@ -221,7 +221,7 @@ mod tests {
             ("remote", Ok((&remote, "https://mcp.example/mcp"))),
             // Not registered: refused (the kernel's own params are never used).
             ("sh", Err("MCP server `sh` is not registered")),
-            ("", Err("MCP server `` is not registered")),
+            ("", Err("MCP server `\"\"` is not registered")),
             ("FX", Err("MCP server `FX` is not registered")),
         ];
         for (name, expected) in table {

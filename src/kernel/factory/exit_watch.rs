@@ -55,7 +55,7 @@ mod tests {
     async fn notices_the_end_of_a_process_it_did_not_start() {
         // `sh` starts `sleep` and exits: `sleep` is not our child.
         let out = std::process::Command::new("sh")
-            .args(["-c", "sleep 0.3 & echo $!"])
+            .args(["-c", "sleep 0.5 >/dev/null 2>&1 & echo $!"])
             .output()
             .unwrap();
         let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
