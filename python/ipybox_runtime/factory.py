@@ -12,6 +12,8 @@ After its imports it connects to the host's factory socket ``SOCKET`` and says
 EOF (the host is gone) it kills the kernels it forked that still run, and exits.
 
     host:     {"op": "fork", "id": ID, "argv": [kernel app arguments], "cwd": DIR}
+              {"op": "kill", "id": ID}                     (a kernel the host gave up on before
+                                                            it connected)
     template: {"op": "forked", "id": ID, "pid": PID}      (PID in the template's pid namespace)
               {"op": "refused", "id": ID, "reason": TEXT}  (nothing was forked)
               {"op": "exit", "id": ID, "code": N}          (os.waitstatus_to_exitcode: -9 = SIGKILL)
@@ -176,17 +178,20 @@ class _Template:
         # ipybox is gone: so must its kernels be (their own lifelines would notice too, unless
         # their code holds the GIL).
         for pid in self.children:
-            for kill in (os.killpg, os.kill):
-                try:
-                    kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill(pid)
         os._exit(0)
 
     def handle(self, req: dict) -> None:
-        if not isinstance(req, dict) or req.get("op") != "fork":
+        if not isinstance(req, dict):
             return
         kid = str(req.get("id", ""))
+        if req.get("op") == "kill":
+            for pid, child in self.children.items():
+                if child == kid:
+                    _kill(pid)
+            return
+        if req.get("op") != "fork":
+            return
         reason = _unsafe_to_fork()
         if reason is not None:
             self.send({"op": "refused", "id": kid, "reason": reason})
@@ -203,6 +208,15 @@ class _Template:
             _become_kernel(self, req)  # never returns
         self.children[pid] = kid
         self.send({"op": "forked", "id": kid, "pid": pid})
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL to a forked kernel's process group (and to it, if it has not called setsid yet)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _unsafe_to_fork() -> str | None:

@@ -51,11 +51,16 @@ const STATUS_GRACE: Duration = Duration::from_millis(500);
 const HELP: &str = "ipybox starts the kernel without the factory when this happens; set IPYBOX_KERNEL_FACTORY=0 to always do so";
 
 #[derive(Serialize)]
-struct ForkRequest<'a> {
-    op: &'static str,
-    id: &'a str,
-    argv: Vec<String>,
-    cwd: &'a std::path::Path,
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Request<'a> {
+    /// Fork a kernel that runs the kernel app with `argv` in `cwd`.
+    Fork {
+        id: &'a str,
+        argv: Vec<String>,
+        cwd: &'a std::path::Path,
+    },
+    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected).
+    Kill { id: &'a str },
 }
 
 #[derive(Deserialize)]
@@ -294,25 +299,23 @@ impl Template {
         }
         let mut forget = Forget(&self.routes, &id, true);
 
-        let request = ForkRequest {
-            op: "fork",
+        let request = Request::Fork {
             id: &id,
             argv: local::kernel_args(config, &conn_file),
             cwd: &config.workspace,
         };
-        let mut line = serde_json::to_vec(&request).map_err(crate::kernel::proto)?;
-        line.push(b'\n');
-        {
-            let mut writer = self.writer.lock().await;
-            let Some(w) = writer.as_mut() else {
-                return Err(fail("the template is shut down".into()));
-            };
-            w.write_all(&line)
-                .await
-                .map_err(|e| fail(format!("cannot reach the template: {e}")))?;
-        }
+        self.send(&request)
+            .await
+            .map_err(|e| fail(format!("cannot reach the template: {e}")))?;
+        // Until the kernel has connected, giving up on it (an error below, or this future
+        // dropped) has the template kill it: ipybox does not know its pid yet.
+        let mut unclaimed = Unclaimed {
+            template: self.clone(),
+            id: id.clone(),
+            armed: false,
+        };
         match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
-            Ok(Ok(Reply::Forked)) => {}
+            Ok(Ok(Reply::Forked)) => unclaimed.armed = true,
             Ok(Ok(Reply::Refused(reason))) => {
                 return Err(fail(format!("the template refused to fork: {reason}")));
             }
@@ -356,6 +359,7 @@ impl Template {
                 "cannot tell the forked kernel's process id (SO_PEERCRED)".into(),
             ));
         };
+        unclaimed.armed = false;
         forget.2 = false;
         drop(forget);
         pid.store(kernel_pid, Ordering::SeqCst);
@@ -392,6 +396,17 @@ impl Template {
         ))
     }
 
+    /// Writes one request to the template.
+    async fn send(&self, request: &Request<'_>) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(request).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let mut writer = self.writer.lock().await;
+        match writer.as_mut() {
+            Some(w) => w.write_all(&line).await,
+            None => Err(std::io::Error::other("the template is shut down")),
+        }
+    }
+
     /// Closes the channel (the template kills the kernels it forked that still run, and exits),
     /// then waits up to `within` for the template to end; kills its group if it has not.
     pub(super) async fn close(&self, within: Duration) {
@@ -409,6 +424,28 @@ impl Drop for Template {
         signal_group(self.pid, libc::SIGKILL);
         for t in &self.tasks {
             t.abort();
+        }
+    }
+}
+
+/// A forked kernel that has not connected yet: if ipybox gives up on it, the template kills it.
+struct Unclaimed {
+    template: Arc<Template>,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let template = self.template.clone();
+        let id = std::mem::take(&mut self.id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = template.send(&Request::Kill { id: &id }).await;
+            });
         }
     }
 }
