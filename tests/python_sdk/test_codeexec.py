@@ -1,5 +1,6 @@
 """The "Code execution" page: execute(), approval, chunks, plots, timeouts, kernel env, reset, cwd."""
 
+import asyncio
 import os
 import tempfile
 import time
@@ -274,7 +275,8 @@ async def test_working_dir(tmp_path, monkeypatch):
 
     working_dir = tmp_path / "work"
     working_dir.mkdir()
-    generate_fixture_api(working_dir)
+    # generate_fixture_api runs its own event loop (asyncio.run): not on this test's.
+    await asyncio.to_thread(generate_fixture_api, working_dir)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
