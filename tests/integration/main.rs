@@ -24,6 +24,7 @@ mod host_confinement;
 mod jupyter_servers;
 mod kernel;
 mod kernel_env;
+mod kernel_factory;
 mod mcp_approvals;
 mod mcp_client;
 mod mcp_modern;

@@ -1,5 +1,6 @@
 """The "Code execution" page: execute(), approval, chunks, plots, timeouts, kernel env, reset, cwd."""
 
+import asyncio
 import os
 import tempfile
 import time

@@ -5,6 +5,7 @@ that port instead of using a running one).
 The gateway comes from `target/test-env/jupyter/kg` (made by `scripts/test-env.sh`).
 """
 
+import asyncio
 import json
 import os
 import subprocess
