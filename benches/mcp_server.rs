@@ -4,10 +4,14 @@
 //! `scripts/bench-reference.sh` has installed it under target/reference):
 //! - spawn -> initialize -> first `execute_ipython_cell` result
 //! - `execute_ipython_cell` round trip, reset -> next result
-//! - peak RSS of the server's whole process tree during the run
+//! - peak RSS of the server's whole process tree during the run, and its PSS and RSS at rest
+//!   with one kernel and its spare (from /proc/PID/smaps_rollup), with the kernel factory (the
+//!   default) and without (`--no-kernel-factory`)
 //!
-//! Tool calling (issue 3): register a stdio MCP server (spawn included) and the warm tool call
-//! round trip measured inside kernel code.
+//! Tool calling (issue 3): register a stdio MCP server (spawn included), the warm tool call
+//! round trip measured inside kernel code, a cell with one tool call (accepted by `execute`, or
+//! through `stream` answering the approval at once), and a reset right after a tool call (the
+//! stdio server is closed in the background).
 //! Needs `bash scripts/test-env.sh` (fixture servers).
 
 use std::collections::{HashMap, HashSet};
@@ -22,6 +26,31 @@ use serde_json::{Map, Value, json};
 #[path = "common/mod.rs"]
 mod common;
 use common::{median, ms};
+
+#[path = "../tests/integration/proc_tree.rs"]
+mod proc_tree;
+
+/// (PSS, RSS) in kB of `pid` and its descendants, from smaps_rollup.
+fn tree_pss_rss(pid: u32) -> (u64, u64) {
+    let mut pss = 0;
+    let mut rss = 0;
+    for p in std::iter::once(pid).chain(proc_tree::descendants(pid)) {
+        let text = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap_or_default();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(key), Some(value)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let value: u64 = value.parse().unwrap_or(0);
+            match key {
+                "Pss:" => pss += value,
+                "Rss:" => rss += value,
+                _ => {}
+            }
+        }
+    }
+    (pss, rss)
+}
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -101,6 +130,8 @@ struct ServerFigures {
     roundtrip: Duration,
     reset: Duration,
     peak_mb: f64,
+    /// PSS and RSS (MB) of the tree at rest: one kernel (after 221 cells) and its spare.
+    rest_mb: (f64, f64),
 }
 
 async fn bench_server(
@@ -134,6 +165,9 @@ async fn bench_server(
         exec(&s, "1").await;
         rts.push(t.elapsed());
     }
+    tokio::time::sleep(Duration::from_secs(2)).await; // the spare is up
+    let (pss, rss) = tree_pss_rss(s.pid().unwrap());
+    let rest_mb = (pss as f64 / 1024.0, rss as f64 / 1024.0);
     let mut resets = Vec::new();
     for _ in 0..5 {
         tokio::time::sleep(reset_settle).await;
@@ -151,6 +185,7 @@ async fn bench_server(
         roundtrip: median(rts),
         reset: median(resets),
         peak_mb: peak.load(Ordering::Relaxed) as f64 / 1024.0,
+        rest_mb,
     }
 }
 
@@ -170,6 +205,13 @@ fn main() {
             "ipybox (Rust)",
             bin.to_str().unwrap(),
             &["--log-level", "warn"],
+            Duration::from_millis(1500),
+        )
+        .await;
+        let plain = bench_server(
+            "ipybox (Rust), --no-kernel-factory",
+            bin.to_str().unwrap(),
+            &["--log-level", "warn", "--no-kernel-factory"],
             Duration::from_millis(1500),
         )
         .await;
@@ -245,32 +287,70 @@ fn main() {
         }
         ex.stop().await;
 
+        // Reset right after a tool call: the fixture's stdio session is closed in the background.
+        let ex = ipybox::CodeExecutor::builder().workspace(ws.path()).build();
+        ex.start().await.unwrap();
+        let mut after_call = Vec::new();
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(1500)).await; // spare ready
+            assert_eq!(
+                ex.execute(
+                    "from mcptools.fx import add\nprint(add.run(add.Params(a=1, b=2)).sum)",
+                    None
+                )
+                .await
+                .unwrap()
+                .text,
+                "3"
+            );
+            let t = Instant::now();
+            ex.reset().await.unwrap();
+            ex.execute("1", None).await.unwrap();
+            after_call.push(t.elapsed());
+        }
+        ex.stop().await;
+
         let col = |f: &Option<ServerFigures>, pick: fn(&ServerFigures) -> String| {
             f.as_ref().map_or("-".to_string(), pick)
         };
         println!(
-            "| measurement (MCP stdio) | ipybox (Rust) | target | Python ipybox 0.9.2 (measured here) |"
+            "| measurement (MCP stdio) | ipybox (Rust) | --no-kernel-factory | target | Python ipybox 0.9.2 (measured here) |"
         );
-        println!("|---|---|---|---|");
+        println!("|---|---|---|---|---|");
         println!(
-            "| spawn -> initialize -> first result (median of 5) | {} | <= 1000 ms | {} |",
+            "| spawn -> initialize -> first result (median of 5) | {} | {} | <= 1000 ms | {} |",
             ms(ours.first),
+            ms(plain.first),
             col(&theirs, |f| ms(f.first))
         );
         println!(
-            "| execute_ipython_cell round trip (median of 200) | {} | <= 5 ms | {} |",
+            "| execute_ipython_cell round trip (median of 200) | {} | {} | <= 5 ms | {} |",
             ms(ours.roundtrip),
+            ms(plain.roundtrip),
             col(&theirs, |f| ms(f.roundtrip))
         );
         println!(
-            "| reset -> next result (median of 5) | {} | <= 300 ms | {} |",
+            "| reset -> next result (median of 5) | {} | {} | <= 300 ms | {} |",
             ms(ours.reset),
+            ms(plain.reset),
             col(&theirs, |f| ms(f.reset))
         );
         println!(
-            "| peak RSS of the server process tree | {:.0} MB | - | {} |",
+            "| peak RSS of the server process tree | {:.0} MB | {:.0} MB | - | {} |",
             ours.peak_mb,
+            plain.peak_mb,
             col(&theirs, |f| format!("{:.0} MB", f.peak_mb))
+        );
+        println!(
+            "| server tree at rest, one kernel + spare: PSS / RSS | {:.0} / {:.0} MB | {:.0} / {:.0} MB | PSS <= 85 MB | {} |",
+            ours.rest_mb.0,
+            ours.rest_mb.1,
+            plain.rest_mb.0,
+            plain.rest_mb.1,
+            col(&theirs, |f| format!(
+                "{:.0} / {:.0} MB",
+                f.rest_mb.0, f.rest_mb.1
+            ))
         );
         println!();
         println!("| measurement (tool calling) | ipybox (Rust) | target |");
@@ -293,6 +373,10 @@ fn main() {
         println!(
             "| cell with one tool call, approval request accepted at once (`stream`, median of 50) | {} | <= 5 ms |",
             ms(median(asked))
+        );
+        println!(
+            "| reset right after a tool call (stdio server open) -> next result (median of 5) | {} | <= 50 ms |",
+            ms(median(after_call))
         );
     });
 }

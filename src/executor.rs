@@ -136,6 +136,7 @@ pub struct CodeExecutorBuilder {
     sandbox: Option<SandboxOptions>,
     kernel_gateway: Option<GatewayUrl>,
     attach_kernel: Option<String>,
+    kernel_factory: Option<bool>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
 }
@@ -190,16 +191,17 @@ impl CodeExecutorBuilder {
         self
     }
 
-    /// Disables the warm spare kernel (saves ~50 MB; reset then waits for a kernel to start).
-    /// Same as `spare_kernels(0)`.
+    /// Disables the warm spare kernel (saves ~15 MB with the kernel factory, ~35 MB without;
+    /// reset then waits for a kernel to start). Same as `spare_kernels(0)`.
     pub fn without_spare_kernel(self) -> Self {
         self.spare_kernels(0)
     }
 
     /// How many ready kernels wait for resets and restarts (default
-    /// [`DEFAULT_SPARE_KERNELS`]). Each costs ~50 MB while idle. A reset swaps one in (~25 ms)
-    /// and launches a replacement (~0.5 s); resets that come faster than that need more than
-    /// one: `n` spares cover `n` resets in a row.
+    /// [`DEFAULT_SPARE_KERNELS`]). A reset swaps one in (~10 ms) and starts a replacement: forked
+    /// by the kernel factory that is ready ~30 ms later, so one spare covers resets back to back;
+    /// each idle spare costs ~15 MB (PSS). Without the factory a replacement takes ~0.2–0.4 s and
+    /// ~35 MB, and `n` spares cover `n` resets in a row.
     pub fn spare_kernels(mut self, n: usize) -> Self {
         self.spare_kernels = Some(n);
         self
@@ -293,6 +295,14 @@ impl CodeExecutorBuilder {
     /// later (reset, replacement) are new ones.
     pub fn attach_kernel(mut self, id: impl Into<String>) -> Self {
         self.attach_kernel = Some(id.into());
+    /// Forks new local kernels from a template process that has already imported IPython and
+    /// ipykernel (the kernel factory), so a kernel is ready in tens of milliseconds and kernels
+    /// share those pages; `false` launches each kernel as a fresh Python process, as ipybox did
+    /// before (for debugging, or if the factory misbehaves). Default: on (Linux), unless the
+    /// environment sets `IPYBOX_KERNEL_FACTORY=0` (or `off`, `false`, `no`). A factory that
+    /// fails falls back to plain launches by itself, with a log line. See docs/kernel.md.
+    pub fn kernel_factory(mut self, on: bool) -> Self {
+        self.kernel_factory = Some(on);
         self
     }
 
@@ -574,6 +584,7 @@ impl CodeExecutor {
         if let Some(timeout) = b.kernel_start_timeout {
             config.start_timeout = timeout;
         }
+        config.factory = config.factory && self.factory_wanted();
         if let (Some(options), Some(loaded)) = (&b.sandbox, sandbox_policy) {
             let python = config.python.clone();
             let writable = runtime
@@ -592,6 +603,10 @@ impl CodeExecutor {
                     &[
                         runtime.path().join("python"),
                         runtime.host_kernels(),
+                        runtime.factory_dir().map_err(|source| ExecutorError::Io {
+                            path: runtime.path().to_path_buf(),
+                            source,
+                        })?,
                         socket.clone(),
                     ],
                     writable.path(),
@@ -621,6 +636,21 @@ impl CodeExecutor {
             runtime,
         });
         Ok(())
+    }
+
+    /// Whether kernels come from the kernel factory: the builder's choice, else
+    /// `IPYBOX_KERNEL_FACTORY` (off for `0`, `off`, `false`, `no`), else on.
+    fn factory_wanted(&self) -> bool {
+        if let Some(on) = self.inner.builder.kernel_factory {
+            return on;
+        }
+        match self.host_env().get("IPYBOX_KERNEL_FACTORY") {
+            Some(v) => !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "off" | "false" | "no"
+            ),
+            None => true,
+        }
     }
 
     /// The kernel's interpreter on this machine, provisioned on first use.
@@ -949,15 +979,20 @@ impl CodeExecutor {
     }
 
     /// Replaces the kernel with a fresh one (all state is lost) and closes the MCP sessions.
-    /// Waits for a running execution to finish first.
+    /// Waits for a running execution to finish first, but not for stdio MCP servers to exit:
+    /// they are closed in the background (no call can reach them any more; `stop()` waits for
+    /// them).
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
         let sessions = running.tools.state().sessions();
-        let (kernel, ()) = tokio::join!(running.pool.reset(), sessions.close_all());
+        // Closed in the background: the new epoch already keeps the old sessions from being
+        // used, and stop() waits for the closes.
+        sessions.close_all_in_background();
+        let kernel = running.pool.reset().await;
         // The old kernel is gone now; a leftover thread of it may have called a tool while it
         // was being replaced. Close what that opened, and void such calls still in flight.
-        sessions.close_all().await;
+        sessions.close_all_in_background();
         Ok(kernel?)
     }
 
@@ -1049,6 +1084,10 @@ impl CodeExecutor {
             what: "installing a package",
             source,
         })??;
+        // Kernels started from now on (spares, the factory's template) import afresh.
+        if let Some(running) = self.inner.state.lock().await.as_mut() {
+            running.pool.refresh_after_install();
+        }
         // New distributions become importable once the import system's caches are fresh.
         let refresh = "import importlib as _i; _i.invalidate_caches(); del _i";
         if let Err(e) = self.execute(refresh, Some(Duration::from_secs(30))).await {

@@ -56,11 +56,16 @@ struct ServeArgs {
     /// Python interpreter with ipykernel and pydantic (default: the managed environment).
     #[arg(long, env = "IPYBOX_PYTHON")]
     python: Option<PathBuf>,
-    /// Ready kernels kept for `reset` (~50 MB each while idle): N spares make N resets in a row
-    /// take ~25 ms each; 0 makes every reset wait for a kernel to start (~0.5 s). Default 1;
-    /// with --http 0 (per session: new sessions take warm kernels instead, --warm-sessions).
+    /// Ready kernels kept for `reset`: a reset swaps one in (~20 ms) and forks a replacement
+    /// from the kernel factory (~30 ms; a fresh launch without the factory: ~0.4 s); 0 makes
+    /// every reset wait for a new kernel. Default 1; with --http 0 (per session: new sessions
+    /// take warm kernels instead, --warm-sessions).
     #[arg(long, value_name = "N")]
     spare_kernels: Option<usize>,
+    /// Start every kernel as a fresh Python process instead of forking it from the kernel
+    /// factory's template (for debugging; same as IPYBOX_KERNEL_FACTORY=0).
+    #[arg(long)]
+    no_kernel_factory: bool,
     /// Who approves the tool calls (and, with --approve-shell, shell commands) of executed code:
     /// `auto` accepts them all; `ask` asks the user through the MCP client (elicitation), once
     /// per call or for the rest of the session.
@@ -399,6 +404,9 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
     }
     let gateway = args.gateway.kernel_gateway.is_some();
     builder = args.gateway.apply(builder, args.python);
+    if args.no_kernel_factory {
+        builder = builder.kernel_factory(false);
+    }
     if args.sandbox {
         #[allow(clippy::needless_update)] // SandboxOptions may grow fields
         let options = ipybox::sandbox::SandboxOptions {

@@ -56,6 +56,11 @@ impl Completion {
         }
     }
 
+    /// Whether the idle status of one of the tracked requests arrived.
+    pub(crate) fn idle_seen(&self) -> bool {
+        self.idle
+    }
+
     pub(crate) fn is_complete(&self) -> bool {
         self.idle && self.reply.is_some()
     }

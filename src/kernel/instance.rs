@@ -3,27 +3,21 @@
 //! which: executions see the same receivers and methods either way.
 //!
 //! A kernel is ready when it answers `kernel_info` on shell AND the matching `status` arrived on
-//! iopub (so the subscription is live before the first execute). What an execution does with
-//! the connections is in [`super::execute`].
+//! iopub (so the subscription is live before the first execute): [`handshake`]. Starting one is
+//! [`super::launch`]; what an execution does with the connections is in [`super::execute`].
 
-use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use jupyter_protocol::messaging::Channel;
 use jupyter_protocol::{JupyterMessage, KernelInfoRequest};
 use tokio::sync::{mpsc, watch};
 
+use super::KernelError;
 use super::completion::Completion;
-use super::gateway::Gateway;
-use super::gateway::connection::{Inbound, RemoteKernel};
-use super::local::{self, LocalLink};
-use super::runtime_dir::KernelDirs;
-use super::{Backend, KernelConfig, KernelError};
-
-/// How a kernel ended.
-#[derive(Debug, Clone)]
-pub(crate) struct ExitInfo(pub String);
+use super::gateway::connection::RemoteKernel;
+use super::local::{Connected, LocalLink};
+use super::status::ExitInfo;
 
 /// A running, ready kernel: a local process or a kernel on a Jupyter server. Executions see
 /// the same receivers and methods either way.
@@ -63,161 +57,28 @@ impl std::fmt::Debug for Kernel {
 }
 
 impl Kernel {
-    /// Starts a kernel as `config` says (a local process in `dir`, or a kernel on a Jupyter
-    /// server) and waits until it answers. `pid` receives a local process's id as soon as the
-    /// process exists, so whoever abandons a launch can wait for the process to end.
-    pub(crate) async fn launch(
-        config: &KernelConfig,
-        dir: KernelDirs,
-        pid: &AtomicU32,
-    ) -> Result<Kernel, KernelError> {
-        match &config.backend {
-            Backend::Local => Self::launch_local(config, dir, pid).await,
-            Backend::Gateway(gateway) => {
-                dir.remove();
-                Self::launch_remote(config, gateway).await
-            }
+    /// A local kernel over its ZMQ link (not yet ready: see [`handshake`]).
+    pub(super) fn local(connected: Connected) -> Self {
+        Kernel {
+            shell_rx: connected.shell_rx,
+            iopub_rx: connected.iopub_rx,
+            abandoned: Arc::new(Mutex::new(None)),
+            link: Link::Local(connected.link),
         }
     }
 
-    async fn launch_local(
-        config: &KernelConfig,
-        dir: KernelDirs,
-        pid: &AtomicU32,
-    ) -> Result<Kernel, KernelError> {
-        let started = Instant::now();
-        let (info, process) = local::spawn(config, dir, pid)?;
-        let deadline = tokio::time::Instant::from(started + config.start_timeout);
-        let ready = async {
-            let connected = local::connect(&info, process).await?;
-            let mut kernel = Kernel {
-                shell_rx: connected.shell_rx,
-                iopub_rx: connected.iopub_rx,
-                abandoned: Arc::new(Mutex::new(None)),
-                link: Link::Local(connected.link),
-            };
-            handshake(&mut kernel).await?;
-            Ok::<_, KernelError>(kernel)
-        };
-        match tokio::time::timeout_at(deadline, ready).await {
-            Ok(result) => {
-                let kernel = result?;
-                tracing::debug!(
-                    pid = kernel.pid(),
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "kernel ready"
-                );
-                Ok(kernel)
-            }
-            // The process guard was moved into the cancelled future and dropped: kernel killed.
-            Err(_) => Err(local::start_err(format!(
-                "no kernel_info reply within {} s",
-                config.start_timeout.as_secs()
-            ))),
-        }
-    }
-
-    /// Creates a kernel on the Jupyter server, waits until it answers, and runs the bootstrap
-    /// cell. A kernel that fails any step is deleted again.
-    async fn launch_remote(
-        config: &KernelConfig,
-        gateway: &Gateway,
-    ) -> Result<Kernel, KernelError> {
-        let started = Instant::now();
-        let (shell, shell_rx) = mpsc::unbounded_channel();
-        let (iopub, iopub_rx) = mpsc::unbounded_channel();
-        let ready = async {
-            let remote = RemoteKernel::create(
-                gateway,
-                config.ledger.as_ref(),
-                &config.env,
-                Inbound { shell, iopub },
-                config.input_handler.clone(),
-            )
-            .await?;
-            let mut kernel = Kernel {
-                shell_rx,
-                iopub_rx,
-                abandoned: Arc::new(Mutex::new(None)),
-                link: Link::Remote(remote),
-            };
-            handshake(&mut kernel).await?;
-            let code = super::gateway::bootstrap::cell(config, &super::RUNTIME);
-            super::execute::bootstrap(&mut kernel, config, &code).await?;
-            Ok::<_, KernelError>(kernel)
-        };
-        match tokio::time::timeout(config.start_timeout, ready).await {
-            Ok(result) => {
-                let kernel = result?;
-                tracing::debug!(
-                    kernel = ?kernel,
-                    elapsed_ms = started.elapsed().as_millis() as u64,
-                    "remote kernel ready"
-                );
-                Ok(kernel)
-            }
-            Err(_) => Err(KernelError::Start {
-                reason: format!(
-                    "the kernel on {} did not answer within {} s",
-                    gateway.url(),
-                    config.start_timeout.as_secs()
-                ),
-                help: "check the Jupyter server's log; a cluster may need longer to schedule a kernel (kernel_start_timeout)".into(),
-            }),
-        }
-    }
-
-    /// Connects to kernel `id` that already runs on `gateway` (created and set up by another
-    /// ipybox: replicas sharing a server's kernels), waits until it answers, and checks that
-    /// ipybox's runtime is in it (a kernel the server restarted lost it: that counts as gone).
-    /// Nothing of the user's state is touched.
-    pub(crate) async fn attach_remote(
-        config: &KernelConfig,
-        gateway: &Gateway,
-        id: &str,
-    ) -> Result<Kernel, KernelError> {
-        let (shell, shell_rx) = mpsc::unbounded_channel();
-        let (iopub, iopub_rx) = mpsc::unbounded_channel();
-        let ready = async {
-            let remote = RemoteKernel::attach(
-                gateway,
-                id,
-                Inbound { shell, iopub },
-                config.input_handler.clone(),
-            )
-            .await?;
-            let mut kernel = Kernel {
-                shell_rx,
-                iopub_rx,
-                abandoned: Arc::new(Mutex::new(None)),
-                link: Link::Remote(remote),
-            };
-            handshake(&mut kernel).await?;
-            if super::execute::bootstrap(&mut kernel, config, super::gateway::bootstrap::PROBE)
-                .await
-                .is_err()
-            {
-                // Not ours to delete: detach and report it gone.
-                kernel.detach().await;
-                return Err(KernelError::Gone {
-                    what: format!(
-                        "kernel {id} on the kernel gateway at {} lost ipybox's runtime (the server restarted it): its state is gone",
-                        gateway.url()
-                    ),
-                });
-            }
-            Ok::<_, KernelError>(kernel)
-        };
-        match tokio::time::timeout(config.start_timeout, ready).await {
-            Ok(result) => result,
-            Err(_) => Err(KernelError::Start {
-                reason: format!(
-                    "kernel {id} on {} did not answer within {} s",
-                    gateway.url(),
-                    config.start_timeout.as_secs()
-                ),
-                help: "check the Jupyter server's log".into(),
-            }),
+    /// A kernel on a Jupyter server, whose messages arrive on `shell_rx` and `iopub_rx` (not yet
+    /// ready: see [`handshake`]).
+    pub(super) fn remote(
+        remote: RemoteKernel,
+        shell_rx: mpsc::UnboundedReceiver<JupyterMessage>,
+        iopub_rx: mpsc::UnboundedReceiver<JupyterMessage>,
+    ) -> Self {
+        Kernel {
+            shell_rx,
+            iopub_rx,
+            abandoned: Arc::new(Mutex::new(None)),
+            link: Link::Remote(remote),
         }
     }
 
@@ -314,13 +175,21 @@ impl Kernel {
     }
 }
 
-/// `kernel_info`, resent every 200 ms until its reply AND its idle status arrived: iopub is a
-/// PUB/SUB socket, so messages published before the subscription took hold are lost (the slow
-/// joiner); an idle status seen means iopub is connected. (A Jupyter server's WebSocket has the
-/// same property: it subscribes when the socket opens.)
-async fn handshake(kernel: &mut Kernel) -> Result<(), KernelError> {
+/// `kernel_info`, resent until its reply AND its idle status arrived: iopub is a PUB/SUB socket,
+/// so messages published before the subscription took hold are lost (the slow joiner); an idle
+/// status seen means iopub is connected. (A Jupyter server's WebSocket has the same property: it
+/// subscribes when the socket opens.) The first resend comes after 10 ms, then the wait doubles
+/// up to 200 ms: a forked kernel is up within tens of milliseconds, and a lost first status must
+/// not cost it a fixed 200 ms. A message on iopub that answers none of our requests (ipykernel 7
+/// welcomes each new subscriber) proves the subscription live: the request is resent at once.
+pub(super) async fn handshake(kernel: &mut Kernel) -> Result<(), KernelError> {
     let mut exit = kernel.exit_watch();
     let mut ready: Option<Completion> = None;
+    let mut wait = Duration::from_millis(10);
+    // Whether an iopub message of someone else's (ipykernel's `iopub_welcome` to a new
+    // subscriber, say) arrived: then the subscription is live, and a request sent now gets its
+    // status through.
+    let mut subscribed = false;
     while !ready.as_ref().is_some_and(Completion::is_complete) {
         let req: JupyterMessage = KernelInfoRequest {}.into();
         match ready.as_mut() {
@@ -329,13 +198,19 @@ async fn handshake(kernel: &mut Kernel) -> Result<(), KernelError> {
         }
         let Some(done) = ready.as_mut() else { break };
         kernel.send_shell(req).await?;
-        let round = tokio::time::sleep(Duration::from_millis(200));
+        let round = tokio::time::sleep(wait);
+        wait = (wait * 2).min(Duration::from_millis(200));
         tokio::pin!(round);
         while !done.is_complete() {
             tokio::select! {
                 Some(msg) = kernel.shell_rx.recv() => done.on_shell(msg),
                 Some(msg) = kernel.iopub_rx.recv() => {
-                    done.on_iopub(&msg);
+                    if !done.on_iopub(&msg) && !subscribed {
+                        subscribed = true;
+                        if !done.idle_seen() {
+                            break; // resend now rather than at the end of the round
+                        }
+                    }
                 }
                 _ = exit.changed() => return Err(kernel.exited_err()),
                 _ = &mut round => break,

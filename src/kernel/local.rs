@@ -1,13 +1,16 @@
-//! A kernel ipybox launches: an `ipykernel` child process spoken to over ZMQ (IPC sockets in a
-//! private directory).
+//! A local kernel: an `ipykernel` process on this machine spoken to over ZMQ (IPC sockets in a
+//! private directory), and the plain way of starting one.
 //!
-//! The kernel runs `python -c <launcher> -f <connection file>` with a minimal environment, the
-//! workspace as cwd, stdout discarded and stderr kept as a bounded tail for diagnostics. A watcher
-//! task notices the process's exit at once. The kernel never outlives ipybox: it reads its stdin
-//! (a pipe from us) in a thread and exits on EOF, and on Linux it also gets `PR_SET_PDEATHSIG`.
+//! The plain launch runs `python -c <launcher> -f <connection file>` with a minimal environment,
+//! the workspace as cwd, stdout discarded and stderr kept as a bounded tail for diagnostics. A
+//! watcher task notices the process's exit at once. The kernel never outlives ipybox: it reads
+//! its stdin (a pipe from us) in a thread and exits on EOF, and on Linux it also gets
+//! `PR_SET_PDEATHSIG`. The kernel factory ([`super::factory`]) starts kernels another way (a fork
+//! of a template process) and hands back the same [`Process`], so everything after the start —
+//! connecting, the ZMQ link, killing — is shared.
 //! (Readiness, the `kernel_info` handshake, is the same for every kernel: [`super::instance`].)
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -18,8 +21,8 @@ use jupyter_zmq_client::{ClientControlConnection, DealerSendConnection};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::instance::ExitInfo;
 use super::runtime_dir::KernelDirs;
+use super::status::{ExitInfo, describe_exit, start_err, start_err_help};
 use super::{KernelConfig, KernelError, ShellApproval, proto};
 use crate::child_process::{ChildCommand, StderrTail, host_command, own_group, signal_group};
 
@@ -40,24 +43,47 @@ from ipykernel import kernelapp
 kernelapp.launch_new_instance()
 "#;
 
-/// The kernel process and what watches it. Dropping it kills the process group, stops the
-/// watcher tasks and removes the kernel's directory (connection file and IPC socket files).
+/// The kernel process and what watches it, however it was started (a child of ipybox, or forked
+/// by the kernel factory's template, [`super::factory`]). Dropping it kills the process group,
+/// stops the watcher tasks, lets go of what kept the kernel alive (the pipe or socket it watches
+/// for EOF) and removes the kernel's directory (connection file and IPC socket files).
 pub(super) struct Process {
     pid: u32,
     exit: watch::Receiver<Option<ExitInfo>>,
     stderr_tail: StderrTail,
     tasks: Vec<JoinHandle<()>>,
-    /// Held open: the kernel exits when this pipe closes (ipybox gone).
-    _stdin: Option<tokio::process::ChildStdin>,
+    /// Held open: the kernel exits when this closes (ipybox gone). For a child of ipybox, the
+    /// pipe on its stdin; for a forked kernel, its socket to ipybox and its template.
+    _lifeline: Box<dyn Send + Sync>,
     dir: KernelDirs,
 }
 
 impl Process {
-    fn exited(&self) -> Option<String> {
+    /// A running kernel process: `pid` leads its own process group; `exit` changes when it ends;
+    /// `tasks` (its watchers) are aborted when it is dropped.
+    pub(super) fn new(
+        pid: u32,
+        dir: KernelDirs,
+        exit: watch::Receiver<Option<ExitInfo>>,
+        stderr_tail: StderrTail,
+        tasks: Vec<JoinHandle<()>>,
+        lifeline: Box<dyn Send + Sync>,
+    ) -> Self {
+        Self {
+            pid,
+            exit,
+            stderr_tail,
+            tasks,
+            _lifeline: lifeline,
+            dir,
+        }
+    }
+
+    pub(super) fn exited(&self) -> Option<String> {
         self.exit.borrow().as_ref().map(|e| e.0.clone())
     }
 
-    fn stderr_suffix(&self) -> String {
+    pub(super) fn stderr_suffix(&self) -> String {
         let tail = self.stderr_tail.last_lines();
         if tail.is_empty() {
             String::new()
@@ -66,7 +92,7 @@ impl Process {
         }
     }
 
-    fn exited_err(&self) -> KernelError {
+    pub(super) fn exited_err(&self) -> KernelError {
         let status = self.exited().unwrap_or_else(|| "exited".into());
         start_err(format!(
             "the kernel process exited ({status}){}",
@@ -80,7 +106,8 @@ impl Process {
         }
         // The group is killed even after the kernel itself died (segfault, OOM): what its code
         // started lives on in the group. (A sandboxed kernel's group is led by the sandbox
-        // wrapper, which is our child; the kernel is in it.)
+        // wrapper, which is our child; the kernel is in it. A forked kernel leads a group of its
+        // own, also inside the sandbox.)
         signal_group(self.pid, libc::SIGKILL);
     }
 }
@@ -155,14 +182,10 @@ pub(super) struct Connected {
     pub(super) iopub_rx: mpsc::UnboundedReceiver<JupyterMessage>,
 }
 
-/// Writes the connection file in `dir.host` and starts the kernel process (its IPC sockets go
-/// in `dir.ipc`); `pid` receives its id at once, so whoever abandons a launch can wait for the
-/// process to end. The returned process guard kills the kernel when dropped.
-pub(super) fn spawn(
-    config: &KernelConfig,
-    dir: KernelDirs,
-    pid: &AtomicU32,
-) -> Result<(ConnectionInfo, Process), KernelError> {
+/// Writes the connection file (0600, in `dir.host`, where only the host writes) for a kernel:
+/// IPC transport, sockets `k-1` … `k-5` in `dir.ipc`, a fresh HMAC key. Returns the connection
+/// info and the file's path.
+pub(super) fn write_connection(dir: &KernelDirs) -> Result<(ConnectionInfo, PathBuf), KernelError> {
     let info = ConnectionInfo {
         transport: Transport::IPC,
         ip: dir.ipc.join("k").display().to_string(),
@@ -185,31 +208,38 @@ pub(super) fn spawn(
             )
         })
         .map_err(|e| start_err(format!("cannot write {}: {e}", conn_file.display())))?;
+    Ok((info, conn_file))
+}
 
+/// Writes the connection file in `dir.host` and starts the kernel process (its IPC sockets go
+/// in `dir.ipc`); `pid` receives its id at once, so whoever abandons a launch can wait for the
+/// process to end. The returned process guard kills the kernel when dropped.
+pub(super) fn spawn(
+    config: &KernelConfig,
+    dir: KernelDirs,
+    pid: &AtomicU32,
+) -> Result<(ConnectionInfo, Process), KernelError> {
+    let (info, conn_file) = write_connection(&dir)?;
     let mut child = spawn_process(config, &conn_file, &dir.host)?;
-    pid.store(child.id().unwrap_or(0), Ordering::SeqCst);
-    let mut process = Process {
-        pid: child.id().unwrap_or(0),
-        exit: watch::channel(None).1,
-        stderr_tail: StderrTail::default(),
-        tasks: Vec::new(),
-        _stdin: child.stdin.take(),
-        dir,
-    };
+    let child_pid = child.id().unwrap_or(0);
+    pid.store(child_pid, Ordering::SeqCst);
+    let mut tasks = Vec::new();
+    let mut stderr_tail = StderrTail::default();
     if let Some(stderr) = child.stderr.take() {
         let (tail, reader) = StderrTail::capture(stderr);
-        process.stderr_tail = tail;
-        process.tasks.push(reader);
+        stderr_tail = tail;
+        tasks.push(reader);
     }
+    let stdin = child.stdin.take();
     let (exit_tx, exit_rx) = watch::channel(None);
-    process.exit = exit_rx;
-    process.tasks.push(tokio::spawn(async move {
+    tasks.push(tokio::spawn(async move {
         let desc = match child.wait().await {
             Ok(s) => describe_exit(s),
             Err(e) => format!("unknown exit: {e}"),
         };
         let _ = exit_tx.send(Some(ExitInfo(desc)));
     }));
+    let process = Process::new(child_pid, dir, exit_rx, stderr_tail, tasks, Box::new(stdin));
     Ok((info, process))
 }
 
@@ -229,23 +259,32 @@ pub(super) async fn connect(
         if process.exited().is_some() {
             return Err(process.exited_err());
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        // A forked kernel binds its sockets ~20 ms after it starts: poll finely.
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let session_id = uuid::Uuid::new_v4().to_string();
     let identity = jupyter_zmq_client::peer_identity_for_session(&session_id).map_err(proto)?;
-    let shell = jupyter_zmq_client::create_client_shell_connection_with_identity(
-        info,
-        &session_id,
-        identity,
-    )
-    .await
-    .map_err(proto)?;
-    let mut iopub = jupyter_zmq_client::create_client_iopub_connection(info, "", &session_id)
-        .await
-        .map_err(proto)?;
-    let control = jupyter_zmq_client::create_client_control_connection(info, &session_id)
-        .await
-        .map_err(proto)?;
+    let (shell, mut iopub, control) = tokio::try_join!(
+        async {
+            jupyter_zmq_client::create_client_shell_connection_with_identity(
+                info,
+                &session_id,
+                identity,
+            )
+            .await
+            .map_err(proto)
+        },
+        async {
+            jupyter_zmq_client::create_client_iopub_connection(info, "", &session_id)
+                .await
+                .map_err(proto)
+        },
+        async {
+            jupyter_zmq_client::create_client_control_connection(info, &session_id)
+                .await
+                .map_err(proto)
+        },
+    )?;
     let (shell_tx, mut shell_read) = shell.split();
 
     let (to_shell_rx, shell_rx) = mpsc::unbounded_channel();
@@ -302,15 +341,10 @@ fn startup_line(config: &KernelConfig) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
-fn spawn_process(
-    config: &KernelConfig,
-    conn_file: &Path,
-    private_dir: &Path,
-) -> Result<tokio::process::Child, KernelError> {
-    let mut argv = vec![
-        config.python.display().to_string(),
-        "-c".to_string(),
-        LAUNCHER.to_string(),
+/// The kernel app's arguments (what follows `python -c CODE`), for a launched or a forked kernel
+/// alike.
+pub(super) fn kernel_args(config: &KernelConfig, conn_file: &Path) -> Vec<String> {
+    let mut args = vec![
         "-f".to_string(),
         conn_file.display().to_string(),
         "--IPKernelApp.quiet=True".to_string(),
@@ -322,8 +356,22 @@ fn spawn_process(
         "--InteractiveShell.xmode=Context".to_string(),
     ];
     if let Some(line) = startup_line(config) {
-        argv.push(format!("--IPKernelApp.exec_lines={line}"));
+        args.push(format!("--IPKernelApp.exec_lines={line}"));
     }
+    args
+}
+
+/// Starts `argv` (a kernel, or the kernel factory's template) the way every kernel process
+/// starts: wrapped by `config.wrapper` (the sandbox), the kernel environment and nothing else
+/// of the host, the workspace as cwd, stdin a pipe from ipybox (held by the caller: the process
+/// exits on its EOF), stdout discarded, stderr piped, leader of its own process group, and on
+/// Linux `PR_SET_PDEATHSIG`. `private_dir` is a host-only directory of this process's own,
+/// where the sandbox wrapper leaves the environment file it hands the sandbox.
+pub(super) fn spawn_kernel_command(
+    config: &KernelConfig,
+    argv: Vec<String>,
+    private_dir: &Path,
+) -> Result<tokio::process::Child, KernelError> {
     let mut command = ChildCommand {
         argv,
         env: super::kernel_env::local(config),
@@ -366,37 +414,16 @@ fn spawn_process(
     })
 }
 
-fn describe_exit(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit code {code}"),
-        (None, Some(sig)) => format!("killed by signal {sig}{}", signal_name(sig)),
-        _ => "unknown exit status".to_string(),
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGKILL => " (SIGKILL)",
-        libc::SIGSEGV => " (SIGSEGV)",
-        libc::SIGABRT => " (SIGABRT)",
-        libc::SIGTERM => " (SIGTERM)",
-        libc::SIGBUS => " (SIGBUS)",
-        _ => "",
-    }
-}
-
-/// A start failure whose fix is usually the kernel environment.
-pub(super) fn start_err(reason: String) -> KernelError {
-    start_err_help(
-        reason,
-        "run `ipybox setup` to check the kernel environment, or pass --python PATH",
-    )
-}
-
-fn start_err_help(reason: String, help: &str) -> KernelError {
-    KernelError::Start {
-        reason,
-        help: help.to_string(),
-    }
+fn spawn_process(
+    config: &KernelConfig,
+    conn_file: &Path,
+    private_dir: &Path,
+) -> Result<tokio::process::Child, KernelError> {
+    let mut argv = vec![
+        config.python.display().to_string(),
+        "-c".to_string(),
+        LAUNCHER.to_string(),
+    ];
+    argv.extend(kernel_args(config, conn_file));
+    spawn_kernel_command(config, argv, private_dir)
 }

@@ -3,9 +3,12 @@
 //! in a kernel on a Jupyter server (Kernel Gateway, Enterprise Gateway, Jupyter Server) spoken to
 //! over its WebSocket.
 //!
-//! - `instance`: one running kernel, whichever transport: launch, readiness (`kernel_info`),
-//!   death watch, shutdown;
-//! - `local`: the `ipykernel` child process: its launch, environment, ZMQ sockets, kill;
+//! - `launch`: starting a kernel up to ready, whichever way (forked, launched, remote);
+//! - `instance`: one running kernel, whichever transport: readiness (`kernel_info`), death
+//!   watch, shutdown;
+//! - `local`: a local `ipykernel` process: its plain launch, environment, ZMQ sockets, kill;
+//! - `factory`: local kernels forked from a warm template process (the default);
+//! - `status`: how a kernel ended and how a start failed (shared by all of the above);
 //! - `gateway`: the Jupyter-server transport (REST, WebSocket, bootstrap, ledger);
 //! - `execute`: one execution: request, output assembly, completion, timeout and interrupt;
 //! - `output`: turning Jupyter outputs into text and image files;
@@ -17,14 +20,17 @@
 
 mod completion;
 pub(crate) mod execute;
+mod factory;
 pub(crate) mod gateway;
 pub use gateway::KernelStatus;
 pub(crate) mod instance;
 mod kernel_env;
+mod launch;
 mod local;
 pub(crate) mod output;
 pub(crate) mod pool;
 pub(crate) mod runtime_dir;
+pub(crate) mod status;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -93,6 +99,10 @@ pub(crate) struct KernelConfig {
     pub interrupt_grace: Duration,
     /// Local processes, or kernels on a Jupyter server.
     pub backend: Backend,
+    /// Fork local kernels from a template process (the kernel factory) rather than launch each
+    /// from scratch. Ignored for kernels on a Jupyter server, and off where there is no fork
+    /// (not Linux).
+    pub factory: bool,
     /// Answers the kernel-side runtime's requests over the stdin channel (remote kernels).
     pub input_handler: Option<InputHandler>,
     /// Records remote kernels until they are deleted.
@@ -125,6 +135,7 @@ impl KernelConfig {
             shell_approval: ShellApproval::Off,
             interrupt_grace: Duration::from_secs(3),
             backend: Backend::Local,
+            factory: cfg!(target_os = "linux"),
             input_handler: None,
             ledger: None,
         }

@@ -1,10 +1,12 @@
-//! The current kernel plus warm spares (one by default).
+//! The current kernel plus warm spares (one by default), and the kernel factory they come from.
 //!
-//! Spares are launched in the background once the current kernel is ready, so `reset()` and the
-//! restarts after a timeout or a kernel death swap in a ready kernel instead of waiting ~0.5 s for
-//! Python to start. Each swap launches a replacement spare; resets that come faster than that
-//! (~0.5 s) use up the spares, then wait for a launch. This module decides *when* kernels are replaced; launching is
-//! [`super::process`], running code is [`super::execute`].
+//! Spares are started in the background once the current kernel is ready, so `reset()` and the
+//! restarts after a timeout or a kernel death swap in a ready kernel instead of waiting for one
+//! to start. Each swap starts a replacement spare: forked from the factory's template that takes
+//! tens of milliseconds, launched plainly ~0.4 s; resets that come faster than that use up the
+//! spares, then wait for a start. This module decides *when* kernels are started and replaced;
+//! starting one is [`super::launch`] (and [`super::factory`]), running code is
+//! [`super::execute`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -15,9 +17,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::execute::{self, ExecEvent, ExecutionOutput};
+use super::factory::Factory;
 use super::instance::Kernel;
+use super::launch::{attach_remote, launch};
 use super::runtime_dir::{KernelDirs, RuntimeDir};
-use super::{KernelConfig, KernelError};
+use super::{Backend, KernelConfig, KernelError};
 use crate::pause::TimeoutPause;
 
 /// A kernel launching (or launched) in the background, and its process id once it exists.
@@ -31,6 +35,8 @@ struct Spare {
 pub(crate) struct KernelPool {
     config: Arc<KernelConfig>,
     runtime: Arc<RuntimeDir>,
+    /// Where local kernels come from, unless the factory is off (`KernelConfig::factory`).
+    factory: Option<Arc<Factory>>,
     current: Option<Kernel>,
     /// The current kernel's pid (0: none), readable without access to the pool.
     current_pid: Arc<AtomicU32>,
@@ -62,9 +68,23 @@ impl KernelPool {
         spare_count: usize,
         attach: Option<&str>,
     ) -> Result<Self, KernelError> {
+        let factory = match (&config.backend, config.factory) {
+            (Backend::Local, true) => match Factory::new(config.clone(), &runtime) {
+                Ok(f) => Some(Arc::new(f)),
+                Err(e) => {
+                    tracing::warn!(
+                        "kernel factory: cannot bind its socket in {}: {e}\n  kernels start without it",
+                        runtime.path().display()
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
         let mut pool = Self {
             config,
             runtime,
+            factory,
             current: None,
             current_pid: Arc::new(AtomicU32::new(0)),
             current_id: Arc::default(),
@@ -74,7 +94,7 @@ impl KernelPool {
         };
         let kernel = match (attach, &pool.config.backend) {
             (Some(id), super::Backend::Gateway(gateway)) => {
-                Kernel::attach_remote(&pool.config, gateway, id).await?
+                attach_remote(&pool.config, gateway, id).await?
             }
             (Some(_), super::Backend::Local) => {
                 return Err(KernelError::Start {
@@ -136,7 +156,29 @@ impl KernelPool {
 
     async fn launch(&mut self) -> Result<Kernel, KernelError> {
         let dir = self.next_dir()?;
-        Kernel::launch(&self.config, dir, &AtomicU32::new(0)).await
+        launch(
+            &self.config,
+            self.factory.as_deref(),
+            dir,
+            &AtomicU32::new(0),
+        )
+        .await
+    }
+
+    /// The kernel environment's packages changed (`install_package`): the factory builds a new
+    /// template, and spares started before the change are replaced, so the kernels that reset
+    /// swaps in see the new packages as a fresh interpreter would. (The current kernel keeps its
+    /// state; the executor refreshes its import caches.)
+    pub(crate) fn refresh_after_install(&mut self) {
+        if let Some(factory) = &self.factory {
+            factory.invalidate();
+        }
+        for spare in self.spares.drain(..) {
+            // A spare still starting is dropped with its task, a started one with the finished
+            // task's output: either way its process group is killed.
+            spare.task.abort();
+        }
+        self.refill_spare();
     }
 
     fn refill_spare(&mut self) {
@@ -144,10 +186,12 @@ impl KernelPool {
             match self.next_dir() {
                 Ok(dir) => {
                     let config = self.config.clone();
+                    let factory = self.factory.clone();
                     let pid = Arc::new(AtomicU32::new(0));
                     let launched = pid.clone();
-                    let task =
-                        tokio::spawn(async move { Kernel::launch(&config, dir, &launched).await });
+                    let task = tokio::spawn(async move {
+                        launch(&config, factory.as_deref(), dir, &launched).await
+                    });
                     self.spares.push_back(Spare { task, pid });
                 }
                 Err(e) => {
@@ -261,6 +305,9 @@ impl KernelPool {
             }
         }))
         .await;
+        if let Some(factory) = self.factory.take() {
+            factory.shutdown().await;
+        }
     }
 }
 

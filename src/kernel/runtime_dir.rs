@@ -5,7 +5,8 @@
 //! when the next one starts. Paths are kept short: Unix socket paths are limited to ~107 bytes.
 //!
 //! Layout: only the host writes the directory itself (`tools.sock`, `python/`, the sandbox
-//! settings, `srt/`, and [`HOST_KERNELS`]`/k<N>/` per kernel with its connection file); a kernel
+//! settings, `srt/`, [`FACTORY`]`/sock`, and [`HOST_KERNELS`]`/k<N>/` per kernel with its
+//! connection file, `t<N>/` per kernel factory template); a kernel
 //! writes only below [`KERNEL_WRITABLE`] (`box/`: its IPC sockets in `box/k<N>/`, and for a
 //! sandboxed kernel its TMPDIR and IPython/Jupyter directories). The sandbox policy lets a
 //! sandboxed kernel write `box/` and read only the host's parts it needs, so nothing the host
@@ -21,6 +22,9 @@ const PREFIX: &str = "ipybox-";
 
 /// The subdirectory of the runtime directory a kernel may write (see the module comment).
 pub(crate) const KERNEL_WRITABLE: &str = "box";
+
+/// The subdirectory holding the kernel factory's socket.
+pub(crate) const FACTORY: &str = "factory";
 
 /// The subdirectory holding each kernel's host-only directory (`k<N>/`).
 pub(crate) const HOST_KERNELS: &str = "kernels";
@@ -88,6 +92,17 @@ impl RuntimeDir {
     /// `<runtime>/kernels`: the kernels' host-only directories.
     pub(crate) fn host_kernels(&self) -> PathBuf {
         self.path.join(HOST_KERNELS)
+    }
+
+    /// `<runtime>/factory` (created 0700 if needed): the kernel factory's socket, which the
+    /// template and its kernels connect to (readable inside the sandbox, not writable).
+    pub(crate) fn factory_dir(&self) -> std::io::Result<PathBuf> {
+        let dir = self.path.join(FACTORY);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&dir)?;
+        Ok(dir)
     }
 
     /// `<runtime>/box`: what a kernel may write (created on first use).

@@ -53,7 +53,8 @@ pub(crate) struct Snapshot {
     pub(crate) new_output: String,
     /// The offset to pass next time.
     pub(crate) offset: usize,
-    pub(crate) has_unasked: bool,
+    /// How many approval requests nobody has been asked about yet.
+    pub(crate) unasked: usize,
     pub(crate) ended: bool,
 }
 
@@ -125,7 +126,7 @@ impl CellRun {
         Snapshot {
             new_output: state.output[offset..].to_string(),
             offset: state.output.len(),
-            has_unasked: !state.unasked.is_empty(),
+            unasked: state.unasked.len(),
             ended: state.ended,
         }
     }

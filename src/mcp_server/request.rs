@@ -5,8 +5,9 @@
 //! - the client cancelled the request (`notifications/cancelled`): the cell is interrupted,
 //!   the kernel keeps its state;
 //! - 2026-07-28 with `--approve ask`: the cell waits for approvals, so the request answers
-//!   `input_required` and the run is parked until the retry ([`super::mrtr`]); approvals
-//!   arriving within [`GATHER`] of the first go into the same round;
+//!   `input_required` and the run is parked until the retry ([`super::mrtr`]); approvals that
+//!   arrive together (threads, `asyncio.gather`) go into the same round: the round closes once
+//!   no new one came for [`GATHER_QUIET`] (at most [`GATHER_MAX`] after the first);
 //! - the request declared the tasks extension and the cell outlived `--task-after`: the run
 //!   becomes a task ([`super::tasks`]).
 //!
@@ -33,9 +34,12 @@ use super::session::KernelSession;
 use super::tasks::{Adopt, CellTasks, Finish};
 use super::{ApproveMode, ServerConfig, elicit};
 
-/// After the first approval of a round, how long more are gathered (concurrent calls of threads
-/// or `asyncio.gather` arrive within milliseconds) before answering `input_required`.
-pub(crate) const GATHER: Duration = Duration::from_millis(100);
+/// A round of approvals closes when no new approval arrived for this long: concurrent calls
+/// (threads, `asyncio.gather`) reach the host within a millisecond or two of each other, and a
+/// cell with a single call pays only this much for the gathering.
+pub(crate) const GATHER_QUIET: Duration = Duration::from_millis(3);
+/// ... and at the latest this long after its first approval.
+pub(crate) const GATHER_MAX: Duration = Duration::from_millis(100);
 
 /// How one request for a cell ends.
 pub(crate) enum Outcome {
@@ -112,10 +116,36 @@ impl Serve<'_> {
             }
             _ => None,
         };
+        let adopt = |run: CellRun, finish: Finish| {
+            Outcome::Task(self.tasks.adopt(
+                &self.session.busy,
+                &self.session.owner,
+                Adopt {
+                    run,
+                    ttl: self.timeout.saturating_add(self.config.task_ttl),
+                    can_elicit: ask && can_elicit,
+                    allowances: self.session.allowances.clone(),
+                    finish,
+                },
+            ))
+        };
+        // `--task-after 0`: every cell is a task, however quick (a new call; a resumed round is
+        // resolved first).
+        if task_at.is_some() && self.config.task_after == Some(Duration::ZERO) && resumed.is_none()
+        {
+            return adopt(run, finish());
+        }
         let mut deciding = tokio::task::JoinSet::new();
         let mut gather_until: Option<Instant> = None;
+        let mut gather_started: Option<Instant> = None;
+        let mut gathered = 0;
         let mut changes = run.watch();
-        let mut offset = 0;
+        // A resumed run's earlier output went out as progress of the earlier round (and is in the
+        // final result anyway): report what is new since.
+        let mut offset = match resumed {
+            Some(_) => run.snapshot(usize::MAX).offset,
+            None => 0,
+        };
         let far = || Instant::now() + Duration::from_secs(3600);
         loop {
             let now = run.snapshot(offset);
@@ -132,7 +162,7 @@ impl Serve<'_> {
                         .unwrap_or_else(|| Err(ipybox::kernel::KernelError::Stopped.into())),
                 );
             }
-            if now.has_unasked && ask {
+            if now.unasked > 0 && ask {
                 if !can_elicit {
                     for request in run.take_unasked() {
                         tracing::warn!(
@@ -142,7 +172,13 @@ impl Serve<'_> {
                         request.reject_with(elicit::NO_ELICITATION);
                     }
                 } else if stateless {
-                    gather_until.get_or_insert_with(|| Instant::now() + GATHER);
+                    if now.unasked != gathered {
+                        // A new approval: the round stays open a little longer.
+                        gathered = now.unasked;
+                        let first = *gather_started.get_or_insert_with(Instant::now);
+                        gather_until =
+                            Some((Instant::now() + GATHER_QUIET).min(first + GATHER_MAX));
+                    }
                 } else {
                     for request in run.take_unasked() {
                         let (peer, allowances) =
@@ -169,10 +205,15 @@ impl Serve<'_> {
                     }
                 }
                 () = tokio::time::sleep_until(gather_until.unwrap_or_else(far)), if gather_until.is_some() => {
+                    let asking = run.take_unasked();
+                    if asking.is_empty() {
+                        // The cell ended meanwhile (its leftover requests are rejected).
+                        (gather_until, gather_started, gathered) = (None, None, 0);
+                        continue;
+                    }
                     if let Some(p) = progress.as_mut() {
                         p.finish().await;
                     }
-                    let asking = run.take_unasked();
                     return Outcome::InputRequired(
                         self.rounds.park(resumed, run, asking, self.binding, self.session),
                     );
@@ -181,17 +222,7 @@ impl Serve<'_> {
                     if let Some(p) = progress.as_mut() {
                         p.finish().await;
                     }
-                    return Outcome::Task(self.tasks.adopt(
-                        &self.session.busy,
-                        &self.session.owner,
-                        Adopt {
-                            run,
-                            ttl: self.timeout.saturating_add(self.config.task_ttl),
-                            can_elicit: ask && can_elicit,
-                            allowances: self.session.allowances.clone(),
-                            finish: finish(),
-                        },
-                    ));
+                    return adopt(run, finish());
                 }
                 Some(_) = deciding.join_next(), if !deciding.is_empty() => {}
                 () = context.ct.cancelled() => {

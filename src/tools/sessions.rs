@@ -5,9 +5,13 @@
 //! connect attempt, which runs in its own task (a caller giving up does not abort it for the
 //! others). A failed connect is reported to everyone waiting for it and then forgotten, so the
 //! next call tries again; a session whose connection has died is replaced on the next call.
-//! [`SessionCache::close_all`] (reset/stop) closes every session and reaps stdio children, and
-//! starts a new epoch: a call that began before it (a leftover thread of the old kernel, a call
-//! that waited for approval) cannot open a session afterwards, so nothing outlives a reset.
+//! [`SessionCache::close_all`] (stop) closes every session and reaps stdio children, and starts a
+//! new epoch: a call that began before it (a leftover thread of the old kernel, a call that
+//! waited for approval) cannot open a session afterwards, so nothing outlives a reset.
+//! [`SessionCache::close_all_in_background`] (reset) does the same without waiting for the
+//! sessions to close (a stdio server gets 500 ms to exit after its stdin closes): the epoch
+//! already keeps them from being used, and [`SessionCache::close_all`] waits for those closes
+//! too, so stop still leaves nothing running.
 //!
 //! Not here: connecting itself (`super::client`) and deciding when to reset.
 
@@ -38,6 +42,8 @@ pub struct SessionCache {
     /// Bumped by every [`SessionCache::close_all`].
     epoch: AtomicU64,
     connects: AtomicUsize,
+    /// Closes started by [`SessionCache::close_all_in_background`] that may still run.
+    closing: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl std::fmt::Debug for SessionCache {
@@ -64,6 +70,7 @@ impl SessionCache {
             slots: Mutex::new(HashMap::new()),
             epoch: AtomicU64::new(0),
             connects: AtomicUsize::new(0),
+            closing: Mutex::new(Vec::new()),
         }
     }
 
@@ -168,14 +175,36 @@ impl SessionCache {
     }
 
     /// Closes and forgets every session (connects in progress are awaited, then closed) and
-    /// starts a new epoch.
+    /// starts a new epoch; returns once they are closed, and so are those of earlier
+    /// [`SessionCache::close_all_in_background`] calls.
     pub async fn close_all(&self) {
-        let taken: Vec<Slot> = {
-            let mut slots = self.lock();
-            self.epoch.fetch_add(1, Ordering::SeqCst);
-            slots.drain().map(|(_, s)| s).collect()
-        };
+        let taken = self.take_all();
         close_slots(taken).await;
+        let closing: Vec<_> =
+            std::mem::take(&mut *self.closing.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in closing {
+            let _ = task.await;
+        }
+    }
+
+    /// Forgets every session and starts a new epoch at once, as [`SessionCache::close_all`]
+    /// does, and closes them on a task of their own: no call can use them any more, and
+    /// nothing waits for a stdio server to exit. [`SessionCache::close_all`] waits for them.
+    pub fn close_all_in_background(&self) {
+        let taken = self.take_all();
+        if taken.is_empty() {
+            return;
+        }
+        let task = tokio::spawn(close_slots(taken));
+        let mut closing = self.closing.lock().unwrap_or_else(|p| p.into_inner());
+        closing.retain(|t| !t.is_finished());
+        closing.push(task);
+    }
+
+    fn take_all(&self) -> Vec<Slot> {
+        let mut slots = self.lock();
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        slots.drain().map(|(_, s)| s).collect()
     }
 
     /// Number of cached sessions (including connects in progress).

@@ -490,17 +490,20 @@ async fn stop_leaves_no_processes_or_sockets() {
         "expected IPC sockets in {}: {sockets:?}",
         dir.display()
     );
-    let mut spare_pids = kernel_children(&dir);
+    // The kernel factory's template, the current kernel and the spare (forked from the
+    // template, so its descendants, not our children).
+    let mut procs = executor_processes(&dir);
     let waiting = Instant::now();
-    while spare_pids.len() < 2 && waiting.elapsed() < Duration::from_secs(15) {
+    while procs.len() < 3 && waiting.elapsed() < Duration::from_secs(15) {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        spare_pids = kernel_children(&dir);
+        procs = executor_processes(&dir);
     }
     assert_eq!(
-        spare_pids.len(),
-        2,
-        "current and spare kernel expected: {spare_pids:?}"
+        procs.len(),
+        3,
+        "template, current and spare kernel expected: {procs:?}"
     );
+    assert!(procs.contains(&pid), "{pid} not among {procs:?}");
     ex.stop().await;
     assert!(
         wait_gone(pid, Duration::from_secs(2)).await,
@@ -510,10 +513,10 @@ async fn stop_leaves_no_processes_or_sockets() {
         wait_gone(child, Duration::from_secs(2)).await,
         "kernel's child {child} survived stop"
     );
-    for p in spare_pids {
+    for p in procs {
         assert!(
             wait_gone(p, Duration::from_secs(2)).await,
-            "kernel {p} survived stop"
+            "process {p} survived stop"
         );
     }
     assert!(!dir.exists(), "runtime dir {} left behind", dir.display());
@@ -531,13 +534,16 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     out
 }
 
-/// Pids of this process's ipykernel children whose connection files are under `dir`.
-fn kernel_children(dir: &Path) -> Vec<u32> {
-    crate::proc_tree::children(std::process::id())
+/// Pids of the processes this test process started (children and their descendants, so forked
+/// kernels too) whose command line mentions `dir` (the runtime directory: the kernel factory's
+/// template and every kernel it forks carry the template's command line, which names
+/// `dir/factory/sock`).
+fn executor_processes(dir: &Path) -> Vec<u32> {
+    crate::proc_tree::descendants(std::process::id())
         .into_iter()
         .filter(|pid| {
             let cmd = std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmd.contains("ipykernel") && cmd.contains(&*dir.to_string_lossy())
+            cmd.contains(&*dir.to_string_lossy())
         })
         .collect()
 }

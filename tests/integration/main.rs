@@ -27,6 +27,7 @@ mod http_service;
 mod jupyter_servers;
 mod kernel;
 mod kernel_env;
+mod kernel_factory;
 mod mcp_approvals;
 mod mcp_client;
 mod mcp_modern;

@@ -312,7 +312,10 @@ async fn reset_clears_state_and_closes_mcp_sessions(era: Era) {
         out,
         "Kernel reset: a fresh kernel is running and MCP sessions were closed."
     );
-    assert!(!pid_exists(pid), "MCP server {pid} survived reset");
+    assert!(
+        wait_reaped(pid, Duration::from_secs(3)).await,
+        "MCP server {pid} survived reset"
+    );
     assert_eq!(exec(&s, "'kept' in globals()").await, "False");
     // Generated code stays.
     assert_eq!(
@@ -387,6 +390,32 @@ async fn install_package_from_index_and_git(era: Era) {
     assert!(
         summary.contains("six==1.16.0") || summary.contains("six-1.16.0"),
         "{summary}"
+    );
+    assert_eq!(exec(&s, "import six\nsix.__version__").await, "'1.16.0'");
+    // Kernels started after an install import afresh (the kernel factory builds a new template,
+    // spares are replaced): a new kernel sees the package, and a package the old template had
+    // imported (`packaging`, which ipykernel imports) in the version just installed.
+    let probe = "import os, packaging\nprint(os.getppid(), packaging.__version__)";
+    let before = exec(&s, probe).await;
+    let (old_template, old_version) = before.split_once(' ').unwrap();
+    let version = if old_version == "24.2" {
+        "24.1"
+    } else {
+        "24.2"
+    };
+    ok_text(
+        &s,
+        "install_package",
+        json!({"package_name": format!("packaging=={version}")}),
+    )
+    .await;
+    ok_text(&s, "reset", json!({})).await;
+    let after = exec(&s, probe).await;
+    let (new_template, new_version) = after.split_once(' ').unwrap();
+    assert_eq!(new_version, version, "{before} -> {after}");
+    assert_ne!(
+        new_template, old_template,
+        "a new template: {before} -> {after}"
     );
     assert_eq!(exec(&s, "import six\nsix.__version__").await, "'1.16.0'");
     let url = format!("git+file://{}", repo.display());

@@ -174,7 +174,8 @@ fd, p = tempfile.mkstemp()
 os.write(fd, b"t"); os.close(fd)
 print("tmpdir", p.startswith("{rt}"), os.environ.get("SANDBOX_RUNTIME"))
 import stat
-print("stdin is ipybox's pipe", stat.S_ISFIFO(os.fstat(0).st_mode))
+print("stdin is ipybox's socket", stat.S_ISSOCK(os.fstat(0).st_mode))
+print("forked", "ipybox_runtime.factory" in open(f"/proc/{{os.getppid()}}/cmdline").read())
 "#,
             rt = rt.display(),
             home_target = home_target.display(),
@@ -213,7 +214,8 @@ print("stdin is ipybox's pipe", stat.S_ISFIFO(os.fstat(0).st_mode))
             "tmp marker False",
             "unix FileNotFoundError",
             "tmpdir True 1",
-            "stdin is ipybox's pipe True",
+            "stdin is ipybox's socket True",
+            "forked True",
         ],
         "{out}"
     );

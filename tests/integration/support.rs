@@ -212,6 +212,15 @@ pub(crate) fn pid_exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// Waits up to `within` for `pid` to be reaped (its /proc entry gone, zombie included).
+pub(crate) async fn wait_reaped(pid: u32, within: Duration) -> bool {
+    let start = Instant::now();
+    while pid_exists(pid) && start.elapsed() < within {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    !pid_exists(pid)
+}
+
 /// True while `pid` runs; a zombie counts as gone (its state is read from /proc).
 pub(crate) fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -320,6 +329,32 @@ pub(crate) fn args(v: Value) -> Map<String, Value> {
         Value::Object(m) => m,
         _ => panic!("arguments must be an object"),
     }
+}
+
+/// Starts `ipybox --workspace WS EXTRA_ARGS` as an MCP server (with `extra_env` added to the
+/// process environment) and connects ipybox's own MCP client to it (which keeps the server's
+/// stderr: what the kernel factory tests read).
+pub(crate) async fn connect_ipybox_with(
+    ws: &Path,
+    extra_args: &[&str],
+    extra_env: &[(&str, &str)],
+) -> ipybox::tools::McpSession {
+    let env: Map<String, Value> = extra_env
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    let mut args = vec![
+        json!("--workspace"),
+        json!(ws),
+        json!("--log-level"),
+        json!("warn"),
+    ];
+    args.extend(extra_args.iter().map(|a| json!(a)));
+    let params = json!({"command": BIN, "args": args, "env": env});
+    let params = ipybox::tools::ServerParams::parse(&params).unwrap();
+    ipybox::tools::McpSession::connect(&params, &process_env(), Duration::from_secs(60))
+        .await
+        .expect("ipybox MCP server starts")
 }
 
 /// `tools/call` on an MCP session (or a client of the ipybox MCP server); panics if the

@@ -1,5 +1,6 @@
 """The "Code execution" page: execute(), approval, chunks, plots, timeouts, kernel env, reset, cwd."""
 
+import asyncio
 import os
 import tempfile
 import time
@@ -270,11 +271,12 @@ async def test_cwd_changes_persist_without_working_dir(workspace):
 
 
 async def test_working_dir(tmp_path, monkeypatch):
-    from conftest import generate_fixture_api
+    from ipybox import generate_mcp_sources
+    from sdk_support import SERVER_NAME, stdio_params
 
     working_dir = tmp_path / "work"
     working_dir.mkdir()
-    generate_fixture_api(working_dir)
+    await generate_mcp_sources(SERVER_NAME, stdio_params(), working_dir / "mcptools")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

@@ -32,8 +32,8 @@ use super::Gateway;
 use super::framing::{self, Framing};
 use super::ledger::Ledger;
 use crate::kernel::KernelError;
-use crate::kernel::instance::ExitInfo;
 use crate::kernel::proto;
+use crate::kernel::status::ExitInfo;
 
 /// Marks the input requests of `ipybox_runtime` (`python/ipybox_runtime/stdin_channel.py`).
 pub(crate) const PROMPT_PREFIX: &str = "\u{1e}ipybox\u{1e}";

@@ -1,0 +1,341 @@
+"""The kernel factory's template process (host side: ``src/kernel/factory/``): it imports what
+every kernel needs once, then forks a new kernel per request from the host.
+
+The host starts it like a kernel, with the kernel environment, the workspace as working directory
+and, under ``--sandbox``, inside the sandbox wrapper, so every kernel it forks is confined exactly
+as a kernel started on its own::
+
+    python -c "from ipybox_runtime.factory import main; main()" SOCKET TOKEN
+
+After its imports it connects to the host's factory socket ``SOCKET`` and says
+``ipybox-factory TOKEN``. That connection is its request channel (JSON lines) and its lifeline: on
+EOF (the host is gone) it kills the kernels it forked that still run, and exits.
+
+    host:     {"op": "fork", "id": ID, "argv": [kernel app arguments], "cwd": DIR}
+              {"op": "kill", "id": ID}                     (a kernel the host gave up on before
+                                                            it connected)
+    template: {"op": "forked", "id": ID, "pid": PID}      (PID in the template's pid namespace)
+              {"op": "refused", "id": ID, "reason": TEXT}  (nothing was forked)
+              {"op": "exit", "id": ID, "code": N}          (os.waitstatus_to_exitcode: -9 = SIGKILL)
+
+The forked child becomes the kernel: a session and process group of its own; the environment
+the template started with (the kernel environment, plus what a sandbox wrapper added; whatever the
+template's imports changed is undone), the requested working directory; fresh random state; it
+connects to ``SOCKET`` and says ``ipybox-factory ID``, and that connection becomes its stdin (a
+thread exits the process on EOF: the host is gone or let go of the kernel) and its stderr (the
+host keeps a tail for diagnostics); stdout is ``/dev/null``; every other inherited descriptor is
+closed. Then it runs the kernel app with the requested arguments, as a plainly launched kernel
+does.
+
+Why forking here is safe: ``fork()`` copies the calling thread only, so a lock another thread held
+stays held forever in the child, and state shared with the outside (sockets, a database
+connection, an event loop's selector) would be shared by two processes. The template therefore
+runs no thread but its main one, no event loop (asyncio and tornado are imported, never started),
+creates no zmq Context (the kernel app creates its own after the fork), opens no sqlite database
+(IPython's HistoryManager only exists with a shell, and the template creates none), and holds no
+socket but its channel, which the child closes. It waits in ``select()`` on that channel and a
+wakeup pipe for SIGCHLD, so it holds no lock when it forks. ``_unsafe_to_fork`` checks the parts
+an import could break (threads, also those of C extensions; a zmq Context; an event loop; an
+IPython shell) before every fork and refuses with the reason; the host then starts that kernel
+plainly and builds a new template.
+
+Shared by every kernel of one template: the imported modules (copy-on-write pages; ``gc.freeze``
+keeps the collector from writing to them) and Python's string-hash seed (``PYTHONHASHSEED`` is
+fixed when the interpreter starts). Not shared: anything a kernel creates or changes afterwards.
+
+Standard library only at import time; ipykernel is imported by ``main()``.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+__all__ = ["main"]
+
+# Imported once in the template so that a forked kernel does not import them: the kernel app and
+# what its initialisation imports (ipykernel imports debugpy and tornado's queues only then), and
+# ipybox's own kernel-side modules. A module missing from this ipykernel version is skipped.
+PRELOAD = (
+    "ipykernel.kernelapp",
+    "ipykernel.ipkernel",
+    "ipykernel.zmqshell",
+    "ipykernel.iostream",
+    "ipykernel.debugger",
+    "IPython.core.completerlib",
+    "IPython.core.debugger",
+    "IPython.core.oinspect",
+    "IPython.extensions.storemagic",
+    "IPython.utils.wildcard",
+    "tornado.gen",
+    "tornado.locks",
+    "tornado.queues",
+    "tornado.platform.asyncio",
+    "pdb",
+    "pydoc",
+    "faulthandler",
+    "unicodedata",
+    "encodings.idna",
+    "ipybox_runtime",
+    "ipybox_runtime.output_flush",
+    "ipybox_runtime.working_dir",
+    "ipybox_runtime.shell_guard",
+)
+
+_HELLO = "ipybox-factory"
+
+
+def main() -> None:
+    """Runs the template: ``sys.argv`` is ``[-c, SOCKET, TOKEN]``."""
+    socket_path, token = sys.argv[1], sys.argv[2]
+    # The environment as started, before any import can change it: what every kernel gets.
+    env = dict(os.environ)
+    from ipykernel import kernelapp  # noqa: F401  (a template without it is no use)
+
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except Exception as e:  # another ipykernel version: the kernel imports what it needs
+            print(f"ipybox kernel factory: not preloading {name}: {e}", file=sys.stderr)
+    __import__("ipybox_runtime.output_flush", fromlist=["install"]).install()
+    gc.collect()
+    gc.freeze()
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a Python handler, so the wakeup fd is used
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+
+    chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    chan.connect(socket_path)
+    chan.sendall(f"{_HELLO} {token}\n".encode())
+    _Template(chan, (wake_r, wake_w), socket_path, env).serve()
+
+
+class _Template:
+    def __init__(self, chan: socket.socket, wake: tuple[int, int], socket_path: str, env: dict):
+        self.chan = chan
+        self.wake = wake
+        self.socket_path = socket_path
+        self.env = env
+        self.children: dict[int, str] = {}  # pid -> request id
+
+    def send(self, msg: dict) -> None:
+        try:
+            self.chan.sendall((json.dumps(msg) + "\n").encode())
+        except OSError:
+            pass  # the host is gone: the next recv sees EOF
+
+    def serve(self) -> None:
+        buf = b""
+        while True:
+            ready, _, _ = select.select([self.chan, self.wake[0]], [], [])
+            if self.wake[0] in ready:
+                try:
+                    while os.read(self.wake[0], 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                self.reap()
+            if self.chan in ready:
+                try:
+                    data = self.chan.recv(65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    self.host_gone()
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    try:
+                        req = json.loads(line)
+                    except ValueError:
+                        print(f"ipybox kernel factory: unreadable request {line[:200]!r}", file=sys.stderr)
+                        continue
+                    self.handle(req)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            kid = self.children.pop(pid, None)
+            if kid is not None:
+                self.send({"op": "exit", "id": kid, "code": os.waitstatus_to_exitcode(status)})
+
+    def host_gone(self) -> None:
+        # ipybox is gone: so must its kernels be (their own lifelines would notice too, unless
+        # their code holds the GIL).
+        for pid in self.children:
+            _kill(pid)
+        os._exit(0)
+
+    def handle(self, req: dict) -> None:
+        if not isinstance(req, dict):
+            return
+        kid = str(req.get("id", ""))
+        if req.get("op") == "kill":
+            for pid, child in self.children.items():
+                if child == kid:
+                    _kill(pid)
+            return
+        if req.get("op") != "fork":
+            return
+        reason = _unsafe_to_fork()
+        if reason is not None:
+            self.send({"op": "refused", "id": kid, "reason": reason})
+            return
+        gc.freeze()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            self.send({"op": "refused", "id": kid, "reason": f"fork failed: {e}"})
+            return
+        if pid == 0:
+            _become_kernel(self, req)  # never returns
+        self.children[pid] = kid
+        self.send({"op": "forked", "id": kid, "pid": pid})
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL to a forked kernel's process group (and to it, if it has not called setsid yet)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _unsafe_to_fork() -> str | None:
+    """Why forking now would not be safe, or None."""
+    if threading.active_count() != 1:
+        return f"{threading.active_count()} Python threads run in the template"
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:
+        tasks = 1
+    if tasks != 1:
+        return f"{tasks} threads run in the template"
+    zmq = sys.modules.get("zmq")
+    if zmq is not None and getattr(zmq.Context, "_instance", None) is not None:
+        return "a zmq Context exists in the template"
+    aio = sys.modules.get("asyncio")
+    if aio is not None:
+        if aio.events._get_running_loop() is not None:
+            return "an asyncio event loop runs in the template"
+        policy = getattr(aio.events, "_event_loop_policy", None)
+        local = getattr(policy, "_local", None)
+        if getattr(local, "_loop", None) is not None:
+            return "an asyncio event loop exists in the template"
+    shell = sys.modules.get("IPython.core.interactiveshell")
+    if shell is not None and shell.InteractiveShell.initialized():
+        return "an IPython shell (with its history database) exists in the template"
+    return None
+
+
+def _become_kernel(template: _Template, req: dict) -> None:
+    """The forked child: becomes the kernel and never returns."""
+    code = 0
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        template.chan.close()
+        for fd in template.wake:
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(template.env)
+        os.chdir(req["cwd"])
+        _fresh_state()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(30)
+        conn.connect(template.socket_path)
+        conn.sendall(f"{_HELLO} {req['id']}\n".encode())
+        conn.settimeout(None)
+        fd = conn.detach()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 0)
+        os.dup2(null, 1)
+        os.dup2(fd, 2)
+        for extra in (fd, null):
+            if extra > 2:
+                os.close(extra)
+        _close_inherited()
+        sys.argv = ["-c", *req["argv"]]
+        threading.Thread(target=_watch_host, name="ipybox-parent-watch", daemon=True).start()
+        from ipykernel import kernelapp
+
+        try:
+            kernelapp.launch_new_instance()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(70)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _fresh_state() -> None:
+    """What a new interpreter would have but a fork copies: random state, cached temp dir, TZ."""
+    import random
+
+    random.seed()  # os.urandom; Python also reseeds its global instance after fork
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None
+    import time
+
+    time.tzset()
+
+
+def _close_inherited() -> None:
+    """Closes every descriptor above stderr: the kernel keeps nothing of the template's."""
+    try:
+        fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 256))
+    for fd in fds:
+        if fd > 2:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _watch_host() -> None:
+    """Exits the kernel when the host closes its end of stdin (or goes away)."""
+    try:
+        while os.read(0, 4096):
+            pass
+    except OSError:
+        pass
+    os._exit(0)

@@ -1,0 +1,488 @@
+//! One template process and the kernels it forks (the Python side is
+//! `python/ipybox_runtime/factory.py`, whose docstring has the protocol and the safety argument).
+//!
+//! The template is started like a kernel ([`local::spawn_kernel_command`]: the kernel
+//! environment, the sandbox wrapper, its own process group, `PR_SET_PDEATHSIG`), so it is
+//! ipybox's child and tokio waits for it. It connects to the factory socket once its imports
+//! are done: that connection carries fork requests and the template's replies (`forked` with the
+//! child's pid, `refused` with a reason, `exit` with a child's status once it has reaped it).
+//!
+//! A forked kernel is the template's child, not ours. It connects to the factory socket itself;
+//! from that connection ipybox learns its pid (`SO_PEERCRED`, valid in ipybox's pid namespace
+//! also for a sandboxed kernel) and keeps its write end as the kernel's lifeline (the kernel
+//! exits on EOF) and its read end as the kernel's stderr. Its end is noticed with a pidfd
+//! ([`super::exit_watch`]); its status is the one the template reports (or "unknown" if the
+//! template is gone by then). Each kernel holds its template (`Arc`): a template is killed when
+//! it is neither the factory's current one nor the template of a running kernel, because under
+//! `--sandbox` its kernels live in its sandbox and would die with it.
+//!
+//! Not here: when templates are built and replaced, and the fallback ([`super`]).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jupyter_protocol::ConnectionInfo;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use super::exit_watch;
+use super::listener::Listener;
+use crate::child_process::{StderrTail, signal_group};
+use crate::kernel::local::{self, Process};
+use crate::kernel::runtime_dir::KernelDirs;
+use crate::kernel::status::{ExitInfo, describe_code, describe_exit, start_err_help};
+use crate::kernel::{KernelConfig, KernelError};
+
+/// Python run with `-c` by the template process.
+const BOOT: &str = "from ipybox_runtime.factory import main; main()";
+
+/// How long the template may take to answer a fork request (it answers right after `fork()`).
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long after a forked kernel ended its status may take to arrive from the template.
+const STATUS_GRACE: Duration = Duration::from_millis(500);
+
+/// What ipybox says when it gives up on the factory for one kernel.
+const HELP: &str = "ipybox starts the kernel without the factory when this happens; set IPYBOX_KERNEL_FACTORY=0 to always do so";
+
+#[derive(Serialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Request<'a> {
+    /// Fork a kernel that runs the kernel app with `argv` in `cwd`.
+    Fork {
+        id: &'a str,
+        argv: Vec<String>,
+        cwd: &'a std::path::Path,
+    },
+    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected).
+    Kill { id: &'a str },
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Message {
+    Forked { id: String },
+    Refused { id: String, reason: String },
+    Exit { id: String, code: i32 },
+}
+
+/// The template's answer to one fork request.
+enum Reply {
+    Forked,
+    Refused(String),
+}
+
+/// What the channel reader shares with fork requests.
+#[derive(Default)]
+struct Routes {
+    replies: HashMap<String, oneshot::Sender<Reply>>,
+    /// The reported exit status of each forked kernel (by request id) that has not been reported
+    /// yet. Dropped (receivers see the sender gone) when the template's channel ends.
+    exits: HashMap<String, watch::Sender<Option<i32>>>,
+}
+
+/// A running template. Dropping it kills its process group.
+pub(crate) struct Template {
+    pid: u32,
+    exit: watch::Receiver<Option<ExitInfo>>,
+    stderr: StderrTail,
+    writer: tokio::sync::Mutex<Option<OwnedWriteHalf>>,
+    routes: Arc<Mutex<Routes>>,
+    /// True once the channel to the template has ended.
+    closed: watch::Receiver<bool>,
+    listener: Arc<Listener>,
+    tasks: Vec<JoinHandle<()>>,
+    _stdin: Option<tokio::process::ChildStdin>,
+    _dir: TemplateDir,
+}
+
+/// The template's host-only directory (under `<runtime>/kernels/`), removed with it.
+struct TemplateDir(PathBuf);
+
+impl TemplateDir {
+    fn create(dir: PathBuf) -> Result<Self, KernelError> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&dir)
+            .map_err(|e| start_err_help(format!("cannot create {}: {e}", dir.display()), HELP))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TemplateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl std::fmt::Debug for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Template").field("pid", &self.pid).finish()
+    }
+}
+
+fn lock(routes: &Mutex<Routes>) -> std::sync::MutexGuard<'_, Routes> {
+    routes.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Kills a template's process group if its start is abandoned or fails.
+struct GroupGuard(u32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.0 != 0 {
+            signal_group(self.0, libc::SIGKILL);
+        }
+    }
+}
+
+impl Template {
+    /// Starts a template for `config` and waits until it has done its imports and connected
+    /// (within `config.start_timeout`).
+    /// `dir` is a fresh host-only directory of the template's own (the sandbox wrapper leaves
+    /// its environment file there), removed with the template.
+    pub(super) async fn start(
+        config: &KernelConfig,
+        listener: Arc<Listener>,
+        dir: PathBuf,
+    ) -> Result<Template, KernelError> {
+        let mut expected = listener.expect();
+        let argv = vec![
+            config.python.display().to_string(),
+            "-c".to_string(),
+            BOOT.to_string(),
+            listener.path().display().to_string(),
+            expected.token.clone(),
+        ];
+        let dir = TemplateDir::create(dir)?;
+        let mut child = local::spawn_kernel_command(config, argv, &dir.0)?;
+        let pid = child.id().unwrap_or(0);
+        let mut guard = GroupGuard(pid);
+        let mut tasks = Vec::new();
+        let mut stderr = StderrTail::default();
+        if let Some(err) = child.stderr.take() {
+            let (tail, reader) = StderrTail::capture(err);
+            stderr = tail;
+            tasks.push(reader);
+        }
+        let stdin = child.stdin.take();
+        let (exit_tx, mut exit) = watch::channel(None);
+        tasks.push(tokio::spawn(async move {
+            let desc = match child.wait().await {
+                Ok(s) => describe_exit(s),
+                Err(e) => format!("unknown exit: {e}"),
+            };
+            let _ = exit_tx.send(Some(ExitInfo(desc)));
+        }));
+        let abort = |tasks: &[JoinHandle<()>]| tasks.iter().for_each(JoinHandle::abort);
+        let hello = tokio::select! {
+            hello = expected.hello() => hello,
+            _ = exit.wait_for(|e| e.is_some()) => None,
+            _ = tokio::time::sleep(config.start_timeout) => {
+                abort(&tasks);
+                return Err(start_err_help(
+                    format!("the kernel factory's template did not start within {} s{}", config.start_timeout.as_secs(), suffix(&stderr)),
+                    HELP,
+                ));
+            }
+        };
+        let Some(hello) = hello else {
+            // Let the exit status and the last stderr lines arrive.
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), exit.wait_for(|e| e.is_some())).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let status = exit.borrow().as_ref().map_or("?".into(), |e| e.0.clone());
+            abort(&tasks);
+            return Err(start_err_help(
+                format!(
+                    "the kernel factory's template exited ({status}){}",
+                    suffix(&stderr)
+                ),
+                HELP,
+            ));
+        };
+        guard.0 = 0;
+        let routes: Arc<Mutex<Routes>> = Arc::default();
+        let (closed_tx, closed) = watch::channel(false);
+        let reader_routes = routes.clone();
+        let mut reader = hello.reader;
+        tasks.push(tokio::spawn(async move {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match reader.read_line(&mut line).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                let msg = match serde_json::from_str::<Message>(&line) {
+                    Ok(msg) => msg,
+                    Err(e) => {
+                        tracing::warn!(
+                            "kernel factory: unreadable message from the template ({e}): {line:?}"
+                        );
+                        continue;
+                    }
+                };
+                let mut routes = lock(&reader_routes);
+                match msg {
+                    Message::Forked { id } => {
+                        if let Some(tx) = routes.replies.remove(&id) {
+                            let _ = tx.send(Reply::Forked);
+                        }
+                    }
+                    Message::Refused { id, reason } => {
+                        if let Some(tx) = routes.replies.remove(&id) {
+                            let _ = tx.send(Reply::Refused(reason));
+                        }
+                    }
+                    Message::Exit { id, code } => {
+                        if let Some(tx) = routes.exits.remove(&id) {
+                            tx.send_replace(Some(code));
+                        }
+                    }
+                }
+            }
+            // The template is gone (or closed its channel): nothing more will be reported.
+            let mut routes = lock(&reader_routes);
+            routes.replies.clear();
+            routes.exits.clear();
+            let _ = closed_tx.send(true);
+        }));
+        Ok(Template {
+            pid,
+            exit,
+            stderr,
+            writer: tokio::sync::Mutex::new(Some(hello.writer)),
+            routes,
+            closed,
+            listener,
+            tasks,
+            _stdin: stdin,
+            _dir: dir,
+        })
+    }
+
+    /// The template's process id (its sandbox wrapper's under `--sandbox`).
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Why the template can no longer fork, if it cannot.
+    pub(super) fn broken(&self) -> Option<String> {
+        if let Some(e) = self.exit.borrow().as_ref() {
+            return Some(format!(
+                "the template process exited ({}){}",
+                e.0,
+                suffix(&self.stderr)
+            ));
+        }
+        if *self.closed.borrow() {
+            return Some("the template closed its connection to ipybox".into());
+        }
+        None
+    }
+
+    /// Forks a kernel for `config` in `dir` and waits until it connected back; `pid` receives
+    /// its process id then. The kernel is not yet ready: connect and handshake as for any
+    /// local kernel.
+    pub(crate) async fn fork(
+        self: &Arc<Self>,
+        config: &KernelConfig,
+        dir: KernelDirs,
+        pid: &AtomicU32,
+    ) -> Result<(ConnectionInfo, Process), KernelError> {
+        let fail = |reason: String| start_err_help(reason, HELP);
+        if let Some(why) = self.broken() {
+            return Err(fail(format!("cannot fork: {why}")));
+        }
+        let (info, conn_file) = local::write_connection(&dir)?;
+        let mut expected = self.listener.expect();
+        let id = expected.token.clone();
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let (status_tx, mut status) = watch::channel(None);
+        {
+            let mut routes = lock(&self.routes);
+            routes.replies.insert(id.clone(), reply_tx);
+            routes.exits.insert(id.clone(), status_tx);
+        }
+        // Forgets this request's routes however the fork ends (the exit route stays while the
+        // kernel runs: the status receiver keeps it wanted).
+        struct Forget<'a>(&'a Mutex<Routes>, &'a str, bool);
+        impl Drop for Forget<'_> {
+            fn drop(&mut self) {
+                let mut routes = lock(self.0);
+                routes.replies.remove(self.1);
+                if self.2 {
+                    routes.exits.remove(self.1);
+                }
+            }
+        }
+        let mut forget = Forget(&self.routes, &id, true);
+
+        let request = Request::Fork {
+            id: &id,
+            argv: local::kernel_args(config, &conn_file),
+            cwd: &config.workspace,
+        };
+        self.send(&request)
+            .await
+            .map_err(|e| fail(format!("cannot reach the template: {e}")))?;
+        // Until the kernel has connected, giving up on it (an error below, or this future
+        // dropped) has the template kill it: ipybox does not know its pid yet.
+        let mut unclaimed = Unclaimed {
+            template: self.clone(),
+            id: id.clone(),
+            armed: false,
+        };
+        match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
+            Ok(Ok(Reply::Forked)) => unclaimed.armed = true,
+            Ok(Ok(Reply::Refused(reason))) => {
+                return Err(fail(format!("the template refused to fork: {reason}")));
+            }
+            Ok(Err(_)) => {
+                return Err(fail(format!(
+                    "the template was lost while forking: {}",
+                    self.broken()
+                        .unwrap_or_else(|| "the connection closed".into())
+                )));
+            }
+            Err(_) => {
+                return Err(fail(format!(
+                    "the template did not answer a fork request within {} s",
+                    REPLY_TIMEOUT.as_secs()
+                )));
+            }
+        }
+        let hello = tokio::select! {
+            hello = expected.hello() => hello,
+            _ = status.changed() => None,
+            _ = tokio::time::sleep(config.start_timeout) => None,
+        };
+        let Some(hello) = hello else {
+            let why = match *status.borrow() {
+                Some(code) => format!(
+                    "the forked kernel exited before it connected ({}){}",
+                    describe_code(code),
+                    suffix(&self.stderr)
+                ),
+                None => self.broken().unwrap_or_else(|| {
+                    format!(
+                        "the forked kernel did not connect within {} s",
+                        config.start_timeout.as_secs()
+                    )
+                }),
+            };
+            return Err(fail(why));
+        };
+        let Some(kernel_pid) = hello.pid.filter(|p| *p > 1) else {
+            return Err(fail(
+                "cannot tell the forked kernel's process id (SO_PEERCRED)".into(),
+            ));
+        };
+        unclaimed.armed = false;
+        forget.2 = false;
+        drop(forget);
+        pid.store(kernel_pid, Ordering::SeqCst);
+
+        let (stderr_tail, reader) = StderrTail::capture(hello.reader);
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let routes = self.routes.clone();
+        let watcher = tokio::spawn(async move {
+            exit_watch::ended(kernel_pid).await;
+            let reported = tokio::time::timeout(STATUS_GRACE, status.wait_for(Option::is_some))
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .and_then(|code| *code);
+            lock(&routes).exits.remove(&id);
+            let desc = match reported {
+                Some(code) => describe_code(code),
+                None => "exit status unknown: the kernel factory's template did not report it"
+                    .to_string(),
+            };
+            let _ = exit_tx.send(Some(ExitInfo(desc)));
+        });
+        let lifeline: Box<dyn Send + Sync> = Box::new((hello.writer, self.clone()));
+        Ok((
+            info,
+            Process::new(
+                kernel_pid,
+                dir,
+                exit_rx,
+                stderr_tail,
+                vec![reader, watcher],
+                lifeline,
+            ),
+        ))
+    }
+
+    /// Writes one request to the template.
+    async fn send(&self, request: &Request<'_>) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(request).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        let mut writer = self.writer.lock().await;
+        match writer.as_mut() {
+            Some(w) => w.write_all(&line).await,
+            None => Err(std::io::Error::other("the template is shut down")),
+        }
+    }
+
+    /// Closes the channel (the template kills the kernels it forked that still run, and exits),
+    /// then waits up to `within` for the template to end; kills its group if it has not.
+    pub(super) async fn close(&self, within: Duration) {
+        self.writer.lock().await.take();
+        let mut exit = self.exit.clone();
+        let _ = tokio::time::timeout(within, exit.wait_for(|e| e.is_some())).await;
+        signal_group(self.pid, libc::SIGKILL);
+    }
+}
+
+impl Drop for Template {
+    fn drop(&mut self) {
+        // Its kernels are gone (each held it); what is left is the template and, under
+        // --sandbox, the sandbox wrapper around it.
+        signal_group(self.pid, libc::SIGKILL);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// A forked kernel that has not connected yet: if ipybox gives up on it, the template kills it.
+struct Unclaimed {
+    template: Arc<Template>,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let template = self.template.clone();
+        let id = std::mem::take(&mut self.id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = template.send(&Request::Kill { id: &id }).await;
+            });
+        }
+    }
+}
+
+fn suffix(stderr: &StderrTail) -> String {
+    let tail = stderr.last_lines();
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; template stderr:\n{tail}")
+    }
+}

@@ -1,0 +1,347 @@
+//! The kernel factory against real kernels: a forked kernel sees nothing of its template or of
+//! the kernel before it (variables, imports, environment, cwd, random state, descriptors);
+//! forks under load (16 resets in a row, 8 executors at once); a template killed while idle or
+//! in the middle of a fork, and one that is not safe to fork from (rebuilt, or kernels start
+//! plainly, with a log line); the plain launch when the factory is turned off. (Packages
+//! installed with `install_package` reaching new kernels: `mcp_server`; the sandbox: `sandbox`.)
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ipybox::CodeExecutor;
+use ipybox::host_env::HostEnv;
+use serde_json::json;
+
+use crate::support::{connect_ipybox_with, ok_text, run, wait_gone};
+
+/// The parent of `pid` (from /proc).
+fn ppid(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
+}
+
+fn cmdline(pid: u32) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+        .replace('\0', " ")
+}
+
+/// The template `pid` was forked from, if its parent is one.
+fn template_of(pid: u32) -> Option<u32> {
+    let parent = ppid(pid);
+    cmdline(parent)
+        .contains("ipybox_runtime.factory")
+        .then_some(parent)
+}
+
+/// The targets of `pid`'s open descriptors that name one pipe or socket (`pipe:[123]`).
+fn pipes_and_sockets(pid: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        if let Ok(target) = std::fs::read_link(entry.path()) {
+            let t = target.display().to_string();
+            if t.starts_with("pipe:") || t.starts_with("socket:") {
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forked_kernel_sees_nothing_of_the_kernel_before_it() {
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir(ws.path().join("sub")).unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .build();
+    ex.start().await.unwrap();
+    let workspace = ex.workspace().unwrap();
+    let first = ex.kernel_pid().await.unwrap();
+    let template = template_of(first).expect("the kernel is forked from a template");
+    // The kernel holds none of the template's pipes and sockets (its stdin and stderr pipes
+    // from ipybox, its request channel): only descriptors of its own.
+    let shared: Vec<String> = pipes_and_sockets(first)
+        .into_iter()
+        .filter(|t| pipes_and_sockets(template).contains(t))
+        .collect();
+    assert_eq!(shared, Vec::<String>::new(), "inherited from the template");
+
+    let draws = "import random, uuid\nprint(random.random(), uuid.uuid4())";
+    let out = run(
+        &ex,
+        &format!(
+            "import os, sys, colorsys\nsecret = 42\nos.environ['IPYBOX_LEAK'] = '1'\nos.chdir('sub')\n{draws}"
+        ),
+    )
+    .await;
+    let mut seen = vec![out];
+    for _ in 0..2 {
+        ex.reset().await.unwrap();
+        let pid = ex.kernel_pid().await.unwrap();
+        assert_eq!(
+            template_of(pid),
+            Some(template),
+            "forked from the same template"
+        );
+        let isolated = run(
+            &ex,
+            "import os, sys\nprint('secret' in globals(), 'colorsys' in sys.modules, 'IPYBOX_LEAK' in os.environ, os.getcwd())",
+        )
+        .await;
+        assert_eq!(
+            isolated,
+            format!("False False False {}", workspace.display())
+        );
+        seen.push(run(&ex, draws).await);
+    }
+    // Every kernel draws its own random numbers and UUIDs (Python's `random` was reseeded, not
+    // copied from the template).
+    let words: Vec<Vec<&str>> = seen.iter().map(|s| s.split(' ').collect()).collect();
+    for i in 0..words.len() {
+        for j in i + 1..words.len() {
+            assert_ne!(words[i][0], words[j][0], "random.random(): {seen:?}");
+            assert_ne!(words[i][1], words[j][1], "uuid.uuid4(): {seen:?}");
+        }
+    }
+    // stdin is the kernel's lifeline to ipybox: a socket.
+    assert_eq!(
+        run(
+            &ex,
+            "import os, stat\nprint(stat.S_ISSOCK(os.fstat(0).st_mode))"
+        )
+        .await,
+        "True"
+    );
+    ex.stop().await;
+    assert!(wait_gone(template, Duration::from_secs(3)).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sixteen_resets_in_a_row_each_fork_a_fresh_kernel() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder().workspace(ws.path()).build();
+    ex.start().await.unwrap();
+    let template = template_of(ex.kernel_pid().await.unwrap()).expect("forked");
+    let mut pids = Vec::new();
+    let mut took = Vec::new();
+    for i in 0..16 {
+        run(&ex, &format!("mark = {i}")).await;
+        let t = Instant::now();
+        ex.reset().await.unwrap();
+        assert_eq!(run(&ex, "'mark' in globals()").await, "False");
+        took.push(t.elapsed());
+        let pid = ex.kernel_pid().await.unwrap();
+        assert_eq!(template_of(pid), Some(template), "reset {i}: not forked");
+        pids.push(pid);
+    }
+    eprintln!("16 resets in a row, reset -> result: {took:?}");
+    let mut distinct = pids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 16, "{pids:?}");
+    for old in &pids[..15] {
+        assert!(wait_gone(*old, Duration::from_secs(3)).await, "{old} left");
+    }
+    ex.stop().await;
+    assert!(wait_gone(pids[15], Duration::from_secs(3)).await);
+    assert!(wait_gone(template, Duration::from_secs(3)).await);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn eight_executors_fork_their_kernels_at_once() {
+    let dirs: Vec<_> = (0..8).map(|_| tempfile::tempdir().unwrap()).collect();
+    let executors: Vec<CodeExecutor> = dirs
+        .iter()
+        .map(|d| CodeExecutor::builder().workspace(d.path()).build())
+        .collect();
+    let outs = futures::future::join_all(executors.iter().enumerate().map(|(i, ex)| async move {
+        ex.start().await.unwrap();
+        run(ex, &format!("import os\nprint({i}, os.getpid())")).await
+    }))
+    .await;
+    let mut templates = Vec::new();
+    let mut kernels = Vec::new();
+    for (i, out) in outs.iter().enumerate() {
+        let (n, pid) = out.split_once(' ').unwrap();
+        assert_eq!(n, i.to_string());
+        let pid: u32 = pid.parse().unwrap();
+        assert_eq!(executors[i].kernel_pid().await, Some(pid));
+        templates.push(template_of(pid).expect("forked"));
+        kernels.push(pid);
+    }
+    templates.sort();
+    templates.dedup();
+    assert_eq!(templates.len(), 8, "one template per executor");
+    futures::future::join_all(executors.iter().map(CodeExecutor::stop)).await;
+    for pid in kernels.into_iter().chain(templates) {
+        assert!(wait_gone(pid, Duration::from_secs(3)).await, "{pid} left");
+    }
+}
+
+/// `(pid, parent pid)` of the kernel, asked through the MCP server.
+async fn kernel_and_parent(s: &ipybox::tools::McpSession) -> (u32, u32) {
+    let out = ok_text(
+        s,
+        "execute_ipython_cell",
+        json!({"code": "import os\nprint(os.getpid(), os.getppid())"}),
+    )
+    .await;
+    let (a, b) = out.trim().split_once(' ').unwrap();
+    (a.parse().unwrap(), b.parse().unwrap())
+}
+
+/// Waits until the server's log (its stderr) holds `needle`.
+async fn log_shows(s: &ipybox::tools::McpSession, needle: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let log = s.stderr_tail().unwrap_or_default();
+        if log.contains(needle) || start.elapsed() > Duration::from_secs(5) {
+            return log;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_template_is_replaced_even_in_the_middle_of_a_fork() {
+    let ws = tempfile::tempdir().unwrap();
+    let s = connect_ipybox_with(ws.path(), &["--spare-kernels", "0"], &[]).await;
+    let server = s.pid().unwrap();
+    let (k1, t1) = kernel_and_parent(&s).await;
+    assert!(cmdline(t1).contains("ipybox_runtime.factory"), "forked");
+    let kill = |pid: u32, sig: i32| unsafe {
+        libc::kill(pid as i32, sig);
+    };
+
+    // Killed while idle: the kernels it forked live on; the next kernel comes from a new one.
+    kill(t1, libc::SIGKILL);
+    assert!(wait_gone(t1, Duration::from_secs(3)).await);
+    assert_eq!(
+        kernel_and_parent(&s).await.0,
+        k1,
+        "the kernel outlives its template"
+    );
+    ok_text(&s, "reset", json!({})).await;
+    let (k2, t2) = kernel_and_parent(&s).await;
+    assert_ne!(k2, k1);
+    assert_ne!(t2, t1);
+    assert!(cmdline(t2).contains("ipybox_runtime.factory"), "rebuilt");
+    let log = log_shows(&s, "the template process exited").await;
+    assert!(
+        log.contains("kernel factory: the template process exited (killed by signal 9 (SIGKILL))"),
+        "{log}"
+    );
+
+    // Killed while a fork waits for it (stopped, so the request cannot be answered): the kernel
+    // starts without the factory, and the one after comes from a new template.
+    kill(t2, libc::SIGSTOP);
+    let killer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        kill(t2, libc::SIGKILL);
+    });
+    ok_text(&s, "reset", json!({})).await;
+    killer.await.unwrap();
+    let (k3, parent) = kernel_and_parent(&s).await;
+    assert_eq!(parent, server, "started without the factory");
+    assert_ne!(k3, k2);
+    let log = log_shows(&s, "the template was lost while forking").await;
+    assert!(
+        log.contains("kernel factory: the template was lost while forking")
+            && log.contains("starting the kernel without it; building a new template"),
+        "{log}"
+    );
+    ok_text(&s, "reset", json!({})).await;
+    let (k4, t4) = kernel_and_parent(&s).await;
+    assert_ne!(k4, k3);
+    assert!(
+        cmdline(t4).contains("ipybox_runtime.factory") && t4 != t2,
+        "forked from a new template: parent {t4}"
+    );
+    s.close().await;
+    for pid in [k1, k2, k3, k4, t4] {
+        assert!(wait_gone(pid, Duration::from_secs(3)).await, "{pid} left");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_template_that_cannot_fork_safely_is_not_used() {
+    let ws = tempfile::tempdir().unwrap();
+    // A user's module that starts a thread when Python starts (sitecustomize on the kernel's
+    // PYTHONPATH): forking the template would copy a process with two threads.
+    let lib = ws.path().join("lib");
+    std::fs::create_dir(&lib).unwrap();
+    std::fs::write(
+        lib.join("sitecustomize.py"),
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n",
+    )
+    .unwrap();
+    std::fs::write(
+        ws.path().join(".env"),
+        format!("KERNEL_ENV_PYTHONPATH={}\n", lib.display()),
+    )
+    .unwrap();
+    let s = connect_ipybox_with(ws.path(), &["--spare-kernels", "0"], &[]).await;
+    let server = s.pid().unwrap();
+    for _ in 0..4 {
+        let (_, parent) = kernel_and_parent(&s).await;
+        assert_eq!(parent, server, "started without the factory");
+        ok_text(&s, "reset", json!({})).await;
+    }
+    let log = log_shows(&s, "from now on").await;
+    assert!(
+        log.contains(
+            "kernel factory: the template refused to fork: 2 Python threads run in the template"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("kernels start without the factory from now on (3 failures in a row)"),
+        "{log}"
+    );
+    s.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_plain_launch_stays_selectable() {
+    let me = std::process::id();
+    let ws = tempfile::tempdir().unwrap();
+    let check = |ex: CodeExecutor| async move {
+        ex.start().await.unwrap();
+        let pid = ex.kernel_pid().await.unwrap();
+        assert_eq!(ppid(pid), me, "a child of ipybox, not forked");
+        let rt = ex.runtime_dir().await.unwrap();
+        assert!(!rt.join("factory/sock").exists(), "no factory");
+        assert_eq!(run(&ex, "6 * 7").await, "42");
+        ex.stop().await;
+    };
+    check(
+        CodeExecutor::builder()
+            .workspace(ws.path())
+            .kernel_factory(false)
+            .build(),
+    )
+    .await;
+    let mut vars: HashMap<String, String> = std::env::vars().collect();
+    vars.insert("IPYBOX_KERNEL_FACTORY".into(), "0".into());
+    check(
+        CodeExecutor::builder()
+            .workspace(ws.path())
+            .host_env(HostEnv::from_vars(vars))
+            .build(),
+    )
+    .await;
+    // On is the default.
+    let ex = CodeExecutor::builder().workspace(ws.path()).build();
+    ex.start().await.unwrap();
+    assert!(template_of(ex.kernel_pid().await.unwrap()).is_some());
+    assert!(Path::new(&ex.runtime_dir().await.unwrap().join("factory/sock")).exists());
+    ex.stop().await;
+}
