@@ -47,6 +47,13 @@ pub(crate) async fn launch(
                     }
                     Err(e) => factory.fork_failed(&template, &e),
                 }
+                // The failed fork may have left its connection file, or removed the directories.
+                dir.recreate().map_err(|e| {
+                    start_err(format!(
+                        "cannot recreate {} after a failed fork: {e}",
+                        dir.host.display()
+                    ))
+                })?;
             }
             let started = Instant::now();
             let spawned = local::spawn(config, dir, pid);

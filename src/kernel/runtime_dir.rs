@@ -39,6 +39,39 @@ pub(crate) struct KernelDirs {
 }
 
 impl KernelDirs {
+    /// Creates `host` (0700) and, inside the kernel-writable directory `writable`, a fresh
+    /// `ipc` directory named `name`: whatever a kernel left at that name (a directory, a link)
+    /// is removed first, without following it. Whatever `host` held is removed too.
+    fn create(
+        host: PathBuf,
+        writable: &crate::safe_fs::NoFollowDir,
+        name: &str,
+    ) -> std::io::Result<Self> {
+        let _ = std::fs::remove_dir_all(&host);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&host)?;
+        writable.remove_tree(name)?;
+        let ipc = writable.subdir(name, Some(0o700))?;
+        Ok(KernelDirs {
+            host,
+            ipc: ipc.path().to_path_buf(),
+        })
+    }
+
+    /// Both directories, empty again (after a start that failed and may have left files or
+    /// removed them): a second way of starting the same kernel begins from scratch.
+    pub(crate) fn recreate(&self) -> std::io::Result<()> {
+        let (Some(parent), Some(name)) = (self.ipc.parent(), self.ipc.file_name()) else {
+            return Err(std::io::Error::other(
+                "a kernel's IPC directory has no parent",
+            ));
+        };
+        let writable = crate::safe_fs::NoFollowDir::open(parent, None)?;
+        Self::create(self.host.clone(), &writable, &name.to_string_lossy()).map(|_| ())
+    }
+
     /// Removes both directories (a link planted at `ipc` is removed, not followed).
     pub(crate) fn remove(&self) {
         let _ = std::fs::remove_dir_all(&self.host);
@@ -113,18 +146,11 @@ impl RuntimeDir {
     /// Fresh directories for kernel `name` (`k<N>`). Whatever a kernel left at the IPC
     /// directory's name (a directory, a link) is removed first, without following it.
     pub(crate) fn kernel_dirs(&self, name: &str) -> std::io::Result<KernelDirs> {
-        let host = self.host_kernels().join(name);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .recursive(true)
-            .create(&host)?;
-        let writable = self.kernel_writable()?;
-        writable.remove_tree(name)?;
-        let ipc = writable.subdir(name, Some(0o700))?;
-        Ok(KernelDirs {
-            host,
-            ipc: ipc.path().to_path_buf(),
-        })
+        KernelDirs::create(
+            self.host_kernels().join(name),
+            &self.kernel_writable()?,
+            name,
+        )
     }
 }
 
