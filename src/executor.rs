@@ -295,6 +295,9 @@ impl CodeExecutorBuilder {
     /// later (reset, replacement) are new ones.
     pub fn attach_kernel(mut self, id: impl Into<String>) -> Self {
         self.attach_kernel = Some(id.into());
+        self
+    }
+
     /// Forks new local kernels from a template process that has already imported IPython and
     /// ipykernel (the kernel factory), so a kernel is ready in tens of milliseconds and kernels
     /// share those pages; `false` launches each kernel as a fresh Python process, as ipybox did

@@ -23,6 +23,16 @@ fn live_parents() -> Vec<(u32, u32)> {
     parent_of
 }
 
+/// The live children of `pid`.
+#[allow(dead_code)] // the benchmark includes this file and needs only `descendants`
+pub(crate) fn children(pid: u32) -> Vec<u32> {
+    live_parents()
+        .into_iter()
+        .filter(|(_, pp)| *pp == pid)
+        .map(|(p, _)| p)
+        .collect()
+}
+
 /// Every live descendant of `pid` (children of children, ...), from /proc.
 pub(crate) fn descendants(pid: u32) -> Vec<u32> {
     let parent_of = live_parents();
