@@ -407,8 +407,7 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
     // Over HTTP every session is its own executor, and a kernel factory template per session
     // would cost more memory (~15 MB PSS each) than it saves: sessions launch plain kernels
     // unless IPYBOX_KERNEL_FACTORY says otherwise (docs/http.md).
-    let http_default_plain =
-        http.is_some() && std::env::var_os("IPYBOX_KERNEL_FACTORY").is_none();
+    let http_default_plain = http.is_some() && std::env::var_os("IPYBOX_KERNEL_FACTORY").is_none();
     if args.no_kernel_factory || http_default_plain {
         builder = builder.kernel_factory(false);
     }
