@@ -245,8 +245,9 @@ async fn os_exit_and_sigkill_are_noticed_and_recovered() {
         )
         .await
         .unwrap_err();
+    // Noticed at once, not at the 30 s timeout (5 s leaves room for a loaded machine).
     assert!(
-        start.elapsed() < Duration::from_secs(1),
+        start.elapsed() < Duration::from_secs(5),
         "noticed after {:?}",
         start.elapsed()
     );
@@ -269,7 +270,7 @@ async fn os_exit_and_sigkill_are_noticed_and_recovered() {
         .unwrap_err();
     let killed_at = killer.await.unwrap();
     assert!(
-        killed_at.elapsed() < Duration::from_secs(1),
+        killed_at.elapsed() < Duration::from_secs(5),
         "noticed {:?} after the kill",
         killed_at.elapsed()
     );

@@ -199,18 +199,20 @@ async fn timeouts_interrupt_proof_code_death_and_reset() {
         let err = ex
             .execute(
                 "import time\nprint('started')\ntime.sleep(30)",
-                Some(Duration::from_secs(1)),
+                // 3 s: on a loaded machine the cell may reach a remote kernel a second late, and
+                // the test checks that its output before the timeout is kept.
+                Some(Duration::from_secs(3)),
             )
             .await
             .unwrap_err();
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < Duration::from_secs(8),
             "{kind:?}: {:?}",
             start.elapsed()
         );
         assert_eq!(
             err.to_string(),
-            "execution timed out after 1 s and was interrupted; kernel state was kept"
+            "execution timed out after 3 s and was interrupted; kernel state was kept"
         );
         assert_eq!(err.output(), "started");
         assert_eq!(run(&ex, "kept").await, "'still here'", "{kind:?}");
