@@ -145,8 +145,19 @@ impl ShellArgs {
     }
 }
 
-/// `ipybox serve --http`: MCP over Streamable HTTP, a kernel per agent session.
-#[derive(clap::Args, Debug)]
+impl std::fmt::Debug for HttpArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpArgs")
+            .field("http", &self.http)
+            .field("token", &format_args!("<{} redacted>", self.token.len()))
+            .field("token_file", &self.token_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `ipybox serve --http`: MCP over Streamable HTTP, a kernel per agent session. (Its `Debug`
+/// shows no token.)
+#[derive(clap::Args)]
 struct HttpArgs {
     /// Serve MCP over Streamable HTTP at http://HOST:PORT/mcp instead of stdio (e.g.
     /// 127.0.0.1:8000; binding anything but loopback needs a bearer token).

@@ -3,7 +3,8 @@
 //! `ipybox-s1.<route>.<payload>`: `route` is the replica that holds the kernel (local kernels:
 //! a load balancer may route on it, e.g. from the `Mcp-Param-Session` header) or `gw` for a
 //! kernel on a kernel gateway (any replica can serve it); `payload` (base64url) is the
-//! session's random id (128 bits), the route or the gateway kernel's id, and a 128-bit tag:
+//! session's random id (128 bits), the route or the gateway kernel's id (and which of the
+//! session's kernels it is: its generation), and a 128-bit tag:
 //! HMAC-SHA256 under the server's session key of all that and the caller's credential. So a
 //! handle cannot be guessed or altered, works only with the token it was made for, and is
 //! valid on every replica that shares the session key (`--session-secret`).
@@ -30,8 +31,10 @@ const TAG_LEN: usize = 16;
 pub(crate) enum Place {
     /// A local kernel of replica `route`.
     Local { replica: String },
-    /// Kernel `kernel_id` on the kernel gateway (empty: its kernel never started).
-    Gateway { kernel_id: String },
+    /// Kernel `kernel_id` on the kernel gateway (empty: its kernel never started), the
+    /// session's `generation`-th kernel (0 for the first; each replacement, a reset say, counts
+    /// one up), so a replica can tell a newer handle from an outdated one.
+    Gateway { kernel_id: String, generation: u32 },
 }
 
 /// A handle's contents.
@@ -86,16 +89,19 @@ impl Handles {
     pub(crate) fn encode(&self, handle: &Handle, caller: &Caller) -> String {
         let (route, detail) = match &handle.place {
             Place::Local { replica } => (replica.as_str(), replica.as_str()),
-            Place::Gateway { kernel_id } => (GATEWAY_ROUTE, kernel_id.as_str()),
+            Place::Gateway { kernel_id, .. } => (GATEWAY_ROUTE, kernel_id.as_str()),
         };
         let mut body = Vec::with_capacity(18 + detail.len() + TAG_LEN);
         body.push(match handle.place {
             Place::Local { .. } => 0,
-            Place::Gateway { .. } => 1,
+            Place::Gateway { .. } => 2,
         });
         body.extend_from_slice(&handle.id);
         body.push(u8::try_from(detail.len()).unwrap_or(u8::MAX));
         body.extend_from_slice(&detail.as_bytes()[..detail.len().min(255)]);
+        if let Place::Gateway { generation, .. } = handle.place {
+            body.extend_from_slice(&generation.to_be_bytes());
+        }
         let tag = self.tag(caller, &body);
         body.extend_from_slice(&tag);
         format!("{PREFIX}{route}.{}", URL_SAFE_NO_PAD.encode(body))
@@ -121,13 +127,22 @@ impl Handles {
         id.copy_from_slice(&body[1..17]);
         let len = usize::from(body[17]);
         let detail = body.get(18..18 + len).ok_or(Invalid::Malformed)?;
-        if 18 + len != body.len() {
+        // Kind 1 (gateway handles before generations) has none: generation 0.
+        let tail = if kind == 2 { 4 } else { 0 };
+        if 18 + len + tail != body.len() {
             return Err(Invalid::Malformed);
         }
         let detail = String::from_utf8(detail.to_vec()).map_err(|_| Invalid::Malformed)?;
         let place = match kind {
             0 if route == detail => Place::Local { replica: detail },
-            1 if route == GATEWAY_ROUTE => Place::Gateway { kernel_id: detail },
+            1 | 2 if route == GATEWAY_ROUTE => {
+                let mut generation = [0; 4];
+                generation[..tail].copy_from_slice(&body[18 + len..]);
+                Place::Gateway {
+                    kernel_id: detail,
+                    generation: u32::from_be_bytes(generation),
+                }
+            }
             _ => return Err(Invalid::Malformed),
         };
         Ok(Handle { id, place })
@@ -166,6 +181,7 @@ mod tests {
             id: [9; 16],
             place: Place::Gateway {
                 kernel_id: "3f1c2a44-0000-4000-8000-000000000001".into(),
+                generation: 7,
             },
         };
         for handle in [local("replica-a"), gw] {

@@ -41,8 +41,14 @@ type Body = BoxBody<Bytes, Infallible>;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 
+/// Connections served at once; more are closed at accept.
+const MAX_CONNECTIONS: usize = 4096;
+
+/// How long stopping every session's kernel may take at shutdown, after the grace.
+const SHUTDOWN_BOUND: Duration = Duration::from_secs(30);
+
 /// What `ipybox serve --http` is told by its command line (beyond the MCP server's config).
-#[derive(Debug)]
+/// (Its `Debug` leaves out the session key; `Tokens` shows no token.)
 pub(crate) struct HttpOptions {
     pub(crate) addr: SocketAddr,
     pub(crate) tokens: Tokens,
@@ -59,6 +65,22 @@ pub(crate) struct HttpOptions {
     pub(crate) sessions: SessionConfig,
     /// The key of session handles (replicas share it).
     pub(crate) session_key: Vec<u8>,
+}
+
+impl std::fmt::Debug for HttpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpOptions")
+            .field("addr", &self.addr)
+            .field("tokens", &self.tokens)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field("allowed_origins", &self.allowed_origins)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("session_header", &self.session_header)
+            .field("trust_tenants", &self.trust_tenants)
+            .field("session_key", &"<redacted>")
+            .finish_non_exhaustive()
+    }
 }
 
 /// What the request handler shares.
@@ -298,6 +320,7 @@ pub(crate) async fn serve_http(
         })
     };
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let signal_name = loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -321,10 +344,19 @@ pub(crate) async fn serve_http(
                 Ok::<_, Infallible>(response)
             }
         });
+        // Headers must arrive within 30 s (a client that opens connections and sends nothing
+        // holds no file descriptor longer); at most MAX_CONNECTIONS at once.
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            tracing::warn!("{MAX_CONNECTIONS} connections open: refusing one more");
+            continue;
+        };
         let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30))
             .serve_connection(TokioIo::new(stream), service);
         let watched = graceful.watch(conn);
         tokio::spawn(async move {
+            let _permit = permit;
             if let Err(e) = watched.await {
                 tracing::debug!("connection ended: {e}");
             }
@@ -337,7 +369,17 @@ pub(crate) async fn serve_http(
     state.draining.store(true, Ordering::SeqCst);
     drop(listener);
     reaper.abort();
-    registry.close_all(options.shutdown_grace).await;
+    // Closing every session is bounded: the grace, then at most SHUTDOWN_BOUND for stopping
+    // kernels (gateway calls time out on their own). A second signal exits at once (local
+    // kernels end with ipybox: stdin EOF, PDEATHSIG; gateway kernels may be left: the log says).
+    tokio::select! {
+        () = registry.close_all(options.shutdown_grace) => {}
+        () = tokio::time::sleep(options.shutdown_grace + SHUTDOWN_BOUND) => {
+            tracing::warn!("sessions still closing after {} s: exiting; kernels on a gateway may be left running", (options.shutdown_grace + SHUTDOWN_BOUND).as_secs());
+        }
+        _ = sigterm.recv() => tracing::warn!("second SIGTERM: exiting now; kernels on a gateway may be left running"),
+        _ = sigint.recv() => tracing::warn!("second SIGINT: exiting now; kernels on a gateway may be left running"),
+    }
     // Ends the SSE streams and handshake-era sessions still open.
     cancel.cancel();
     if tokio::time::timeout(Duration::from_secs(2), graceful.shutdown())

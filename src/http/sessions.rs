@@ -93,6 +93,8 @@ pub(crate) struct Registry {
     /// Started executors for new sessions (with their ids), refilled in the background.
     warm: tokio::sync::Mutex<mpsc::Receiver<([u8; 16], CodeExecutor)>>,
     warm_tx: mpsc::Sender<([u8; 16], CodeExecutor)>,
+    /// The tasks starting warm executors (waited for, then aborted, at shutdown).
+    refills: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set at shutdown: no new sessions.
     closing: std::sync::atomic::AtomicBool,
 }
@@ -128,6 +130,7 @@ impl Registry {
             closed: Mutex::default(),
             warm: tokio::sync::Mutex::new(warm_rx),
             warm_tx,
+            refills: Mutex::default(),
             closing: Default::default(),
             config,
         });
@@ -156,7 +159,7 @@ impl Registry {
             return;
         }
         let registry = Arc::downgrade(self);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let Some(this) = registry.upgrade() else {
                 return;
             };
@@ -175,6 +178,9 @@ impl Registry {
                 Err(e) => tracing::warn!("a warm kernel for new sessions failed to start: {e}"),
             }
         });
+        let mut refills = self.refills.lock().unwrap_or_else(|p| p.into_inner());
+        refills.retain(|t| !t.is_finished());
+        refills.push(task);
     }
 
     fn closing(&self) -> bool {
@@ -182,10 +188,15 @@ impl Registry {
     }
 
     fn refuse_more(&self) -> Result<(), String> {
+        self.refuse_with(self.len())
+    }
+
+    /// Whether one more session may open while `open` are open (the error counts as a refusal).
+    fn refuse_with(&self, open: usize) -> Result<(), String> {
         if self.closing() {
             return Err("ipybox is shutting down: no new sessions\n  help: retry in a moment (against another replica, if there is one)".into());
         }
-        if self.len() >= self.config.max_sessions {
+        if open >= self.config.max_sessions {
             metrics::session_refused();
             return Err(format!(
                 "too many sessions: this ipybox already runs the maximum of {} kernel sessions (--max-sessions)\n  help: retry later (sessions idle for {} s are closed), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions",
@@ -221,13 +232,13 @@ impl Registry {
             self.config.max_concurrent_calls,
         ));
         {
+            // Checked again under the lock: other sessions may have opened meanwhile.
             let mut open = self.open();
-            if open.len() >= self.config.max_sessions {
+            if let Err(why) = self.refuse_with(open.len()) {
                 drop(open);
-                metrics::session_refused();
                 let executor = session.executor.clone();
                 tokio::spawn(async move { executor.stop().await });
-                return Err(self.refuse_more().err().unwrap_or_default());
+                return Err(why);
             }
             open.insert(id, session.clone());
         }
@@ -243,6 +254,7 @@ impl Registry {
         caller: &Caller,
         handle: &Handle,
         kernel_id: &str,
+        generation: u32,
         replacing: Option<Arc<KernelSession>>,
     ) -> Result<Arc<KernelSession>, String> {
         if kernel_id.is_empty() {
@@ -252,12 +264,15 @@ impl Registry {
             self.refuse_more()?;
         }
         let executor = self.factory.executor(&handle.id, Some(kernel_id));
-        let session = Arc::new(KernelSession::new(
-            executor,
-            caller.clone(),
-            handle.id,
-            self.config.max_concurrent_calls,
-        ));
+        let session = Arc::new(
+            KernelSession::new(
+                executor,
+                caller.clone(),
+                handle.id,
+                self.config.max_concurrent_calls,
+            )
+            .continued(kernel_id, generation),
+        );
         {
             let mut open = self.open();
             match (open.get(&handle.id), &replacing) {
@@ -266,6 +281,8 @@ impl Registry {
                 (Some(current), Some(old)) if !Arc::ptr_eq(current, old) => {
                     return Ok(current.clone());
                 }
+                // A session more: the limit and shutdown are checked again under the lock.
+                (None, None) => self.refuse_with(open.len())?,
                 _ => {}
             }
             open.insert(handle.id, session.clone());
@@ -367,7 +384,10 @@ impl Registry {
                 session.tag,
                 self.config.idle_timeout.as_secs()
             );
-            self.close_with(&session, Closed::Idle, message);
+            // A call may have entered since the snapshot: then the session stays.
+            if session.close_if_idle(self.config.idle_timeout, message.clone()) {
+                self.close_with(&session, Closed::Idle, message);
+            }
         }
     }
 
@@ -395,9 +415,21 @@ impl Registry {
             }
         });
         futures::future::join_all(stops).await;
-        // Warm executors: started, never used.
+        // Warm executors: started, never used. One still starting finds the channel closed
+        // and stops its kernel; one that takes too long is aborted (its kernel is stopped as
+        // the executor is dropped).
         let mut warm = self.warm.lock().await;
         warm.close();
+        let refills = std::mem::take(&mut *self.refills.lock().unwrap_or_else(|p| p.into_inner()));
+        for mut task in refills {
+            if tokio::time::timeout(Duration::from_secs(10), &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
+        }
         while let Some((_, executor)) = warm.recv().await {
             executor.stop().await;
         }
@@ -439,12 +471,25 @@ impl SessionSource for Arc<Registry> {
             let handle = self.handles.decode(text, caller).map_err(|e| e.message())?;
             let found = self.open().get(&handle.id).cloned();
             match (&handle.place, found) {
-                (Place::Gateway { kernel_id }, Some(session)) => {
+                (
+                    Place::Gateway {
+                        kernel_id,
+                        generation,
+                    },
+                    Some(session),
+                ) => {
                     match session.executor.remote_kernel_id() {
-                        // The handle names another kernel than the one this replica holds:
-                        // the handle is the truth (another replica reset or replaced it).
-                        Some(current) if current != *kernel_id => {
-                            self.attach(caller, &handle, kernel_id, Some(session)).await
+                        // The handle names a newer kernel than the one this replica holds
+                        // (another replica reset or replaced it): follow the handle. A handle
+                        // from before this replica's own reset names an older one: the call
+                        // goes to the session's current kernel, and its result names the
+                        // current handle.
+                        Some(current)
+                            if current != *kernel_id
+                                && *generation > session.generation_of(&current) =>
+                        {
+                            self.attach(caller, &handle, kernel_id, *generation, Some(session))
+                                .await
                         }
                         _ => Ok(session),
                     }
@@ -455,8 +500,12 @@ impl SessionSource for Arc<Registry> {
                         return Err(why.clone());
                     }
                     match place {
-                        Place::Gateway { kernel_id } => {
-                            self.attach(caller, &handle, kernel_id, None).await
+                        Place::Gateway {
+                            kernel_id,
+                            generation,
+                        } => {
+                            self.attach(caller, &handle, kernel_id, *generation, None)
+                                .await
                         }
                         Place::Local { replica } if *replica != self.config.replica => Err(format!(
                             "this session's kernel runs on replica `{replica}`, and this is `{}`: kernels of local sessions live in one replica's memory\n  help: route requests by the handle's replica (the `Mcp-Param-Session` header, or the `{replica}` part of the handle) to that replica, or start a new session",
@@ -471,23 +520,27 @@ impl SessionSource for Arc<Registry> {
         })
     }
 
-    fn handle(&self, session: &KernelSession) -> String {
+    fn handle(&self, session: &KernelSession) -> Option<String> {
         let place = if self.config.gateway {
+            // No kernel yet (its start failed, or a replacement is on its way): a handle would
+            // name nothing.
+            let kernel_id = session.executor.remote_kernel_id()?;
             Place::Gateway {
-                kernel_id: session.executor.remote_kernel_id().unwrap_or_default(),
+                generation: session.generation_of(&kernel_id),
+                kernel_id,
             }
         } else {
             Place::Local {
                 replica: self.config.replica.clone(),
             }
         };
-        self.handles.encode(
+        Some(self.handles.encode(
             &Handle {
                 id: session.id,
                 place,
             },
             &session.owner,
-        )
+        ))
     }
 
     fn close(&self, session: &Arc<KernelSession>, why: &str) {

@@ -273,16 +273,22 @@ struct Announce {
     given: Option<String>,
     /// Whether this request's client keeps the handle itself (2026-07-28, or a handle passed).
     keeps_handle: bool,
+    /// Why the state the client had is gone (its MCP session's kernel session was closed, and
+    /// this request got a new one).
+    lost: Option<String>,
 }
 
 impl Announce {
     /// The line to add to a result, if any.
     fn note(&self) -> Option<String> {
+        if let Some(lost) = &self.lost {
+            return Some(format!("[ipybox: {lost}]"));
+        }
         let source = self.source.as_ref()?;
         if !self.keeps_handle {
             return None;
         }
-        let current = source.handle(&self.session);
+        let current = source.handle(&self.session)?;
         match &self.given {
             None => Some(format!(
                 "[ipybox session {current}: a new kernel session; pass session=\"{current}\" in later calls to keep its state]"
@@ -411,6 +417,7 @@ impl IpyboxServer {
                     session: session.clone(),
                     given: None,
                     keeps_handle: false,
+                    lost: None,
                 };
                 return Ok(Some((session.clone(), announce)));
             }
@@ -423,6 +430,7 @@ impl IpyboxServer {
             session: session.clone(),
             given: given.map(str::to_string),
             keeps_handle: stateless || given.is_some(),
+            lost: None,
         };
         if given.is_some() || stateless {
             if given.is_none() && !create {
@@ -434,21 +442,32 @@ impl IpyboxServer {
         }
         // A handshake-era MCP session without a handle: its own kernel session.
         let mut slot = self.implicit.slot.lock().await;
+        let mut lost = None;
         if let Some(session) = slot.as_ref() {
             if session.owner != caller {
                 return Err("this MCP session belongs to another credential\n  help: start your own MCP session (initialize) with your token".into());
             }
-            if let Some(why) = session.closed() {
-                return Err(why);
+            match session.closed() {
+                None => return Ok(Some((session.clone(), announce(session)))),
+                // Expired (or its kernel gone): this client cannot pass a handle, so it gets a
+                // new kernel session, told that the old state is gone.
+                Some(why) => {
+                    let first = why.lines().next().unwrap_or_default().to_string();
+                    lost = Some(format!(
+                        "{first}. This call runs in a new kernel session: variables, imports and definitions from before are gone"
+                    ));
+                    *slot = None;
+                }
             }
-            return Ok(Some((session.clone(), announce(session))));
         }
         if !create {
             return Ok(None);
         }
         let session = source.resolve(&caller, None).await?;
         *slot = Some(session.clone());
-        Ok(Some((session.clone(), announce(&session))))
+        let mut announced = announce(&session);
+        announced.lost = lost;
+        Ok(Some((session.clone(), announced)))
     }
 
     #[tool(
@@ -522,6 +541,7 @@ impl IpyboxServer {
                             session: session.clone(),
                             given: p.session.clone(),
                             keeps_handle: stateless(&context) || p.session.is_some(),
+                            lost: None,
                         };
                         (run, Some(round), session, announce, entered)
                     }
@@ -545,6 +565,12 @@ impl IpyboxServer {
                 let span = session_span(&session);
                 if let Err(e) = session.executor.start().instrument(span.clone()).await {
                     return Ok(announce.apply(text_error(start_failed(&e))).into());
+                }
+                // Closed while this call started its kernel (expiry, DELETE, shutdown): the
+                // kernel it may have started again is stopped, not left behind.
+                if let Some(why) = session.closed() {
+                    session.executor.stop().await;
+                    return Ok(announce.apply(text_error(why)).into());
                 }
                 let _in_span = span.enter();
                 let execution = if self.shared.config.approve == ApproveMode::Ask {

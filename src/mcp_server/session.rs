@@ -67,6 +67,9 @@ pub(crate) struct KernelSession {
     /// At most this many calls at once (`None`: no limit).
     limiter: Option<(Arc<Semaphore>, usize)>,
     closed: Mutex<Option<String>>,
+    /// The kernel (on a gateway: its id) a handle last named, and which of the session's
+    /// kernels that is (see [`KernelSession::generation_of`]).
+    generation: Mutex<(String, u32)>,
 }
 
 struct Activity {
@@ -97,7 +100,31 @@ impl KernelSession {
             cells: Arc::default(),
             limiter: max_concurrent_calls.map(|n| (Arc::new(Semaphore::new(n)), n)),
             closed: Mutex::default(),
+            generation: Mutex::default(),
         }
+    }
+
+    /// A session continued from a handle that names kernel `kernel_id` as the session's
+    /// `generation`-th.
+    pub(crate) fn continued(self, kernel_id: &str, generation: u32) -> Self {
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) =
+            (kernel_id.to_string(), generation);
+        self
+    }
+
+    /// Which of the session's kernels `kernel_id` is: 0 for the first, one more each time the
+    /// kernel changed (a reset, a replacement) since a handle last named one. Handles carry it,
+    /// so a replica can tell a newer handle (another replica replaced the kernel) from an
+    /// outdated one (a handle from before a reset).
+    pub(crate) fn generation_of(&self, kernel_id: &str) -> u32 {
+        let mut seen = self.generation.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.0 != kernel_id {
+            if !seen.0.is_empty() {
+                seen.1 = seen.1.saturating_add(1);
+            }
+            seen.0 = kernel_id.to_string();
+        }
+        seen.1
     }
 
     fn activity(&self) -> std::sync::MutexGuard<'_, Activity> {
@@ -115,7 +142,14 @@ impl KernelSession {
                 )
             })?),
         };
-        self.activity().active += 1;
+        // Checked under the activity lock, which closing takes too: a call either enters before
+        // the session is closed (and closing an idle session then finds it busy) or is refused.
+        let mut activity = self.activity();
+        if let Some(why) = self.closed() {
+            return Err(why);
+        }
+        activity.active += 1;
+        drop(activity);
         Ok(Entered {
             session: self.clone(),
             _permit: permit,
@@ -138,7 +172,22 @@ impl KernelSession {
 
     /// Marks the session closed, saying why (what a later call with its handle is told).
     pub(crate) fn mark_closed(&self, why: String) {
+        let _activity = self.activity();
         *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+    }
+
+    /// Marks the session closed if it has been idle for at least `idle` (no call in progress,
+    /// no running cell), atomically with respect to [`KernelSession::enter`]; returns whether
+    /// it did.
+    pub(crate) fn close_if_idle(&self, idle: Duration, why: String) -> bool {
+        let activity = self.activity();
+        let is_idle = activity.active == 0
+            && self.cells.load(Ordering::SeqCst) == 0
+            && activity.last_used.elapsed() >= idle;
+        if is_idle {
+            *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
+        }
+        is_idle
     }
 
     /// Why the session was closed, if it was.
@@ -183,8 +232,9 @@ pub(crate) trait SessionSource: Send + Sync + 'static {
         handle: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Arc<KernelSession>, String>>;
 
-    /// The session's current handle (it changes when a kernel on a gateway is replaced).
-    fn handle(&self, session: &KernelSession) -> String;
+    /// The session's current handle (it changes when a kernel on a gateway is replaced);
+    /// `None` while there is nothing to name (a gateway kernel that has not started).
+    fn handle(&self, session: &KernelSession) -> Option<String>;
 
     /// Closes `session` (its MCP session ended): its kernel stops.
     fn close(&self, session: &Arc<KernelSession>, why: &str);
@@ -198,4 +248,23 @@ pub(crate) trait SessionSource: Send + Sync + 'static {
 
     /// Whether clients may register MCP servers (the host starts what they name).
     fn register_allowed(&self) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generations_count_kernel_changes() {
+        let ex = CodeExecutor::builder().build();
+        let s = KernelSession::new(ex, Caller::Local, [0; 16], None);
+        assert_eq!(s.generation_of("k0"), 0);
+        assert_eq!(s.generation_of("k0"), 0);
+        assert_eq!(s.generation_of("k1"), 1);
+        assert_eq!(s.generation_of("k2"), 2);
+        let ex = CodeExecutor::builder().build();
+        let s = KernelSession::new(ex, Caller::Local, [0; 16], None).continued("k5", 5);
+        assert_eq!(s.generation_of("k5"), 5);
+        assert_eq!(s.generation_of("k6"), 6);
+    }
 }

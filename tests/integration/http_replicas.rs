@@ -99,7 +99,7 @@ async fn one_session_alternates_between_replicas_on_enterprise_gateway() {
                 "[ipybox session {new}: this session's kernel was replaced; pass session=\"{new}\" from now on]"
             )));
             assert_ne!(new, h);
-            h = new;
+            let old = std::mem::replace(&mut h, new);
             let (is_error, text) = cell(&c, "x", Some(&h)).await;
             assert!(is_error && text.contains("NameError"), "{text}");
             assert_eq!(
@@ -107,6 +107,20 @@ async fn one_session_alternates_between_replicas_on_enterprise_gateway() {
                 (false, String::new())
             );
             expected = 100;
+            // The handle from before the reset, on either replica: the call goes to the
+            // session's current kernel (never back to the old one, which would detach the
+            // current one), and the result names the current handle.
+            for _ in 0..2 {
+                assert_eq!(
+                    cell(&c, "print(x)", Some(&old)).await,
+                    (
+                        false,
+                        format!(
+                            "100\n\n[ipybox session {h}: this session's kernel was replaced; pass session=\"{h}\" from now on]"
+                        )
+                    )
+                );
+            }
         }
         expected += 1;
         assert_eq!(

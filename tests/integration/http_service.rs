@@ -370,16 +370,30 @@ async fn idle_sessions_expire_with_a_clear_error() {
         (false, "1".into())
     );
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    for (is_error, text) in [
-        cell(&modern, "print(x)", Some(&h)).await,
-        cell(&legacy, "print(x)", None).await,
-    ] {
-        let tag = text
-            .strip_prefix("session ")
-            .and_then(|t| t.strip_suffix(EXPIRED_SUFFIX))
-            .unwrap_or_else(|| panic!("{text}"));
-        assert!(is_error && session_tag_ok(tag), "{text}");
-    }
+    // 2026-07-28: the expired handle gets the error (the client leaves `session` out to start
+    // anew).
+    let (is_error, text) = cell(&modern, "print(x)", Some(&h)).await;
+    let tag = text
+        .strip_prefix("session ")
+        .and_then(|t| t.strip_suffix(EXPIRED_SUFFIX))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(is_error && session_tag_ok(tag), "{text}");
+    // A handshake-era client cannot pass a handle: its MCP session gets a new kernel session,
+    // and the result says that the old state is gone, once.
+    let (is_error, text) = cell(&legacy, "print('again')", None).await;
+    let note = text
+        .strip_prefix("again\n\n[ipybox: session ")
+        .unwrap_or_else(|| panic!("{text}"));
+    let (tag, rest) = note.split_at(8);
+    assert!(!is_error && session_tag_ok(tag), "{text}");
+    assert_eq!(
+        rest,
+        " expired: it was idle for more than 1 s (--idle-timeout), so its kernel was stopped and its state is gone. This call runs in a new kernel session: variables, imports and definitions from before are gone]"
+    );
+    assert_eq!(
+        cell(&legacy, "print('x' in dir())", None).await,
+        (false, "False".into())
+    );
     assert_eq!(
         metric(
             service.port,
