@@ -24,7 +24,7 @@ template's imports changed is undone), the requested working directory; fresh ra
 connects to ``SOCKET`` and says ``ipybox-factory ID``, and that connection becomes its stdin (a
 thread exits the process on EOF: the host is gone or let go of the kernel) and its stderr (the
 host keeps a tail for diagnostics); stdout is ``/dev/null``; every other inherited descriptor is
-closed. Then it runs the kernel app with the requested arguments, as a plainly launched kernel
+pointed at ``/dev/null`` (not closed: objects of the template that own one close it later). Then it runs the kernel app with the requested arguments, as a plainly launched kernel
 does.
 
 Why forking here is safe: ``fork()`` copies the calling thread only, so a lock another thread held
@@ -318,17 +318,28 @@ def _fresh_state() -> None:
 
 
 def _close_inherited() -> None:
-    """Closes every descriptor above stderr: the kernel keeps nothing of the template's."""
+    """Points every inherited descriptor above stderr at ``/dev/null``: the kernel keeps nothing
+    of the template's. Not closed, because Python objects of the template may still own them (a
+    file, a socket, ``random``'s urandom descriptor): their finalizers close them later, and a
+    number closed now could by then belong to something of the kernel's (a zmq socket). Each
+    stays taken, by ``/dev/null``, until its owner closes it."""
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
         fds = list(range(3, 256))
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     for fd in fds:
-        if fd > 2:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if fd <= 2 or fd == null:
+            continue
+        try:
+            os.fstat(fd)  # open? (listdir's own descriptor is closed by now)
+        except OSError:
+            continue
+        try:
+            os.dup2(null, fd, inheritable=False)
+        except OSError:
+            pass
+    os.close(null)
 
 
 def _watch_host() -> None:
