@@ -13,7 +13,8 @@ EOF (the host is gone) it kills the kernels it forked that still run, and exits.
 
     host:     {"op": "fork", "id": ID, "argv": [kernel app arguments], "cwd": DIR}
               {"op": "kill", "id": ID}                     (a kernel the host gave up on before
-                                                            it connected)
+                                                            it connected, or the process group
+                                                            of one that has exited)
     template: {"op": "forked", "id": ID, "pid": PID}      (PID in the template's pid namespace)
               {"op": "refused", "id": ID, "reason": TEXT}  (nothing was forked)
               {"op": "exit", "id": ID, "code": N}          (os.waitstatus_to_exitcode: -9 = SIGKILL)
@@ -127,6 +128,9 @@ class _Template:
         self.socket_path = socket_path
         self.env = env
         self.children: dict[int, str] = {}  # pid -> request id
+        # Request id -> pid (= process group id) of a kernel reaped but whose group the host has
+        # not had killed yet: what the kernel started may live on in that group.
+        self.reaped: dict[str, int] = {}
 
     def send(self, msg: dict) -> None:
         try:
@@ -172,6 +176,9 @@ class _Template:
                 return
             kid = self.children.pop(pid, None)
             if kid is not None:
+                self.reaped[kid] = pid
+                if len(self.reaped) > 256:  # the host asks for few; most groups ended with it
+                    del self.reaped[next(iter(self.reaped))]
                 self.send({"op": "exit", "id": kid, "code": os.waitstatus_to_exitcode(status)})
 
     def host_gone(self) -> None:
@@ -189,6 +196,12 @@ class _Template:
             for pid, child in self.children.items():
                 if child == kid:
                     _kill(pid)
+            group = self.reaped.pop(kid, None)
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except OSError:
+                    pass
             return
         if req.get("op") != "fork":
             return

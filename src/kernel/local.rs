@@ -63,6 +63,9 @@ pub(super) struct Process {
     /// before its group is signalled (its pid may be reused once it has exited and been reaped
     /// by its parent, possibly by a host process leading a group of its own).
     leader: Option<Arc<PidFd>>,
+    /// For such a process: what kills its group once it has exited (its parent, which can
+    /// still tell that group's id from another process's).
+    orphaned: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Process {
@@ -84,13 +87,20 @@ impl Process {
             _lifeline: lifeline,
             dir,
             leader: None,
+            orphaned: None,
         }
     }
 
     /// The process is not ipybox's child: `pidfd` (opened for `pid` while it was known to be
     /// the kernel) says whether `pid` still names it.
-    pub(super) fn with_leader(mut self, pidfd: Arc<PidFd>) -> Self {
+    /// `orphaned` is called to kill its group instead once it has exited.
+    pub(super) fn with_leader(
+        mut self,
+        pidfd: Arc<PidFd>,
+        orphaned: Box<dyn Fn() + Send + Sync>,
+    ) -> Self {
         self.leader = Some(pidfd);
+        self.orphaned = Some(orphaned);
         self
     }
 
@@ -121,8 +131,13 @@ impl Process {
         // lives). (A sandboxed kernel's group is led by the sandbox wrapper, which is our child;
         // the kernel is in it.) A forked kernel leads a group of its own, inside the
         // sandbox under `--sandbox`; its group is killed only while it is alive (see
-        // [`kill_group`]); what it left behind dies with its template.
-        kill_group(self.pid, self.leader.as_deref());
+        // [`kill_group`]); once it has exited, its template (its parent, which under
+        // `--sandbox` reaches nothing outside the sandbox) is asked to kill the group.
+        if !kill_group(self.pid, self.leader.as_deref())
+            && let Some(orphaned) = &self.orphaned
+        {
+            orphaned();
+        }
     }
 }
 

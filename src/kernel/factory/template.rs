@@ -70,7 +70,8 @@ enum Request<'a> {
         argv: Vec<String>,
         cwd: &'a std::path::Path,
     },
-    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected).
+    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected), or
+    /// the process group it left behind (once it has exited).
     Kill { id: &'a str },
 }
 
@@ -436,6 +437,7 @@ impl Template {
         let (exit_tx, exit_rx) = watch::channel(None);
         let routes = self.routes.clone();
         let watched = pidfd.clone();
+        let kill_id = id.clone();
         let watcher = tokio::spawn(async move {
             exit_watch::ended(watched).await;
             let reported = tokio::time::timeout(STATUS_GRACE, status.wait_for(Option::is_some))
@@ -462,8 +464,25 @@ impl Template {
                 vec![reader, watcher],
                 lifeline,
             )
-            .with_leader(pidfd),
+            .with_leader(pidfd, self.kill_request(kill_id)),
         ))
+    }
+
+    /// What asks the template to kill the process group of the kernel forked for request `id`
+    /// (once the kernel has exited: its parent can still tell that group from another's).
+    fn kill_request(self: &Arc<Self>, id: String) -> Box<dyn Fn() + Send + Sync> {
+        let template = Arc::downgrade(self);
+        Box::new(move || {
+            let Some(template) = template.upgrade() else {
+                return;
+            };
+            let id = id.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = template.send(&Request::Kill { id: &id }).await;
+                });
+            }
+        })
     }
 
     /// Writes one request to the template, within [`SEND_TIMEOUT`] (lock included): a template
