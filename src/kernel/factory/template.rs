@@ -653,13 +653,18 @@ async fn read_line<R: AsyncBufRead + Unpin>(reader: &mut R, line: &mut Vec<u8>) 
 /// Text from the template (hostile under `--sandbox`) as it may appear in a log line or an
 /// error: control characters escaped, at most [`MAX_SHOWN`] characters.
 fn printable(text: &str) -> String {
+    escaped(text, MAX_SHOWN, false)
+}
+
+/// `text` with control characters escaped (but newlines, with `lines`), cut at `max` characters.
+fn escaped(text: &str, max: usize, lines: bool) -> String {
     let mut out = String::new();
     for (i, c) in text.chars().enumerate() {
-        if i == MAX_SHOWN {
+        if i == max {
             out.push('…');
             break;
         }
-        if c.is_control() {
+        if c.is_control() && !(lines && c == '\n') {
             out.extend(c.escape_default());
         } else {
             out.push(c);
@@ -668,8 +673,14 @@ fn printable(text: &str) -> String {
     out
 }
 
+/// The template's last stderr lines (already bounded, see [`StderrTail`]), for an error message;
+/// escaped, as it may be hostile code.
 fn suffix(stderr: &StderrTail) -> String {
-    let tail = stderr.last_lines();
+    let tail = escaped(
+        &stderr.last_lines(),
+        crate::child_process::STDERR_TAIL_BYTES,
+        true,
+    );
     if tail.is_empty() {
         String::new()
     } else {
@@ -708,6 +719,7 @@ mod tests {
             printable("fork failed\x1b[2J\r\n"),
             "fork failed\\u{1b}[2J\\r\\n"
         );
+        assert_eq!(escaped("a\x1b\nb\t", 100, true), "a\\u{1b}\nb\\t");
         let long = printable(&"y".repeat(10_000));
         assert_eq!(long.chars().count(), MAX_SHOWN + 1);
     }
