@@ -95,6 +95,73 @@ pub(crate) fn signal_group(pgid: u32, sig: i32) {
     }
 }
 
+/// A pidfd (`pidfd_open`, Linux 5.3+): a handle on one process that, unlike its pid, can never
+/// come to mean another process. Used for processes that are not ipybox's children (a forked
+/// kernel) before signalling their group: a pid read earlier may since have been reused.
+#[derive(Debug)]
+pub(crate) struct PidFd {
+    fd: std::os::fd::OwnedFd,
+    pid: u32,
+}
+
+impl PidFd {
+    /// A pidfd for `pid`; None if there is no such process (or no pidfd support: not Linux, or
+    /// a kernel before 5.3).
+    pub(crate) fn open(pid: u32) -> Option<Self> {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::FromRawFd;
+            let raw = libc::pid_t::try_from(pid).ok().filter(|p| *p > 0)?;
+            // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw, 0) };
+            let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+            // SAFETY: the descriptor was just created and is owned by nothing else.
+            let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+            Some(Self { fd, pid })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = pid;
+            None
+        }
+    }
+
+    /// The pid it was opened for (the same process as long as [`PidFd::alive`]).
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Whether the process still runs: a pidfd becomes readable when its process exits. While
+    /// it is alive its pid names it and nothing else, so a pid (or process group id) checked
+    /// right after this is still its own.
+    pub(crate) fn alive(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut poll = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, a zero timeout.
+        let n = unsafe { libc::poll(&mut poll, 1, 0) };
+        n == 0
+    }
+}
+
+impl std::os::fd::AsRawFd for PidFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// The parent of process `pid` (field 4 of `/proc/<pid>/stat`, in ipybox's pid namespace);
+/// None if it is gone or unreadable.
+pub(crate) fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Whether process `pid` has ended: gone, or a zombie waiting to be reaped (it runs nothing).
 pub(crate) fn process_ended(pid: u32) -> bool {
     #[cfg(target_os = "linux")]

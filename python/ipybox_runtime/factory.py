@@ -13,7 +13,8 @@ EOF (the host is gone) it kills the kernels it forked that still run, and exits.
 
     host:     {"op": "fork", "id": ID, "argv": [kernel app arguments], "cwd": DIR}
               {"op": "kill", "id": ID}                     (a kernel the host gave up on before
-                                                            it connected)
+                                                            it connected, or the process group
+                                                            of one that has exited)
     template: {"op": "forked", "id": ID, "pid": PID}      (PID in the template's pid namespace)
               {"op": "refused", "id": ID, "reason": TEXT}  (nothing was forked)
               {"op": "exit", "id": ID, "code": N}          (os.waitstatus_to_exitcode: -9 = SIGKILL)
@@ -24,7 +25,7 @@ template's imports changed is undone), the requested working directory; fresh ra
 connects to ``SOCKET`` and says ``ipybox-factory ID``, and that connection becomes its stdin (a
 thread exits the process on EOF: the host is gone or let go of the kernel) and its stderr (the
 host keeps a tail for diagnostics); stdout is ``/dev/null``; every other inherited descriptor is
-closed. Then it runs the kernel app with the requested arguments, as a plainly launched kernel
+pointed at ``/dev/null`` (not closed: objects of the template that own one close it later). Then it runs the kernel app with the requested arguments, as a plainly launched kernel
 does.
 
 Why forking here is safe: ``fork()`` copies the calling thread only, so a lock another thread held
@@ -127,6 +128,9 @@ class _Template:
         self.socket_path = socket_path
         self.env = env
         self.children: dict[int, str] = {}  # pid -> request id
+        # Request id -> pid (= process group id) of a kernel reaped but whose group the host has
+        # not had killed yet: what the kernel started may live on in that group.
+        self.reaped: dict[str, int] = {}
 
     def send(self, msg: dict) -> None:
         try:
@@ -172,6 +176,9 @@ class _Template:
                 return
             kid = self.children.pop(pid, None)
             if kid is not None:
+                self.reaped[kid] = pid
+                if len(self.reaped) > 256:  # the host asks for few; most groups ended with it
+                    del self.reaped[next(iter(self.reaped))]
                 self.send({"op": "exit", "id": kid, "code": os.waitstatus_to_exitcode(status)})
 
     def host_gone(self) -> None:
@@ -189,6 +196,12 @@ class _Template:
             for pid, child in self.children.items():
                 if child == kid:
                     _kill(pid)
+            group = self.reaped.pop(kid, None)
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except OSError:
+                    pass
             return
         if req.get("op") != "fork":
             return
@@ -318,17 +331,28 @@ def _fresh_state() -> None:
 
 
 def _close_inherited() -> None:
-    """Closes every descriptor above stderr: the kernel keeps nothing of the template's."""
+    """Points every inherited descriptor above stderr at ``/dev/null``: the kernel keeps nothing
+    of the template's. Not closed, because Python objects of the template may still own them (a
+    file, a socket, ``random``'s urandom descriptor): their finalizers close them later, and a
+    number closed now could by then belong to something of the kernel's (a zmq socket). Each
+    stays taken, by ``/dev/null``, until its owner closes it."""
     try:
         fds = [int(n) for n in os.listdir("/proc/self/fd")]
     except OSError:
         fds = list(range(3, 256))
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     for fd in fds:
-        if fd > 2:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if fd <= 2 or fd == null:
+            continue
+        try:
+            os.fstat(fd)  # open? (listdir's own descriptor is closed by now)
+        except OSError:
+            continue
+        try:
+            os.dup2(null, fd, inheritable=False)
+        except OSError:
+            pass
+    os.close(null)
 
 
 def _watch_host() -> None:

@@ -12,6 +12,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -24,7 +25,9 @@ use tokio::task::JoinHandle;
 use super::runtime_dir::KernelDirs;
 use super::status::{ExitInfo, describe_exit, start_err, start_err_help};
 use super::{KernelConfig, KernelError, ShellApproval, proto};
-use crate::child_process::{ChildCommand, StderrTail, host_command, own_group, signal_group};
+use crate::child_process::{
+    ChildCommand, PidFd, StderrTail, host_command, own_group, signal_group,
+};
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
 /// ipykernel patch (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
@@ -56,6 +59,13 @@ pub(super) struct Process {
     /// pipe on its stdin; for a forked kernel, its socket to ipybox and its template.
     _lifeline: Box<dyn Send + Sync>,
     dir: KernelDirs,
+    /// For a process that is not ipybox's child (a forked kernel): a pidfd for it, checked
+    /// before its group is signalled (its pid may be reused once it has exited and been reaped
+    /// by its parent, possibly by a host process leading a group of its own).
+    leader: Option<Arc<PidFd>>,
+    /// For such a process: what kills its group once it has exited (its parent, which can
+    /// still tell that group's id from another process's).
+    orphaned: Option<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Process {
@@ -76,7 +86,22 @@ impl Process {
             tasks,
             _lifeline: lifeline,
             dir,
+            leader: None,
+            orphaned: None,
         }
+    }
+
+    /// The process is not ipybox's child: `pidfd` (opened for `pid` while it was known to be
+    /// the kernel) says whether `pid` still names it.
+    /// `orphaned` is called to kill its group instead once it has exited.
+    pub(super) fn with_leader(
+        mut self,
+        pidfd: Arc<PidFd>,
+        orphaned: Box<dyn Fn() + Send + Sync>,
+    ) -> Self {
+        self.leader = Some(pidfd);
+        self.orphaned = Some(orphaned);
+        self
     }
 
     pub(super) fn exited(&self) -> Option<String> {
@@ -101,14 +126,39 @@ impl Process {
     }
 
     fn kill(&self) {
-        if self.pid == 0 {
-            return;
+        // A launched kernel's group is killed even after the kernel itself died (segfault, OOM):
+        // what its code started lives on in the group (whose id is not reused while a member
+        // lives). (A sandboxed kernel's group is led by the sandbox wrapper, which is our child;
+        // the kernel is in it.) A forked kernel leads a group of its own, inside the
+        // sandbox under `--sandbox`; its group is killed only while it is alive (see
+        // [`kill_group`]); once it has exited, its template (its parent, which under
+        // `--sandbox` reaches nothing outside the sandbox) is asked to kill the group.
+        if !kill_group(self.pid, self.leader.as_deref())
+            && let Some(orphaned) = &self.orphaned
+        {
+            orphaned();
         }
-        // The group is killed even after the kernel itself died (segfault, OOM): what its code
-        // started lives on in the group. (A sandboxed kernel's group is led by the sandbox
-        // wrapper, which is our child; the kernel is in it. A forked kernel leads a group of its
-        // own, also inside the sandbox.)
-        signal_group(self.pid, libc::SIGKILL);
+    }
+}
+
+/// SIGKILLs process group `pid`; for a process that is not ipybox's child (`leader` is its
+/// pidfd), only while it is alive. Once such a process has exited, its parent (for a forked
+/// kernel, the template, which may be hostile code under `--sandbox`) can reap it and its pid be
+/// reused, also by a host process leading a group: so nothing is signalled then. (A live
+/// process's pid names it alone, and a group with its id can only be one it created.)
+fn kill_group(pid: u32, leader: Option<&PidFd>) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match leader {
+        Some(fd) if !fd.alive() => {
+            tracing::debug!("kernel {pid} has exited: its process group is not signalled");
+            false
+        }
+        _ => {
+            signal_group(pid, libc::SIGKILL);
+            true
+        }
     }
 }
 
@@ -426,4 +476,62 @@ fn spawn_process(
     ];
     argv.extend(kernel_args(config, conn_file));
     spawn_kernel_command(config, argv, private_dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    /// `sh` (its own group) starts `sleep` in its group and exits: returns sh's pidfd (opened
+    /// before it is reaped), its pid and sleep's pid.
+    fn group_whose_leader_exited() -> (PidFd, u32, u32) {
+        use std::io::BufRead;
+        let mut child = crate::child_process::host_command_blocking("sh")
+            .args(["-c", "sleep 30 >/dev/null 2>&1 & echo $!"])
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let member: u32 = line.trim().parse().unwrap();
+        let leader = child.id();
+        let fd = PidFd::open(leader).expect("pidfd (a zombie still has one)");
+        child.wait().unwrap();
+        (fd, leader, member)
+    }
+
+    #[test]
+    fn the_group_of_an_exited_forked_kernel_is_not_signalled() {
+        let (fd, leader, member) = group_whose_leader_exited();
+        assert!(!fd.alive());
+        // Its pid may name another process by now: nothing is sent to the group.
+        assert!(!kill_group(leader, Some(&fd)));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!crate::child_process::process_ended(member));
+        // A launched kernel's group is killed even after its leader died (ipybox reaped it).
+        assert!(kill_group(leader, None));
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !crate::child_process::process_ended(member) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(crate::child_process::process_ended(member));
+    }
+
+    #[test]
+    fn the_group_of_a_live_forked_kernel_is_killed() {
+        let mut child = crate::child_process::host_command_blocking("sleep")
+            .arg("30")
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let fd = PidFd::open(child.id()).unwrap();
+        assert!(fd.alive());
+        assert!(kill_group(child.id(), Some(&fd)));
+        child.wait().unwrap();
+        assert!(!fd.alive());
+    }
 }

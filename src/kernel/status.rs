@@ -30,8 +30,11 @@ pub(crate) fn describe_code(code: i32) -> String {
     if code >= 0 {
         format!("exit code {code}")
     } else {
-        let sig = -code;
-        format!("killed by signal {sig}{}", signal_name(sig))
+        let sig = code.unsigned_abs();
+        format!(
+            "killed by signal {sig}{}",
+            i32::try_from(sig).map_or("", signal_name)
+        )
     }
 }
 
@@ -80,5 +83,7 @@ mod tests {
         );
         assert_eq!(describe_code(-9), "killed by signal 9 (SIGKILL)");
         assert_eq!(describe_code(0), "exit code 0");
+        // Whatever the template reports (it may be hostile code) is worded, never a panic.
+        assert_eq!(describe_code(i32::MIN), "killed by signal 2147483648");
     }
 }

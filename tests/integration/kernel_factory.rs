@@ -2,7 +2,8 @@
 //! the kernel before it (variables, imports, environment, cwd, random state, descriptors);
 //! forks under load (16 resets in a row, 8 executors at once); a template killed while idle or
 //! in the middle of a fork, and one that is not safe to fork from (rebuilt, or kernels start
-//! plainly, with a log line); the plain launch when the factory is turned off. (Packages
+//! plainly, with a log line); what a dead forked kernel started is killed (through its
+//! template); the plain launch when the factory is turned off. (Packages
 //! installed with `install_package` reaching new kernels: `mcp_server`; the sandbox: `sandbox`.)
 
 use std::collections::HashMap;
@@ -344,4 +345,32 @@ async fn the_plain_launch_stays_selectable() {
     assert!(template_of(ex.kernel_pid().await.unwrap()).is_some());
     assert!(Path::new(&ex.runtime_dir().await.unwrap().join("factory/sock")).exists());
     ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_dead_forked_kernel_started_is_killed_through_its_template() {
+    // ipybox signals a forked kernel's group only while the kernel lives (its pid may name
+    // another process once the template reaped it); after that, the template kills the group.
+    let ws = tempfile::tempdir().unwrap();
+    let s = connect_ipybox_with(ws.path(), &["--spare-kernels", "0"], &[]).await;
+    let (k1, t1) = kernel_and_parent(&s).await;
+    assert!(cmdline(t1).contains("ipybox_runtime.factory"), "forked");
+    let out = ok_text(
+        &s,
+        "execute_ipython_cell",
+        json!({"code": "import subprocess\nprint(subprocess.Popen(['sleep', '600']).pid)"}),
+    )
+    .await;
+    let sleep: u32 = out.trim().parse().unwrap();
+    assert!(crate::support::pid_alive(sleep), "sleep runs");
+    unsafe {
+        libc::kill(k1 as i32, libc::SIGKILL);
+    }
+    assert!(wait_gone(k1, Duration::from_secs(3)).await);
+    ok_text(&s, "reset", json!({})).await;
+    assert!(
+        wait_gone(sleep, Duration::from_secs(5)).await,
+        "what the dead kernel started was left running"
+    );
+    s.close().await;
 }

@@ -3,8 +3,9 @@
 //! with a token ipybox handed out for that one connection ([`Listener::expect`]). Each
 //! connection goes to whoever waits for its token, with the peer's pid from `SO_PEERCRED`, which
 //! the kernel translates into ipybox's pid namespace (so it is right for a kernel inside the
-//! sandbox's pid namespace too). A connection with an unknown or already used token, or one that
-//! does not greet within 5 s, is closed.
+//! sandbox's pid namespace too; see [`super::template`] for how that pid is checked). A
+//! connection with an unknown or already used token, or one that does not greet within 1 s, is
+//! closed, as is one accepted while [`MAX_GREETING`] others are greeting.
 //!
 //! A path-named Unix socket rather than an inherited descriptor, because it crosses the sandbox
 //! wrapper (srt passes a command only its stdio) and its network namespace, as the tool socket
@@ -24,8 +25,13 @@ use tokio::task::JoinHandle;
 /// What a connection says first.
 pub(super) const HELLO: &str = "ipybox-factory";
 
-/// How many connections may be greeting at once (each is a task and a descriptor).
+/// How many connections may be greeting at once (each is a task and a descriptor); one more is
+/// closed as soon as it is accepted.
 const MAX_GREETING: usize = 32;
+
+/// How long a connection may take to greet (ipybox's template and kernels greet as soon as they
+/// connect).
+const GREETING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A connection that said its token.
 pub(super) struct Hello {
@@ -58,9 +64,8 @@ impl Listener {
         let task = tokio::spawn(async move {
             let greeting = Arc::new(Semaphore::new(MAX_GREETING));
             loop {
-                let Ok(permit) = greeting.clone().acquire_owned().await else {
-                    return;
-                };
+                // Accept always (a full backlog would fail every fork), then close what is over
+                // the limit at once: idle connections from the sandbox cannot stall the hellos.
                 let stream = match listener.accept().await {
                     Ok((stream, _)) => stream,
                     Err(e) => {
@@ -68,6 +73,12 @@ impl Listener {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
+                };
+                let Ok(permit) = greeting.clone().try_acquire_owned() else {
+                    tracing::debug!(
+                        "kernel factory: {MAX_GREETING} connections are greeting; closing another"
+                    );
+                    continue;
                 };
                 let routes = routes.clone();
                 tokio::spawn(async move {
@@ -81,7 +92,7 @@ impl Listener {
                     let mut reader = BufReader::new(read);
                     let mut line = String::new();
                     let greeted = tokio::time::timeout(
-                        Duration::from_secs(5),
+                        GREETING_TIMEOUT,
                         (&mut reader).take(128).read_line(&mut line),
                     )
                     .await;
@@ -163,5 +174,40 @@ impl Drop for Expected {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.token);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::UnixStream;
+
+    #[tokio::test]
+    async fn idle_connections_do_not_stall_a_hello() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = Listener::bind(&dir.path().join("sock")).unwrap();
+        // More idle connections than greeting slots (sandboxed code can make them).
+        let mut idle = Vec::new();
+        for _ in 0..MAX_GREETING + 8 {
+            idle.push(UnixStream::connect(listener.path()).await.unwrap());
+        }
+        let mut expected = listener.expect();
+        let started = std::time::Instant::now();
+        let hello = loop {
+            let mut conn = UnixStream::connect(listener.path()).await.unwrap();
+            let _ = conn
+                .write_all(format!("{HELLO} {}\n", expected.token).as_bytes())
+                .await;
+            if let Ok(Some(hello)) =
+                tokio::time::timeout(Duration::from_millis(100), expected.hello()).await
+            {
+                break hello;
+            }
+            // Closed because the slots were full: the idle ones time out within 1 s.
+            assert!(started.elapsed() < Duration::from_secs(3), "hello stalled");
+        };
+        assert_eq!(hello.pid, Some(std::process::id()));
+        assert!(started.elapsed() < GREETING_TIMEOUT * 2);
     }
 }

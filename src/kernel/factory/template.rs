@@ -26,14 +26,14 @@ use std::time::Duration;
 
 use jupyter_protocol::ConnectionInfo;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::exit_watch;
 use super::listener::Listener;
-use crate::child_process::{StderrTail, signal_group};
+use crate::child_process::{PidFd, StderrTail, parent_of, signal_group};
 use crate::kernel::local::{self, Process};
 use crate::kernel::runtime_dir::KernelDirs;
 use crate::kernel::status::{ExitInfo, describe_code, describe_exit, start_err_help};
@@ -44,6 +44,16 @@ const BOOT: &str = "from ipybox_runtime.factory import main; main()";
 
 /// How long the template may take to answer a fork request (it answers right after `fork()`).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest line the template may send: a longer one means a broken (or hostile) template,
+/// whose channel is then closed rather than buffered without end.
+const MAX_LINE: usize = 64 * 1024;
+
+/// How long a request may take to write: a template that stops reading is broken.
+const SEND_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How much of what the template said goes into a log line or an error message.
+const MAX_SHOWN: usize = 300;
 
 /// How long after a forked kernel ended its status may take to arrive from the template.
 const STATUS_GRACE: Duration = Duration::from_millis(500);
@@ -60,7 +70,8 @@ enum Request<'a> {
         argv: Vec<String>,
         cwd: &'a std::path::Path,
     },
-    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected).
+    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected), or
+    /// the process group it left behind (once it has exited).
     Kill { id: &'a str },
 }
 
@@ -90,12 +101,17 @@ struct Routes {
 /// A running template. Dropping it kills its process group.
 pub(crate) struct Template {
     pid: u32,
+    /// The template's Python process, the one that connected (`SO_PEERCRED`): the parent of
+    /// every kernel it forks. (Under `--sandbox`, a descendant of `pid`, the sandbox wrapper.)
+    python: PidFd,
     exit: watch::Receiver<Option<ExitInfo>>,
     stderr: StderrTail,
     writer: tokio::sync::Mutex<Option<OwnedWriteHalf>>,
     routes: Arc<Mutex<Routes>>,
     /// True once the channel to the template has ended.
     closed: watch::Receiver<bool>,
+    /// True once a request could not be written within [`SEND_TIMEOUT`].
+    stalled: std::sync::atomic::AtomicBool,
     listener: Arc<Listener>,
     tasks: Vec<JoinHandle<()>>,
     _stdin: Option<tokio::process::ChildStdin>,
@@ -209,24 +225,37 @@ impl Template {
                 HELP,
             ));
         };
+        let python = match verify_template(hello.pid, pid) {
+            Ok(python) => python,
+            Err(why) => {
+                abort(&tasks);
+                return Err(start_err_help(why, HELP));
+            }
+        };
         guard.0 = 0;
         let routes: Arc<Mutex<Routes>> = Arc::default();
         let (closed_tx, closed) = watch::channel(false);
         let reader_routes = routes.clone();
         let mut reader = hello.reader;
         tasks.push(tokio::spawn(async move {
-            let mut line = String::new();
+            let mut line = Vec::new();
             loop {
-                line.clear();
-                match reader.read_line(&mut line).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
+                match read_line(&mut reader, &mut line).await {
+                    Line::Read => {}
+                    Line::End => break,
+                    Line::TooLong => {
+                        tracing::warn!(
+                            "kernel factory: the template sent a line longer than {MAX_LINE} bytes; closing its channel (a new template is built for the next kernel)"
+                        );
+                        break;
+                    }
                 }
-                let msg = match serde_json::from_str::<Message>(&line) {
+                let msg = match serde_json::from_slice::<Message>(&line) {
                     Ok(msg) => msg,
                     Err(e) => {
                         tracing::warn!(
-                            "kernel factory: unreadable message from the template ({e}): {line:?}"
+                            "kernel factory: unreadable message from the template ({e}): {}",
+                            printable(&String::from_utf8_lossy(&line))
                         );
                         continue;
                     }
@@ -240,7 +269,7 @@ impl Template {
                     }
                     Message::Refused { id, reason } => {
                         if let Some(tx) = routes.replies.remove(&id) {
-                            let _ = tx.send(Reply::Refused(reason));
+                            let _ = tx.send(Reply::Refused(printable(&reason)));
                         }
                     }
                     Message::Exit { id, code } => {
@@ -258,11 +287,13 @@ impl Template {
         }));
         Ok(Template {
             pid,
+            python,
             exit,
             stderr,
             writer: tokio::sync::Mutex::new(Some(hello.writer)),
             routes,
             closed,
+            stalled: std::sync::atomic::AtomicBool::new(false),
             listener,
             tasks,
             _stdin: stdin,
@@ -286,6 +317,12 @@ impl Template {
         }
         if *self.closed.borrow() {
             return Some("the template closed its connection to ipybox".into());
+        }
+        if self.stalled.load(Ordering::SeqCst) {
+            return Some(format!(
+                "the template stopped reading its requests (one took over {} s to send)",
+                SEND_TIMEOUT.as_secs()
+            ));
         }
         None
     }
@@ -387,6 +424,10 @@ impl Template {
                 "cannot tell the forked kernel's process id (SO_PEERCRED)".into(),
             ));
         };
+        // Under --sandbox the template is hostile code: the connection may come from any
+        // process of the sandbox, which may exit at once so that its pid goes to a host process.
+        // Only a live child of the template is taken, held by a pidfd from now on.
+        let pidfd = Arc::new(verify_forked(kernel_pid, &self.python).map_err(fail)?);
         unclaimed.armed = false;
         forget.2 = false;
         drop(forget);
@@ -395,8 +436,10 @@ impl Template {
         let (stderr_tail, reader) = StderrTail::capture(hello.reader);
         let (exit_tx, exit_rx) = watch::channel(None);
         let routes = self.routes.clone();
+        let watched = pidfd.clone();
+        let kill_id = id.clone();
         let watcher = tokio::spawn(async move {
-            exit_watch::ended(kernel_pid).await;
+            exit_watch::ended(watched).await;
             let reported = tokio::time::timeout(STATUS_GRACE, status.wait_for(Option::is_some))
                 .await
                 .ok()
@@ -420,25 +463,64 @@ impl Template {
                 stderr_tail,
                 vec![reader, watcher],
                 lifeline,
-            ),
+            )
+            .with_leader(pidfd, self.kill_request(kill_id)),
         ))
     }
 
-    /// Writes one request to the template.
+    /// What asks the template to kill the process group of the kernel forked for request `id`
+    /// (once the kernel has exited: its parent can still tell that group from another's).
+    fn kill_request(self: &Arc<Self>, id: String) -> Box<dyn Fn() + Send + Sync> {
+        let template = Arc::downgrade(self);
+        Box::new(move || {
+            let Some(template) = template.upgrade() else {
+                return;
+            };
+            let id = id.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = template.send(&Request::Kill { id: &id }).await;
+                });
+            }
+        })
+    }
+
+    /// Writes one request to the template, within [`SEND_TIMEOUT`] (lock included): a template
+    /// that stops reading is broken, and its channel is closed.
     async fn send(&self, request: &Request<'_>) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(request).map_err(std::io::Error::other)?;
         line.push(b'\n');
-        let mut writer = self.writer.lock().await;
-        match writer.as_mut() {
-            Some(w) => w.write_all(&line).await,
-            None => Err(std::io::Error::other("the template is shut down")),
+        let write = async {
+            let mut writer = self.writer.lock().await;
+            let result = match writer.as_mut() {
+                Some(w) => tokio::time::timeout(SEND_TIMEOUT, w.write_all(&line)).await,
+                None => return Err(std::io::Error::other("the template is shut down")),
+            };
+            result.unwrap_or_else(|_| {
+                // Part of the line may have been written: the channel is of no more use.
+                self.stalled.store(true, Ordering::SeqCst);
+                writer.take();
+                Err(std::io::Error::other(format!(
+                    "the template did not read a request within {} s",
+                    SEND_TIMEOUT.as_secs()
+                )))
+            })
+        };
+        match tokio::time::timeout(SEND_TIMEOUT * 2, write).await {
+            Ok(result) => result,
+            Err(_) => Err(std::io::Error::other(
+                "another request to the template is stuck",
+            )),
         }
     }
 
     /// Closes the channel (the template kills the kernels it forked that still run, and exits),
-    /// then waits up to `within` for the template to end; kills its group if it has not.
+    /// then waits up to `within` for the template to end; kills its group if it has not. Waits
+    /// for a request being written no longer than `within` either.
     pub(super) async fn close(&self, within: Duration) {
-        self.writer.lock().await.take();
+        if let Ok(mut writer) = tokio::time::timeout(within, self.writer.lock()).await {
+            writer.take();
+        }
         let mut exit = self.exit.clone();
         let _ = tokio::time::timeout(within, exit.wait_for(|e| e.is_some())).await;
         signal_group(self.pid, libc::SIGKILL);
@@ -478,11 +560,190 @@ impl Drop for Unclaimed {
     }
 }
 
+/// How many parents up from the process that connected as the template ipybox's child (the
+/// template, or its sandbox wrapper) may be (srt, bubblewrap and a shell sit in between).
+const MAX_WRAPPER_DEPTH: usize = 16;
+
+/// The process that connected as the template (`peer`, from `SO_PEERCRED`), held by a pidfd,
+/// if it is alive and descends from `child`, the process ipybox started.
+fn verify_template(peer: Option<u32>, child: u32) -> Result<PidFd, String> {
+    let peer = peer.filter(|p| *p > 1).ok_or_else(|| {
+        "cannot tell the kernel factory's template's process id (SO_PEERCRED)".to_string()
+    })?;
+    let python = PidFd::open(peer)
+        .ok_or_else(|| format!("the kernel factory's template (pid {peer}) exited at once"))?;
+    let mut p = peer;
+    let mut descends = false;
+    for _ in 0..=MAX_WRAPPER_DEPTH {
+        if p == child {
+            descends = true;
+            break;
+        }
+        match parent_of(p) {
+            Some(parent) if parent > 1 => p = parent,
+            _ => break,
+        }
+    }
+    // Checked after reading /proc: what was read was about this very process.
+    if !python.alive() {
+        return Err(format!(
+            "the kernel factory's template (pid {peer}) exited at once"
+        ));
+    }
+    if !descends {
+        return Err(format!(
+            "the process that connected as the kernel factory's template (pid {peer}) is not one ipybox started (pid {child})"
+        ));
+    }
+    Ok(python)
+}
+
+/// A pidfd for `pid`, the process that connected as a forked kernel, if it is a live child of
+/// the template's Python process (`template`). Refused otherwise: its pid could name another
+/// process by the time ipybox signals its group.
+fn verify_forked(pid: u32, template: &PidFd) -> Result<PidFd, String> {
+    let fd = PidFd::open(pid).ok_or_else(|| {
+        format!("the forked kernel (pid {pid}) exited as it connected (or this Linux lacks pidfd_open, 5.3+)")
+    })?;
+    let parent = parent_of(pid);
+    // Checked after reading /proc: both pids still named the same processes when it was read.
+    if !fd.alive() {
+        return Err(format!(
+            "the forked kernel (pid {pid}) exited as it connected"
+        ));
+    }
+    if !template.alive() {
+        return Err("the template exited while forking".into());
+    }
+    if parent != Some(template.pid()) {
+        return Err(format!(
+            "the process that connected as the forked kernel (pid {pid}, parent {}) is not a child of the template (pid {})",
+            parent.map_or("unknown".into(), |p| p.to_string()),
+            template.pid()
+        ));
+    }
+    Ok(fd)
+}
+
+/// What [`read_line`] got.
+enum Line {
+    /// A whole line (without its newline) is in the buffer.
+    Read,
+    /// End of the channel (or a read error, or a last line without its newline).
+    End,
+    /// A line longer than [`MAX_LINE`].
+    TooLong,
+}
+
+/// Reads one line of at most [`MAX_LINE`] bytes into `line` (cleared first).
+async fn read_line<R: AsyncBufRead + Unpin>(reader: &mut R, line: &mut Vec<u8>) -> Line {
+    line.clear();
+    let limit = MAX_LINE as u64 + 1;
+    match reader.take(limit).read_until(b'\n', line).await {
+        Ok(0) | Err(_) => Line::End,
+        Ok(_) if line.last() == Some(&b'\n') => {
+            line.pop();
+            Line::Read
+        }
+        Ok(_) if line.len() > MAX_LINE => Line::TooLong,
+        Ok(_) => Line::End,
+    }
+}
+
+/// Text from the template (hostile under `--sandbox`) as it may appear in a log line or an
+/// error: control characters escaped, at most [`MAX_SHOWN`] characters.
+fn printable(text: &str) -> String {
+    escaped(text, MAX_SHOWN, false)
+}
+
+/// `text` with control characters escaped (but newlines, with `lines`), cut at `max` characters.
+fn escaped(text: &str, max: usize, lines: bool) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push('…');
+            break;
+        }
+        if c.is_control() && !(lines && c == '\n') {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The template's last stderr lines (already bounded, see [`StderrTail`]), for an error message;
+/// escaped, as it may be hostile code.
 fn suffix(stderr: &StderrTail) -> String {
-    let tail = stderr.last_lines();
+    let tail = escaped(
+        &stderr.last_lines(),
+        crate::child_process::STDERR_TAIL_BYTES,
+        true,
+    );
     if tail.is_empty() {
         String::new()
     } else {
         format!("; template stderr:\n{tail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_line_without_end_from_the_template_is_cut_off() {
+        let mut line = Vec::new();
+        let mut ok: &[u8] = b"{\"op\":\"exit\"}\nrest";
+        assert!(matches!(read_line(&mut ok, &mut line).await, Line::Read));
+        assert_eq!(line, b"{\"op\":\"exit\"}");
+        assert!(matches!(read_line(&mut ok, &mut line).await, Line::End));
+        // Bytes without a newline: read no further than the limit.
+        let endless = tokio::io::repeat(b'x');
+        let mut endless = tokio::io::BufReader::new(endless);
+        assert!(matches!(
+            read_line(&mut endless, &mut line).await,
+            Line::TooLong
+        ));
+        assert_eq!(line.len(), MAX_LINE + 1);
+        let mut exact = vec![b'x'; MAX_LINE];
+        exact.push(b'\n');
+        let mut exact: &[u8] = &exact;
+        assert!(matches!(read_line(&mut exact, &mut line).await, Line::Read));
+    }
+
+    #[test]
+    fn what_the_template_says_is_shown_tamed() {
+        assert_eq!(
+            printable("fork failed\x1b[2J\r\n"),
+            "fork failed\\u{1b}[2J\\r\\n"
+        );
+        assert_eq!(escaped("a\x1b\nb\t", 100, true), "a\\u{1b}\nb\\t");
+        let long = printable(&"y".repeat(10_000));
+        assert_eq!(long.chars().count(), MAX_SHOWN + 1);
+    }
+
+    #[test]
+    fn only_a_live_child_of_the_template_counts_as_its_kernel() {
+        // This test process plays the template; `sleep` is its child.
+        let mut child = crate::child_process::host_command_blocking("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let us = PidFd::open(std::process::id()).unwrap();
+        assert!(verify_forked(child.id(), &us).is_ok());
+        // A process that is not the template's child: with `sleep` as the template, this one.
+        let sleep = PidFd::open(child.id()).unwrap();
+        let err = verify_forked(std::process::id(), &sleep).unwrap_err();
+        assert!(err.contains("not a child of the template"), "{err}");
+        // The template must descend from the process ipybox started.
+        assert!(verify_template(Some(child.id()), std::process::id()).is_ok());
+        let err = verify_template(Some(std::process::id()), child.id()).unwrap_err();
+        assert!(err.contains("not one ipybox started"), "{err}");
+        // A process that has exited is refused.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(verify_forked(child.id(), &us).is_err());
     }
 }
