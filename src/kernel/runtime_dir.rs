@@ -192,7 +192,44 @@ fn sweep_stale(base: &Path) {
             m.is_dir() && m.uid() == unsafe { libc::getuid() }
         });
         if ours && pid > 0 && !process_alive(pid) {
+            kill_stragglers(&entry.path());
             let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+/// Kills this user's processes whose command line names something inside `dir`, a runtime
+/// directory whose ipybox is gone: what an ipybox killed with SIGKILL could not stop. (srt, the
+/// sandbox, dies with ipybox, PDEATHSIG, but the `socat` bridges it started, which listen on
+/// sockets in `<dir>/srt/`, would live on.) The directory's name is ipybox's pid and 24 random
+/// bits, so nothing else names it.
+fn kill_stragglers(dir: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let needle = format!("{}/", dir.display());
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    // SAFETY: getuid and getpid have no preconditions.
+    let (uid, me) = unsafe { (libc::getuid(), libc::getpid()) };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || !entry.metadata().is_ok_and(|m| m.uid() == uid) {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&needle) {
+            tracing::debug!(pid, "killing a process left by a killed ipybox: {cmdline}");
+            // SAFETY: kill has no memory preconditions; the pid was just read from /proc.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
 }
@@ -201,4 +238,40 @@ pub(crate) fn process_alive(pid: i32) -> bool {
     // SAFETY: kill with signal 0 only checks for existence/permission.
     let rc = unsafe { libc::kill(pid, 0) };
     rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_directory_takes_its_stragglers_with_it() {
+        let base = tempfile::tempdir().unwrap();
+        // A pid that is gone: a process that has already ended.
+        let mut ended = crate::child_process::host_command_blocking("true")
+            .spawn()
+            .unwrap();
+        let dead = ended.id();
+        ended.wait().unwrap();
+        let stale = base.path().join(format!("{PREFIX}{dead}-abc123"));
+        std::fs::create_dir_all(stale.join("srt")).unwrap();
+        let bridge = stale.join("srt/bridge.sock").display().to_string();
+        // What srt's socat looks like to /proc: the socket path on its command line.
+        let mut straggler = crate::child_process::host_command_blocking("sh")
+            .args(["-c", "sleep 30", &bridge])
+            .spawn()
+            .unwrap();
+        let mut bystander = crate::child_process::host_command_blocking("sh")
+            .args(["-c", "sleep 30", "elsewhere"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        sweep_stale(base.path());
+        assert!(!stale.exists());
+        let status = straggler.wait().unwrap();
+        assert!(!status.success(), "killed: {status:?}");
+        assert!(bystander.try_wait().unwrap().is_none(), "left alone");
+        bystander.kill().unwrap();
+        let _ = bystander.wait();
+    }
 }
