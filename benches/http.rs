@@ -29,18 +29,8 @@ mod common;
 use common::ms;
 
 /// What `jupyter_servers` needs from the test support module.
-mod support {
-    pub(crate) fn root() -> std::path::PathBuf {
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-    }
-    pub(crate) fn free_port() -> u16 {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    }
-}
+#[path = "common/support.rs"]
+mod support;
 
 #[allow(dead_code)]
 #[path = "../tests/integration/jupyter_servers.rs"]

@@ -45,28 +45,6 @@ fn executor_processes(runtime: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// (PSS, RSS) in kB summed over `pids`, from smaps_rollup.
-fn pss_rss(pids: &[u32]) -> (u64, u64) {
-    let mut pss = 0;
-    let mut rss = 0;
-    for pid in pids {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-        for line in text.lines() {
-            let mut words = line.split_whitespace();
-            let (Some(key), Some(value)) = (words.next(), words.next()) else {
-                continue;
-            };
-            let value: u64 = value.parse().unwrap_or(0);
-            match key {
-                "Pss:" => pss += value,
-                "Rss:" => rss += value,
-                _ => {}
-            }
-        }
-    }
-    (pss, rss)
-}
-
 fn mb(kb: u64) -> String {
     format!("{:.0} MB", kb as f64 / 1024.0)
 }
@@ -191,7 +169,7 @@ async fn measure(ws: &Path, factory: bool) -> Figures {
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
         let procs = executor_processes(&runtime);
-        let (pss, rss) = pss_rss(&procs);
+        let (pss, rss) = common::pss_rss(&procs);
         memory.push((kernels, pss, rss, procs.len()));
         ex.stop().await;
     }

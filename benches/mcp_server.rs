@@ -32,24 +32,10 @@ mod proc_tree;
 
 /// (PSS, RSS) in kB of `pid` and its descendants, from smaps_rollup.
 fn tree_pss_rss(pid: u32) -> (u64, u64) {
-    let mut pss = 0;
-    let mut rss = 0;
-    for p in std::iter::once(pid).chain(proc_tree::descendants(pid)) {
-        let text = std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).unwrap_or_default();
-        for line in text.lines() {
-            let mut words = line.split_whitespace();
-            let (Some(key), Some(value)) = (words.next(), words.next()) else {
-                continue;
-            };
-            let value: u64 = value.parse().unwrap_or(0);
-            match key {
-                "Pss:" => pss += value,
-                "Rss:" => rss += value,
-                _ => {}
-            }
-        }
-    }
-    (pss, rss)
+    let pids: Vec<u32> = std::iter::once(pid)
+        .chain(proc_tree::descendants(pid))
+        .collect();
+    common::pss_rss(&pids)
 }
 
 fn root() -> PathBuf {

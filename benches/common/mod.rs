@@ -30,3 +30,25 @@ pub(crate) fn run<F: std::future::Future<Output = ()>>(bench: impl FnOnce() -> F
         bench().await
     });
 }
+
+/// (PSS, RSS) in kB summed over `pids`, from smaps_rollup.
+pub(crate) fn pss_rss(pids: &[u32]) -> (u64, u64) {
+    let mut pss = 0;
+    let mut rss = 0;
+    for pid in pids {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+        for line in text.lines() {
+            let mut words = line.split_whitespace();
+            let (Some(key), Some(value)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let value: u64 = value.parse().unwrap_or(0);
+            match key {
+                "Pss:" => pss += value,
+                "Rss:" => rss += value,
+                _ => {}
+            }
+        }
+    }
+    (pss, rss)
+}

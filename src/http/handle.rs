@@ -127,7 +127,6 @@ impl Handles {
         id.copy_from_slice(&body[1..17]);
         let len = usize::from(body[17]);
         let detail = body.get(18..18 + len).ok_or(Invalid::Malformed)?;
-        // Kind 1 (gateway handles before generations) has none: generation 0.
         let tail = if kind == 2 { 4 } else { 0 };
         if 18 + len + tail != body.len() {
             return Err(Invalid::Malformed);
@@ -135,9 +134,9 @@ impl Handles {
         let detail = String::from_utf8(detail.to_vec()).map_err(|_| Invalid::Malformed)?;
         let place = match kind {
             0 if route == detail => Place::Local { replica: detail },
-            1 | 2 if route == GATEWAY_ROUTE => {
+            2 if route == GATEWAY_ROUTE => {
                 let mut generation = [0; 4];
-                generation[..tail].copy_from_slice(&body[18 + len..]);
+                generation.copy_from_slice(&body[18 + len..]);
                 Place::Gateway {
                     kernel_id: detail,
                     generation: u32::from_be_bytes(generation),

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig, ProtocolVersion};
-use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
+use rmcp::model::{CallToolRequestParams, CallToolResult, ClientConfig};
+use rmcp::service::RunningService;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Map, Value, json};
 
 use crate::mcp_eras::{CallTool, Era};
@@ -164,21 +164,9 @@ pub(crate) async fn connect_with<H: ClientHandler>(
         config = config.auth_header(token.to_string());
     }
     let transport = StreamableHttpClientTransport::from_config(config);
-    let service = match era {
-        Era::Handshake => handler.serve(transport).await,
-        Era::Stateless => {
-            let lifecycle = ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            };
-            handler.serve_with_lifecycle(transport, lifecycle).await
-        }
-    }
-    .expect("connects to ipybox over HTTP");
-    let negotiated = service
-        .peer()
-        .peer_info()
-        .map(|info| info.protocol_version.clone());
-    assert_eq!(negotiated, Some(era.version()), "negotiated revision");
+    let service = crate::mcp_eras::serve_in(era, handler, transport)
+        .await
+        .expect("connects to ipybox over HTTP");
     HttpClient { service }
 }
 

@@ -104,6 +104,35 @@ impl<H: ClientHandler> Connected<H> {
 /// A client without handlers of its own (no elicitation, no tasks).
 pub(crate) type Plain = Connected<ClientConfig>;
 
+/// Connects `handler` over `transport` in `era` (2026-07-28: `server/discover`; handshake:
+/// `initialize`) and asserts the negotiated revision.
+pub(crate) async fn serve_in<H, T, E, A>(
+    era: Era,
+    handler: H,
+    transport: T,
+) -> Result<RunningService<RoleClient, H>, rmcp::service::ClientInitializeError>
+where
+    H: ClientHandler,
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let service = match era {
+        Era::Handshake => handler.serve(transport).await,
+        Era::Stateless => {
+            let lifecycle = ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            };
+            handler.serve_with_lifecycle(transport, lifecycle).await
+        }
+    }?;
+    let negotiated = service
+        .peer()
+        .peer_info()
+        .map(|info| info.protocol_version.clone());
+    assert_eq!(negotiated, Some(era.version()), "negotiated revision");
+    Ok(service)
+}
+
 /// Starts `ipybox --workspace WS FLAGS...` (with `env` added to its environment) and connects
 /// `handler` to it in `era`; asserts the negotiated revision.
 pub(crate) async fn start_with<H: ClientHandler>(
@@ -126,21 +155,9 @@ pub(crate) async fn start_with<H: ClientHandler>(
         .spawn()
         .expect("ipybox starts");
     let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let service = match era {
-        Era::Handshake => handler.serve(transport).await,
-        Era::Stateless => {
-            let lifecycle = ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            };
-            handler.serve_with_lifecycle(transport, lifecycle).await
-        }
-    }
-    .expect("ipybox MCP server starts");
-    let negotiated = service
-        .peer()
-        .peer_info()
-        .map(|info| info.protocol_version.clone());
-    assert_eq!(negotiated, Some(era.version()), "negotiated revision");
+    let service = serve_in(era, handler, transport)
+        .await
+        .expect("ipybox MCP server starts");
     Connected {
         service,
         _child: child,
