@@ -11,6 +11,7 @@ mod dotenv;
 mod http;
 mod mcp_server;
 mod metrics;
+mod own_secrets;
 mod terminal_approval;
 
 use anyhow::Context;
@@ -326,6 +327,10 @@ where
         Some(_) => "warn",
     };
     init_logging(cli.log_level.as_deref().unwrap_or(default_level));
+    // Before any thread starts: ipybox's secrets leave its environment and command line, and no
+    // other process of its user may read its memory (own_secrets.rs).
+    let secrets = own_secrets::take();
+    own_secrets::no_dumps();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -346,10 +351,10 @@ where
             if args.workspace == std::path::Path::new(".") {
                 args.workspace = cli.serve.workspace;
             }
-            runtime.block_on(serve(*args, Some(*http)))
+            runtime.block_on(serve(*args, Some(*http), secrets))
         }
-        Some(command) => runtime.block_on(run(command)),
-        None => runtime.block_on(serve(cli.serve, None)),
+        Some(command) => runtime.block_on(run(command, secrets)),
+        None => runtime.block_on(serve(cli.serve, None, secrets)),
     };
     // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -362,18 +367,20 @@ where
     }
 }
 
-/// The variables of ipybox's own secrets: kept out of what `${VAR}` in MCP server params can
-/// name when serving over HTTP.
-const OWN_SECRETS: [&str; 2] = ["IPYBOX_TOKEN", "IPYBOX_SESSION_SECRET"];
-
-async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
+async fn serve(
+    args: ServeArgs,
+    http: Option<HttpArgs>,
+    secrets: own_secrets::OwnSecrets,
+) -> anyhow::Result<u8> {
     use mcp_server::IpyboxServer;
     let http = http.filter(|h| h.http.is_some());
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
     let host = HostEnv::from_process();
     let mut env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;
     if http.is_some() {
-        for name in OWN_SECRETS {
+        // Taken out of the process environment already; a workspace `.env` naming them is no
+        // way around that either.
+        for name in own_secrets::OWN_SECRETS {
             env.tool_env.remove(name);
         }
     }
@@ -455,7 +462,7 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
     match http {
         None => mcp_server::serve_stdio(IpyboxServer::new(builder.build(), config)).await?,
         Some(http) => {
-            let options = http_options(http, host_vars_get("IPYBOX_TOKEN"), gateway).await?;
+            let options = http_options(http, secrets, gateway).await?;
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone());
             http::serve_http(options, config, factory).await?;
         }
@@ -463,14 +470,10 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
     Ok(SUCCESS)
 }
 
-fn host_vars_get(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
 /// Checks `--http`'s flags and collects what the HTTP server needs.
 async fn http_options(
     args: HttpArgs,
-    env_token: Option<String>,
+    secrets: own_secrets::OwnSecrets,
     gateway: bool,
 ) -> anyhow::Result<http::HttpOptions> {
     let spec = args.http.unwrap_or_default();
@@ -481,7 +484,7 @@ async fn http_options(
         .with_context(|| {
             format!("invalid --http `{spec}`\n  help: pass HOST:PORT, e.g. 127.0.0.1:8000 or 0.0.0.0:8000")
         })?;
-    let tokens = http::auth::Tokens::load(&args.token, env_token.as_deref(), &args.token_file)?;
+    let tokens = http::auth::Tokens::load(&args.token, secrets.token.as_deref(), &args.token_file)?;
     let secs = |value: f64, flag: &str| -> anyhow::Result<Duration> {
         if value.is_finite() && value > 0.0 {
             Ok(Duration::from_secs_f64(value.min(86_400.0 * 365.0)))
@@ -507,10 +510,7 @@ async fn http_options(
         ),
         None => default_replica(),
     };
-    let session_key = match (
-        &args.session_secret_file,
-        host_vars_get("IPYBOX_SESSION_SECRET"),
-    ) {
+    let session_key = match (&args.session_secret_file, secrets.session_secret) {
         (Some(file), _) => {
             let key = std::fs::read(file)
                 .with_context(|| format!("cannot read --session-secret-file {}", file.display()))?;
@@ -575,9 +575,9 @@ fn default_replica() -> String {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<u8> {
+async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Result<u8> {
     match command {
-        Command::Serve { serve: args, http } => serve(*args, Some(*http)).await,
+        Command::Serve { serve: args, http } => serve(*args, Some(*http), secrets).await,
         Command::Setup { python } => {
             let host = HostEnv::from_process();
             let env = tokio::task::spawn_blocking(move || {
