@@ -223,6 +223,12 @@ struct HttpArgs {
     /// can write (and, unsandboxed, read: `.env` included). Not needed with --kernel-gateway.
     #[arg(long, requires = "http")]
     trust_tenants: bool,
+    /// Run local kernels unconfined: every session's code runs as ipybox's user and can reach
+    /// every other session (its kernel, files and tool socket), ipybox's own processes and
+    /// files, and whatever that user can. Default: each session's kernel runs in a bubblewrap of
+    /// its own (docs/http.md). Not needed with --kernel-gateway; --sandbox confines its own way.
+    #[arg(long, requires = "http")]
+    unconfined_sessions: bool,
     /// On SIGTERM/SIGINT, how long running calls may take to finish before their cells are
     /// cancelled and every kernel stopped (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "http")]
@@ -462,7 +468,15 @@ async fn serve(
     match http {
         None => mcp_server::serve_stdio(IpyboxServer::new(builder.build(), config)).await?,
         Some(http) => {
-            let options = http_options(http, secrets, gateway).await?;
+            let confined = !gateway && !args.sandbox && !http.unconfined_sessions;
+            if confined {
+                builder = builder.confine(confinement(&config.workspace).await?);
+            } else if !gateway && !args.sandbox {
+                tracing::warn!(
+                    "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
+                );
+            }
+            let options = http_options(http, secrets, gateway, confined).await?;
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone());
             http::serve_http(options, config, factory).await?;
         }
@@ -475,6 +489,7 @@ async fn http_options(
     args: HttpArgs,
     secrets: own_secrets::OwnSecrets,
     gateway: bool,
+    confined: bool,
 ) -> anyhow::Result<http::HttpOptions> {
     let spec = args.http.unwrap_or_default();
     let addr = tokio::net::lookup_host(spec.as_str())
@@ -544,11 +559,38 @@ async fn http_options(
             max_concurrent_calls: Some(args.max_concurrent_calls),
             replica,
             gateway,
+            confined,
             warm_sessions: args.warm_sessions,
             allow_install: args.allow_install,
             allow_register: args.allow_register,
         },
         session_key,
+    })
+}
+
+/// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
+/// names the install command and `--unconfined-sessions`); the workspace's `.env` and the
+/// sessions' images are hidden from every kernel (`images/` is made now, so that one made later
+/// is not visible to kernels already running).
+async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::confine::Confinement> {
+    let refuse = |e: ipybox::confine::ConfineError| {
+        anyhow::anyhow!(
+            "{e}\n  help: or, to run every session's code unconfined (as this user, able to reach every other session), pass --unconfined-sessions"
+        )
+    };
+    let host = HostEnv::from_process();
+    let bwrap = ipybox::confine::find_bwrap(None, &host).map_err(refuse)?;
+    ipybox::confine::probe(&bwrap).await.map_err(refuse)?;
+    let images = workspace.join("images");
+    std::fs::create_dir_all(&images)
+        .with_context(|| format!("cannot create {}", images.display()))?;
+    tracing::info!(
+        "sessions are confined: each kernel runs in a bubblewrap of its own ({}), the workspace read-only",
+        bwrap.display()
+    );
+    Ok(ipybox::confine::Confinement {
+        hidden: vec![workspace.join(".env"), images],
+        bwrap: Some(bwrap),
     })
 }
 
