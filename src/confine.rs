@@ -254,7 +254,8 @@ impl Layout {
 }
 
 /// The wrapper that runs a kernel command (or the kernel factory's template) inside bwrap with
-/// `layout`, its working directory `layout.work`, and the command's own environment as bwrap's.
+/// `layout`, in the command's working directory (`layout.work`) inside, and with the command's
+/// own environment as bwrap's. bwrap itself starts in `/`.
 pub(crate) fn wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
     let mut prefix = vec![bwrap.display().to_string()];
     prefix.extend(base_flags());
@@ -262,15 +263,12 @@ pub(crate) fn wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
     CommandWrapper(Arc::new(move |cmd: ChildCommand| {
         let mut argv = prefix.clone();
         argv.extend(layout.mount_args());
-        argv.extend([
-            "--chdir".into(),
-            layout.work.display().to_string(),
-            "--".into(),
-        ]);
+        argv.extend(["--chdir".into(), cmd.cwd.display().to_string(), "--".into()]);
         argv.extend(cmd.argv);
         Ok(ChildCommand {
             argv,
             env: cmd.env,
+            cwd: crate::child_process::SAFE_CWD.into(),
             private_dir: cmd.private_dir,
         })
     }))

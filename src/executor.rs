@@ -656,6 +656,17 @@ impl CodeExecutor {
                 )
                 .await?,
             );
+            if options.isolate_workspace {
+                // Inside the kernel-writable part: the kernel writes there already, and the
+                // host never reads back from it.
+                let work = writable
+                    .subdir(crate::confine::WORK_DIR, Some(0o700))
+                    .map_err(|source| ExecutorError::Io {
+                        path: writable.path().join(crate::confine::WORK_DIR),
+                        source,
+                    })?;
+                config.cwd = Some(work.path().to_path_buf());
+            }
         }
         if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
             let io = |source| ExecutorError::Io {

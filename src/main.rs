@@ -439,6 +439,8 @@ async fn serve(
         #[allow(clippy::needless_update)] // SandboxOptions may grow fields
         let options = ipybox::sandbox::SandboxOptions {
             config_file: args.sandbox_config,
+            // Over HTTP the workspace must not be a channel between sessions.
+            isolate_workspace: http.is_some(),
             ..Default::default()
         };
         builder = builder.sandbox(options);
@@ -469,6 +471,12 @@ async fn serve(
         None => mcp_server::serve_stdio(IpyboxServer::new(builder.build(), config)).await?,
         Some(http) => {
             let confined = !gateway && !args.sandbox && !http.unconfined_sessions;
+            if !gateway {
+                // Made now, so that kernels hide it from the start (other sessions' images).
+                let images = config.workspace.join("images");
+                std::fs::create_dir_all(&images)
+                    .with_context(|| format!("cannot create {}", images.display()))?;
+            }
             if confined {
                 builder = builder.confine(confinement(&config.workspace).await?);
             } else if !gateway && !args.sandbox {
@@ -570,8 +578,7 @@ async fn http_options(
 
 /// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
 /// names the install command and `--unconfined-sessions`); the workspace's `.env` and the
-/// sessions' images are hidden from every kernel (`images/` is made now, so that one made later
-/// is not visible to kernels already running).
+/// sessions' images are hidden from every kernel.
 async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::confine::Confinement> {
     let refuse = |e: ipybox::confine::ConfineError| {
         anyhow::anyhow!(
@@ -581,15 +588,12 @@ async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::conf
     let host = HostEnv::from_process();
     let bwrap = ipybox::confine::find_bwrap(None, &host).map_err(refuse)?;
     ipybox::confine::probe(&bwrap).await.map_err(refuse)?;
-    let images = workspace.join("images");
-    std::fs::create_dir_all(&images)
-        .with_context(|| format!("cannot create {}", images.display()))?;
     tracing::info!(
         "sessions are confined: each kernel runs in a bubblewrap of its own ({}), the workspace read-only",
         bwrap.display()
     );
     Ok(ipybox::confine::Confinement {
-        hidden: vec![workspace.join(".env"), images],
+        hidden: vec![workspace.join(".env"), workspace.join("images")],
         bwrap: Some(bwrap),
     })
 }

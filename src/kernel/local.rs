@@ -425,6 +425,7 @@ pub(super) fn spawn_kernel_command(
     let mut command = ChildCommand {
         argv,
         env: super::kernel_env::local(config),
+        cwd: config.cwd().to_path_buf(),
         private_dir: private_dir.to_path_buf(),
     };
     if let Some(wrap) = &config.wrapper {
@@ -435,7 +436,7 @@ pub(super) fn spawn_kernel_command(
             )
         })?;
     }
-    let argv = command.argv;
+    let argv = std::mem::take(&mut command.argv);
     let mut cmd = host_command(&argv[0]);
     // The kernel's working directory is the workspace (or a confined kernel's own directory):
     // its code runs there (unsandboxed, it is the user's own process; sandboxed, this starts
@@ -443,8 +444,8 @@ pub(super) fn spawn_kernel_command(
     // docs/sandbox.md; confined, bwrap changes to it inside).
     cmd.args(&argv[1..])
         .env_clear()
-        .envs(command.env)
-        .current_dir(config.cwd())
+        .envs(std::mem::take(&mut command.env))
+        .current_dir(&command.cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

@@ -487,3 +487,60 @@ impl<H: rmcp::ClientHandler> Client for HttpClient<H> {
         Box::pin(run_ok(self, code, session))
     }
 }
+
+/// `--sandbox` over HTTP: srt confines each session's kernel (its own pid namespace, `/tmp` and
+/// `/run` hidden), and ipybox keeps the workspace from being a channel: read-only to every
+/// session, which works in a directory of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxed_sessions_cannot_reach_each_other() {
+    require!(TestEnv, SandboxDeps);
+    let ws = tempfile::tempdir().unwrap();
+    let srt = root().join("target/sandbox-deps/node_modules/.bin/srt");
+    let service = Service::start(
+        ws.path(),
+        &[
+            ("IPYBOX_TOKEN", TOKEN_A),
+            ("IPYBOX_SRT", &srt.display().to_string()),
+        ],
+        &["--sandbox", "--warm-sessions", "0"],
+    );
+    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
+    let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    let out = run_ok(
+        &attacker,
+        &attack(&victim_runtime, "print(secret_value)"),
+        None,
+    )
+    .await;
+    expect(
+        &out,
+        &[
+            ("listing", "False"),
+            ("conn", "FileNotFoundError"),
+            ("tools", "FileNotFoundError"),
+            ("kernel", "no answer"),
+        ],
+    );
+    let plant = format!(
+        r#"import os
+try:
+    os.makedirs(os.path.join({ws}, "mcptools", "evil"))
+    print("mcptools=written")
+except OSError as e:
+    print("mcptools=" + type(e).__name__)
+open("mine.txt", "w").write("mine")
+print("cwd=" + os.getcwd())
+print("pid=" + str(os.getpid() < 100))"#,
+        ws = py(&ws.path().display().to_string())
+    );
+    let got = outcome(&run_ok(&attacker, &plant, None).await);
+    assert_ne!(got["mcptools"], "written");
+    assert!(!ws.path().join("mcptools").exists());
+    assert!(got["cwd"].ends_with("/box/work"), "{got:?}");
+    assert_eq!(got["pid"], "True");
+    assert!(!ws.path().join("mine.txt").exists());
+    victim.close().await;
+    attacker.close().await;
+}
