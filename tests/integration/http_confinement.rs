@@ -410,10 +410,26 @@ async fn unconfined_sessions_are_an_explicit_choice() {
         "{stderr}"
     );
 
+    // An MCP server the sessions call (a host child of ipybox): it must not get the secrets.
+    let out = std::process::Command::new(BIN)
+        .args(["apigen", "fx", "--params"])
+        .arg(
+            serde_json::json!({"command": python(), "args": [fixture_script(), "stdio"]})
+                .to_string(),
+        )
+        .arg("--root")
+        .arg(ws.path().join("mcptools"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let service = Service::start(
         ws.path(),
-        &[("PATH", "/nonexistent"), ("IPYBOX_SESSION_SECRET", SECRET)],
-        &["--unconfined-sessions", "--token", TOKEN_A],
+        &[
+            ("PATH", "/nonexistent"),
+            ("IPYBOX_SESSION_SECRET", SECRET),
+            ("IPYBOX_TOKEN", TOKEN_B),
+        ],
+        &["--unconfined-sessions", "--token", TOKEN_A, "--trust-tenants"],
     );
     assert!(
         service
@@ -446,16 +462,30 @@ async fn unconfined_sessions_are_an_explicit_choice() {
         r#"pid = {pid}
 data = open(f"/proc/{{pid}}/cmdline", "rb").read() + open(f"/proc/{{pid}}/environ", "rb").read()
 print("cmdline=" + str(b"--token" in data))
-print("token=" + str({a}.encode() in data))
+print("token=" + str({a}.encode() in data or {b}.encode() in data))
 print("secret=" + str({secret}.encode() in data))"#,
         pid = service.pid(),
         a = py(TOKEN_A),
+        b = py(TOKEN_B),
         secret = py(SECRET),
     );
     let out = run_ok(&attacker, &scan, None).await;
     expect(
         &out,
         &[("cmdline", "True"), ("token", "False"), ("secret", "False")],
+    );
+    let out = run_ok(
+        &attacker,
+        "from mcptools.fx import get_env\nfor name in ('IPYBOX_TOKEN', 'IPYBOX_SESSION_SECRET'):\n    print(name + '=' + get_env.run(get_env.Params(name=name)))",
+        None,
+    )
+    .await;
+    expect(
+        &out,
+        &[
+            ("IPYBOX_TOKEN", "<unset>"),
+            ("IPYBOX_SESSION_SECRET", "<unset>"),
+        ],
     );
     victim.close().await;
     attacker.close().await;
