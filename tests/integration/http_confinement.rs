@@ -421,7 +421,11 @@ async fn unconfined_sessions_are_an_explicit_choice() {
         .arg(ws.path().join("mcptools"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let service = Service::start(
         ws.path(),
         &[
@@ -429,7 +433,12 @@ async fn unconfined_sessions_are_an_explicit_choice() {
             ("IPYBOX_SESSION_SECRET", SECRET),
             ("IPYBOX_TOKEN", TOKEN_B),
         ],
-        &["--unconfined-sessions", "--token", TOKEN_A, "--trust-tenants"],
+        &[
+            "--unconfined-sessions",
+            "--token",
+            TOKEN_A,
+            "--trust-tenants",
+        ],
     );
     assert!(
         service
