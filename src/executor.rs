@@ -28,6 +28,7 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::apigen::ApiStyle;
+use crate::confine::{ConfineError, Confinement};
 use crate::host_env::HostEnv;
 use crate::kernel::gateway::Gateway;
 use crate::kernel::gateway::ledger::Ledger;
@@ -65,6 +66,10 @@ pub enum ExecutorError {
     /// The sandbox could not be set up (srt missing, invalid config, ...).
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// Confinement was asked for and cannot be set up (bwrap missing, or combined with a
+    /// sandbox or a kernel gateway).
+    #[error(transparent)]
+    Confine(#[from] ConfineError),
     /// A background task of ipybox's failed (a bug: please report it).
     #[error("{what} failed: {source}")]
     Task {
@@ -134,6 +139,7 @@ pub struct CodeExecutorBuilder {
     approve_shell_cmds: bool,
     require_shell_escape: bool,
     sandbox: Option<SandboxOptions>,
+    confinement: Option<Confinement>,
     kernel_gateway: Option<GatewayUrl>,
     attach_kernel: Option<String>,
     kernel_factory: Option<bool>,
@@ -313,6 +319,17 @@ impl CodeExecutorBuilder {
     /// `start()` fails (it never silently runs unsandboxed) if srt or bubblewrap is missing.
     pub fn sandbox(mut self, options: SandboxOptions) -> Self {
         self.sandbox = Some(options);
+        self
+    }
+
+    /// Runs each local kernel confined in a bubblewrap of its own ([`crate::confine`]): its own
+    /// pid namespace and `/proc`, no view of other executors' runtime directories, of `$HOME`
+    /// or ipybox's data directory, the workspace read-only, and its own writable working
+    /// directory (`<runtime>/work`, removed when the executor stops). What `ipybox serve
+    /// --http` does for every session. `start()` fails if bwrap is missing; not combinable
+    /// with [`Self::sandbox`] (srt confines a kernel its own way) or [`Self::kernel_gateway`].
+    pub fn confine(mut self, confinement: Confinement) -> Self {
+        self.confinement = Some(confinement);
         self
     }
 
@@ -501,6 +518,27 @@ impl CodeExecutor {
             }
             None => None,
         };
+        let bwrap = match &b.confinement {
+            Some(_) if gateway.is_some() || b.sandbox.is_some() => {
+                return Err(ConfineError::Unavailable {
+                    reason: format!(
+                        "confinement applies to plain local kernels, not to {}",
+                        if gateway.is_some() {
+                            "kernels on a Jupyter server"
+                        } else {
+                            "sandboxed ones (srt confines them its own way)"
+                        }
+                    ),
+                    help: "ask for one of the two".into(),
+                }
+                .into());
+            }
+            Some(c) => Some(crate::confine::find_bwrap(
+                c.bwrap.as_deref(),
+                self.host_env(),
+            )?),
+            None => None,
+        };
         // Kernels on a Jupyter server use the server's Python: nothing to provision here.
         let python = match &gateway {
             Some(_) => PathBuf::new(),
@@ -618,6 +656,36 @@ impl CodeExecutor {
                 )
                 .await?,
             );
+            if options.isolate_workspace {
+                // Inside the kernel-writable part: the kernel writes there already, and the
+                // host never reads back from it.
+                let work = writable
+                    .subdir(crate::confine::WORK_DIR, Some(0o700))
+                    .map_err(|source| ExecutorError::Io {
+                        path: writable.path().join(crate::confine::WORK_DIR),
+                        source,
+                    })?;
+                config.cwd = Some(work.path().to_path_buf());
+            }
+        }
+        if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
+            let io = |source| ExecutorError::Io {
+                path: runtime.path().to_path_buf(),
+                source,
+            };
+            let writable = runtime.kernel_writable().map_err(io)?;
+            let work = runtime.path().join(crate::confine::WORK_DIR);
+            crate::safe_fs::create_private_dir(&work).map_err(io)?;
+            let layout = crate::confine::Layout::new(
+                self.host_env(),
+                runtime.path(),
+                writable.path(),
+                &workspace,
+                &config.python,
+                confinement,
+            );
+            config.wrapper = Some(crate::confine::wrapper(bwrap, layout));
+            config.cwd = Some(work);
         }
         let spares = b.spare_kernels.unwrap_or(DEFAULT_SPARE_KERNELS);
         let pool = KernelPool::start(

@@ -7,6 +7,7 @@
 
 pub mod apigen;
 mod child_process;
+pub mod confine;
 pub mod executor;
 pub mod host_env;
 mod json_kind;
