@@ -39,6 +39,9 @@ use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::RegisterError;
 use crate::sandbox::{SandboxError, SandboxOptions};
+use crate::snapshot::{
+    RestoreReport, SnapshotBinding, SnapshotError, SnapshotReport, SnapshotStore,
+};
 use crate::tools::registry::Registry;
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
@@ -358,6 +361,9 @@ struct Running {
     pool: KernelPool,
     tools: ToolServer,
     runtime: Arc<RuntimeDir>,
+    /// No code has run in the current kernel since it started (or since a reset): a restore
+    /// loads into it instead of replacing it first.
+    pristine: bool,
 }
 
 struct Inner {
@@ -637,6 +643,7 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            pristine: true,
         });
         Ok(())
     }
@@ -804,6 +811,7 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            ..
         }) = running
         {
             tokio::join!(pool.shutdown(detach), tools.stop());
@@ -820,6 +828,7 @@ impl CodeExecutor {
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        running.pristine = false;
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let _current = CurrentExecution::register(&self.inner, Canceller(Arc::new(cancel)));
         // This execution's own clock: only its calls' approval waits pause it.
@@ -925,6 +934,7 @@ impl CodeExecutor {
                 let _current = CurrentExecution::register(&inner, registered);
                 match state.as_mut() {
                     Some(running) => {
+                        running.pristine = false;
                         // This execution's own clock: only its calls' approval waits pause it.
                         let pause = TimeoutPause::default();
                         // Waits end (rejected) when this execution is cancelled, not when it
@@ -988,6 +998,10 @@ impl CodeExecutor {
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        Ok(Self::reset_running(running).await?)
+    }
+
+    async fn reset_running(running: &mut Running) -> Result<(), KernelError> {
         let sessions = running.tools.state().sessions();
         // Closed in the background: the new epoch already keeps the old sessions from being
         // used, and stop() waits for the closes.
@@ -996,7 +1010,73 @@ impl CodeExecutor {
         // The old kernel is gone now; a leftover thread of it may have called a tool while it
         // was being replaced. Close what that opened, and void such calls still in flight.
         sessions.close_all_in_background();
-        Ok(kernel?)
+        kernel?;
+        running.pristine = true;
+        Ok(())
+    }
+
+    /// Saves what the model built in the kernel (variables, functions and classes defined in
+    /// cells, modules by name, the working directory) into `store` for `binding`, replacing the
+    /// snapshot stored for it before, and reports what was saved and what could not be (open
+    /// files, sockets, threads, generators, objects that refuse to be pickled), by name with the
+    /// reason. The kernel keeps running with its state. Waits for a running execution; `timeout`
+    /// bounds the kernel's part (`None`: as long as it takes). See docs/snapshots.md.
+    ///
+    /// Kernels on a Jupyter server ([`CodeExecutorBuilder::kernel_gateway`]):
+    /// [`SnapshotError::Remote`] for now.
+    pub async fn snapshot(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<SnapshotReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        if running.pool.remote() {
+            return Err(SnapshotError::Remote);
+        }
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        tokio::select! {
+            result = crate::snapshot::local::snapshot(&mut running.pool, &runtime, store, binding, timeout) => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        }
+    }
+
+    /// Restores `binding`'s snapshot from `store`: the kernel is replaced by a fresh one (unless
+    /// no code has run in it since it started), then modules are imported again, names loaded
+    /// one by one (one that fails is reported, the others load) and the working directory
+    /// restored. The report says exactly what came back and what did not;
+    /// [`RestoreReport::text`] is that for the model.
+    ///
+    /// A snapshot whose seal does not verify for `binding` (another session's or owner's, or
+    /// changed by a single byte) is refused with [`SnapshotError::Refused`] before anything of it
+    /// reaches a kernel, and the current kernel keeps its state. Waits for a running execution.
+    pub async fn restore(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<RestoreReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        if running.pool.remote() {
+            return Err(SnapshotError::Remote);
+        }
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            let prepared = crate::snapshot::local::prepare(&runtime, store, binding).await?;
+            if !running.pristine {
+                Self::reset_running(running).await?;
+            }
+            running.pristine = false;
+            crate::snapshot::local::load(&mut running.pool, prepared, timeout).await
+        };
+        tokio::select! {
+            result = work => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        }
     }
 
     fn live(&self) -> Option<Live> {

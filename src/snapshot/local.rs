@@ -1,0 +1,209 @@
+//! Taking and restoring snapshots of kernels that share the host's filesystem (local kernels,
+//! sandboxed or not): the bytes travel as files in a fresh directory below the runtime
+//! directory's kernel-writable part (`box/snapshot-<random>/`).
+//!
+//! Files, not the tool socket: a namespace of a gigabyte is written by the kernel straight from
+//! its objects' memory (pickle protocol 5 buffers) and read by the host once, with no framing
+//! and no 32 MiB request cap. The kernel is hostile under `--sandbox`, so the host holds the
+//! directory it created open and reads only through that descriptor: never through a link,
+//! regular files only, the manifest capped, the data exactly as long as the manifest says and no
+//! longer than the store's limit. For a restore the host checks the seal before any byte is
+//! written for the kernel, and the data's digest while it copies it; only then is the kernel
+//! told to load.
+//!
+//! Not here: kernels on Jupyter servers (no shared filesystem: not supported yet, see
+//! docs/snapshots.md), the seal and the store (`seal`, `store`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::manifest::{MAX_MANIFEST_BYTES, Manifest};
+use super::report::{KernelReport, RestoreReport, SnapshotReport};
+use super::seal::SnapshotBinding;
+use super::store::{SnapshotStore, copy_hashing, read_small};
+use super::SnapshotError;
+use crate::kernel::KernelPool;
+use crate::kernel::runtime_dir::RuntimeDir;
+use crate::safe_fs::NoFollowDir;
+
+const DATA: &str = "data";
+const MANIFEST: &str = "manifest.json";
+const REPORT: &str = "report.json";
+const MAX_REPORT_BYTES: u64 = 4 << 20;
+
+/// A fresh directory the kernel writes (or reads) a snapshot in, removed when dropped.
+struct Exchange {
+    parent: NoFollowDir,
+    name: String,
+    dir: NoFollowDir,
+}
+
+impl Exchange {
+    fn create(runtime: &RuntimeDir) -> Result<Self, SnapshotError> {
+        let io = |source| SnapshotError::Io {
+            path: runtime.path().join(crate::kernel::runtime_dir::KERNEL_WRITABLE),
+            source,
+        };
+        let parent = runtime.kernel_writable().map_err(io)?;
+        let name = format!("snapshot-{:016x}", rand::random::<u64>());
+        // Whatever a kernel left at that name (a link, a directory) goes first.
+        parent.remove_tree(&name).map_err(io)?;
+        let dir = parent.subdir(&name, Some(0o700)).map_err(io)?;
+        Ok(Self { parent, name, dir })
+    }
+
+    /// The directory's path as the kernel sees it (the same path inside the sandbox).
+    fn path(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    fn io(&self) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
+        move |source| SnapshotError::Io {
+            path: self.path(),
+            source,
+        }
+    }
+
+    /// A small file the kernel wrote here, read as the host reads what a hostile kernel wrote.
+    fn read_from_kernel(&self, name: &str, limit: u64) -> Result<Vec<u8>, SnapshotError> {
+        read_small(&self.dir, name, limit).map_err(|e| SnapshotError::Invalid {
+            what: format!("the kernel's {name}"),
+            reason: e.to_string(),
+        })
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let _ = self.parent.remove_tree(&self.name);
+    }
+}
+
+/// A Python string literal for `s` (JSON's escapes are Python's).
+fn py_str(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Snapshots the current kernel of `pool` into `store` for `binding`.
+pub(crate) async fn snapshot(
+    pool: &mut KernelPool,
+    runtime: &RuntimeDir,
+    store: &SnapshotStore,
+    binding: &SnapshotBinding,
+    timeout: Option<Duration>,
+) -> Result<SnapshotReport, SnapshotError> {
+    let exchange = Exchange::create(runtime)?;
+    let code = format!(
+        "__import__('ipybox_runtime.snapshot', fromlist=['save_to_dir']).save_to_dir({}, {})",
+        py_str(&exchange.path().to_string_lossy()),
+        store.limit()
+    );
+    pool.execute_hidden(&code, timeout).await?;
+    let (data, data_len) = exchange
+        .dir
+        .open_regular(DATA, store.limit())
+        .map_err(|e| SnapshotError::Invalid {
+            what: "the kernel's snapshot data".into(),
+            reason: e.to_string(),
+        })?;
+    let manifest_bytes = exchange.read_from_kernel(MANIFEST, MAX_MANIFEST_BYTES)?;
+    let mut manifest =
+        Manifest::parse(&manifest_bytes, data_len).map_err(|e| SnapshotError::Invalid {
+            what: "the kernel's snapshot manifest".into(),
+            reason: e.0,
+        })?;
+    manifest.created = now();
+    let (store, binding, stored) = (store.clone(), binding.clone(), manifest.clone());
+    tokio::task::spawn_blocking(move || {
+        let mut data = data;
+        store.write(&binding, &stored, &mut data, data_len)
+    })
+    .await
+    .map_err(|e| SnapshotError::Task(e.to_string()))??;
+    drop(exchange);
+    Ok(SnapshotReport { manifest })
+}
+
+/// A verified snapshot copied where the kernel will read it; nothing of it was loaded yet.
+pub(crate) struct Prepared {
+    exchange: Exchange,
+    manifest: Manifest,
+}
+
+/// Verifies `binding`'s snapshot in `store` (its seal first, then its data's digest while it is
+/// copied into a fresh directory of `runtime`'s kernel-writable part). Touches no kernel: a
+/// refused snapshot leaves the session as it was.
+pub(crate) async fn prepare(
+    runtime: &RuntimeDir,
+    store: &SnapshotStore,
+    binding: &SnapshotBinding,
+) -> Result<Prepared, SnapshotError> {
+    let verified = {
+        let (store, binding) = (store.clone(), binding.clone());
+        tokio::task::spawn_blocking(move || store.open_verified(&binding))
+            .await
+            .map_err(|e| SnapshotError::Task(e.to_string()))??
+    };
+    let exchange = Exchange::create(runtime)?;
+    let manifest = verified.manifest.clone();
+    let dir = exchange.dir.subdir(".", None).map_err(exchange.io())?;
+    let path = exchange.path();
+    let super::store::Verified {
+        manifest_bytes,
+        mut data,
+        contents,
+        ..
+    } = verified;
+    tokio::task::spawn_blocking(move || -> Result<(), SnapshotError> {
+        use std::io::Write;
+        let io = |source| SnapshotError::Io {
+            path: path.clone(),
+            source,
+        };
+        let file = dir.create_file(DATA, 0o600).map_err(io)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        let digest = copy_hashing(&mut data, &mut out, contents.data_bytes).map_err(io)?;
+        out.flush().map_err(io)?;
+        drop(out);
+        if digest != contents.data_sha256 {
+            let _ = dir.remove_tree(DATA);
+            return Err(SnapshotError::Refused {
+                reason: "its data changed since it was sealed".into(),
+            });
+        }
+        dir.create_new(MANIFEST, &manifest_bytes, 0o600)
+            .map_err(io)?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| SnapshotError::Task(e.to_string()))??;
+    Ok(Prepared { exchange, manifest })
+}
+
+/// Loads a prepared snapshot into the current kernel of `pool` (which the caller has made a
+/// fresh one) and reports what came back.
+pub(crate) async fn load(
+    pool: &mut KernelPool,
+    prepared: Prepared,
+    timeout: Option<Duration>,
+) -> Result<RestoreReport, SnapshotError> {
+    let Prepared { exchange, manifest } = prepared;
+    let code = format!(
+        "__import__('ipybox_runtime.snapshot', fromlist=['restore_from_dir']).restore_from_dir({})",
+        py_str(&exchange.path().to_string_lossy())
+    );
+    pool.execute_hidden(&code, timeout).await?;
+    let report = exchange.read_from_kernel(REPORT, MAX_REPORT_BYTES)?;
+    let kernel: KernelReport =
+        serde_json::from_slice(&report).map_err(|e| SnapshotError::Invalid {
+            what: "the kernel's restore report".into(),
+            reason: e.to_string(),
+        })?;
+    Ok(RestoreReport::from_kernel(&manifest, kernel))
+}
