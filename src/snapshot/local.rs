@@ -17,11 +17,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::SnapshotError;
 use super::manifest::{MAX_MANIFEST_BYTES, Manifest};
 use super::report::{KernelReport, RestoreReport, SnapshotReport};
 use super::seal::SnapshotBinding;
 use super::store::{SnapshotStore, copy_hashing, read_small};
-use super::SnapshotError;
 use crate::kernel::KernelPool;
 use crate::kernel::runtime_dir::RuntimeDir;
 use crate::safe_fs::NoFollowDir;
@@ -41,7 +41,9 @@ struct Exchange {
 impl Exchange {
     fn create(runtime: &RuntimeDir) -> Result<Self, SnapshotError> {
         let io = |source| SnapshotError::Io {
-            path: runtime.path().join(crate::kernel::runtime_dir::KERNEL_WRITABLE),
+            path: runtime
+                .path()
+                .join(crate::kernel::runtime_dir::KERNEL_WRITABLE),
             source,
         };
         let parent = runtime.kernel_writable().map_err(io)?;

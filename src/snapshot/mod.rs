@@ -49,7 +49,9 @@ pub enum SnapshotError {
     )]
     Refused { reason: String },
     /// The kernel wrote something that is not a snapshot (a bug, or hostile code).
-    #[error("{what} is invalid: {reason}\n  help: nothing was stored; if the kernel's code did not tamper with it, please report this")]
+    #[error(
+        "{what} is invalid: {reason}\n  help: nothing was stored; if the kernel's code did not tamper with it, please report this"
+    )]
     Invalid { what: String, reason: String },
     /// Kernels on a Jupyter server cannot be snapshotted yet.
     #[error(
@@ -57,9 +59,13 @@ pub enum SnapshotError {
     )]
     Remote,
     /// There is no data directory to keep snapshots in.
-    #[error("cannot determine ipybox's data directory for snapshots\n  help: set IPYBOX_HOME to a writable directory")]
+    #[error(
+        "cannot determine ipybox's data directory for snapshots\n  help: set IPYBOX_HOME to a writable directory"
+    )]
     NoHome,
-    #[error("i/o error on {path}: {source}\n  help: check that the directory is writable and has room")]
+    #[error(
+        "i/o error on {path}: {source}\n  help: check that the directory is writable and has room"
+    )]
     Io {
         path: PathBuf,
         source: std::io::Error,

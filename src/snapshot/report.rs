@@ -259,7 +259,11 @@ impl SnapshotReport {
             .iter()
             .map(|s| format!("{} ({})", s.name, line(&s.type_name, 40)))
             .collect();
-        saved.extend(m.modules.iter().map(|x| format!("{} (module {})", x.name, x.module)));
+        saved.extend(
+            m.modules
+                .iter()
+                .map(|x| format!("{} (module {})", x.name, x.module)),
+        );
         let mut out = format!(
             "[ipybox] Snapshot taken {}: {} names, {}",
             utc(m.created),

@@ -163,7 +163,12 @@ impl SealKey {
     }
 
     /// Whether `seal` is the seal of `contents` for `binding` (compared in constant time).
-    pub(crate) fn verify(&self, binding: &SnapshotBinding, contents: &Contents, seal: &[u8]) -> bool {
+    pub(crate) fn verify(
+        &self,
+        binding: &SnapshotBinding,
+        contents: &Contents,
+        seal: &[u8],
+    ) -> bool {
         let mut mac = self.mac();
         mac.update(DOMAIN);
         binding.feed(&mut mac);
@@ -224,14 +229,26 @@ mod tests {
         // Length prefixes: moving a byte from the session to the owner changes the seal.
         assert!(!key.verify(&SnapshotBinding::new("s", b"1owner-a".to_vec()), &c, &seal));
         for changed in [
-            Contents { data_bytes: 11, ..c },
-            Contents { data_sha256: [3; 32], ..c },
-            Contents { manifest_sha256: [3; 32], ..c },
+            Contents {
+                data_bytes: 11,
+                ..c
+            },
+            Contents {
+                data_sha256: [3; 32],
+                ..c
+            },
+            Contents {
+                manifest_sha256: [3; 32],
+                ..c
+            },
         ] {
             assert!(!key.verify(&a, &changed, &seal));
         }
         assert!(!SealKey::from_bytes([8; 32]).verify(&a, &c, &seal));
-        assert_ne!(key.dir_name(&a), key.dir_name(&SnapshotBinding::new("s2", b"owner-a".to_vec())));
+        assert_ne!(
+            key.dir_name(&a),
+            key.dir_name(&SnapshotBinding::new("s2", b"owner-a".to_vec()))
+        );
         assert!(!format!("{a:?}").contains("owner-a"));
     }
 
@@ -243,7 +260,10 @@ mod tests {
         let k2 = SealKey::load_or_create(&path).unwrap();
         assert_eq!(k1.0, k2.0);
         assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
-        assert_eq!(std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(path.parent().unwrap()).unwrap().mode() & 0o777,
+            0o700
+        );
         // A link planted at the key's name is not followed.
         let other = t.path().join("k2/snapshot.key");
         std::fs::create_dir_all(other.parent().unwrap()).unwrap();
