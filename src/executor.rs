@@ -364,6 +364,8 @@ struct Running {
     /// No code has run in the current kernel since it started (or since a reset): a restore
     /// loads into it instead of replacing it first.
     pristine: bool,
+    /// Snapshot transfers over the stdin channel (kernels on a Jupyter server).
+    snapshot_channel: Option<Arc<crate::snapshot::remote::SnapshotChannel>>,
 }
 
 struct Inner {
@@ -548,6 +550,7 @@ impl CodeExecutor {
             }
         })?;
         config.env = b.kernel_env.clone();
+        let mut snapshot_channel = None;
         match gateway {
             None => {
                 // Remote kernels get the runtime in their bootstrap cell instead.
@@ -564,13 +567,20 @@ impl CodeExecutor {
                     .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
             }
             Some(gateway) => {
-                // Tool calls come over the kernel's stdin channel (no route to the socket).
+                // Tool calls come over the kernel's stdin channel (no route to the socket), and
+                // so do snapshots.
                 let state = tools.state().clone();
                 let ws = workspace.clone();
+                let channel = crate::snapshot::remote::SnapshotChannel::new();
+                snapshot_channel = Some(channel.clone());
                 config.input_handler = Some(Arc::new(move |payload: String| {
                     let state = state.clone();
                     let ws = ws.clone();
+                    let channel = channel.clone();
                     Box::pin(async move {
+                        if let Some(reply) = channel.answer(&payload) {
+                            return reply;
+                        }
                         crate::tools::stdin_channel::answer(&state, &ws, &payload).await
                     })
                 }));
@@ -644,6 +654,7 @@ impl CodeExecutor {
             tools,
             runtime,
             pristine: true,
+            snapshot_channel,
         });
         Ok(())
     }
@@ -1021,9 +1032,8 @@ impl CodeExecutor {
     /// files, sockets, threads, generators, objects that refuse to be pickled), by name with the
     /// reason. The kernel keeps running with its state. Waits for a running execution; `timeout`
     /// bounds the kernel's part (`None`: as long as it takes). See docs/snapshots.md.
-    ///
-    /// Kernels on a Jupyter server ([`CodeExecutorBuilder::kernel_gateway`]):
-    /// [`SnapshotError::Remote`] for now.
+    /// A local kernel writes the snapshot into the runtime directory, a kernel on a Jupyter
+    /// server sends it over its stdin channel.
     pub async fn snapshot(
         &self,
         store: &SnapshotStore,
@@ -1032,13 +1042,35 @@ impl CodeExecutor {
     ) -> Result<SnapshotReport, SnapshotError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        if running.pool.remote() {
-            return Err(SnapshotError::Remote);
-        }
         let runtime = running.runtime.clone();
         let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            match &running.snapshot_channel {
+                Some(channel) => {
+                    crate::snapshot::remote::snapshot(
+                        &mut running.pool,
+                        channel,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+                None => {
+                    crate::snapshot::local::snapshot(
+                        &mut running.pool,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+            }
+        };
         tokio::select! {
-            result = crate::snapshot::local::snapshot(&mut running.pool, &runtime, store, binding, timeout) => result,
+            result = work => result,
             _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
         }
     }
@@ -1060,18 +1092,32 @@ impl CodeExecutor {
     ) -> Result<RestoreReport, SnapshotError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        if running.pool.remote() {
-            return Err(SnapshotError::Remote);
-        }
         let runtime = running.runtime.clone();
         let mut stopping = self.inner.stopping.subscribe();
         let work = async {
-            let prepared = crate::snapshot::local::prepare(&runtime, store, binding).await?;
+            use crate::snapshot::{local, remote};
+            enum Prepared {
+                Local(local::Prepared),
+                Remote(remote::Prepared, Arc<remote::SnapshotChannel>),
+            }
+            // Verified (and copied for the kernel) before the kernel is touched.
+            let prepared = match &running.snapshot_channel {
+                Some(channel) => Prepared::Remote(
+                    remote::prepare(&runtime, store, binding).await?,
+                    channel.clone(),
+                ),
+                None => Prepared::Local(local::prepare(&runtime, store, binding).await?),
+            };
             if !running.pristine {
                 Self::reset_running(running).await?;
             }
             running.pristine = false;
-            crate::snapshot::local::load(&mut running.pool, prepared, timeout).await
+            match prepared {
+                Prepared::Local(p) => local::load(&mut running.pool, p, timeout).await,
+                Prepared::Remote(p, channel) => {
+                    remote::load(&mut running.pool, &channel, p, timeout).await
+                }
+            }
         };
         tokio::select! {
             result = work => result,

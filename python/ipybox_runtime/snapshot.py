@@ -339,19 +339,61 @@ def save(f, ns: dict, hidden: dict, limit: int) -> dict:
     }
 
 
-def save_to_dir(directory: str, limit: int) -> None:
-    """Snapshots this kernel's user namespace into ``directory`` (``data`` and ``manifest.json``,
-    both new files): the local-kernel transport, run by the host as a silent cell."""
-    shell = _shell()
-    with open(os.path.join(directory, DATA), "xb") as f:
-        manifest = save(f, shell.user_ns, shell.user_ns_hidden, limit)
+def _save_all(f, shell, limit: int) -> dict:
+    manifest = save(f, shell.user_ns, shell.user_ns_hidden, limit)
     try:
         manifest["cwd"] = os.getcwd()
     except OSError:
         manifest["cwd"] = None
     manifest["imports"] = _history_imports(shell)
+    return manifest
+
+
+def save_to_dir(directory: str, limit: int) -> None:
+    """Snapshots this kernel's user namespace into ``directory`` (``data`` and ``manifest.json``,
+    both new files): the local-kernel transport, run by the host as a silent cell."""
+    shell = _shell()
+    with open(os.path.join(directory, DATA), "xb") as f:
+        manifest = _save_all(f, shell, limit)
     with open(os.path.join(directory, MANIFEST), "x", encoding="utf-8") as out:
         json.dump(manifest, out)
+
+
+# Kernels on Jupyter servers share no filesystem with the host: the snapshot travels over the
+# stdin channel (``stdin_channel``) in chunks small enough for every server's WebSocket limits.
+CHUNK = 4 << 20
+
+
+def _call(path: str, body: dict) -> dict:
+    import ipybox_runtime
+
+    channel = ipybox_runtime._channel
+    if channel is None:
+        raise RuntimeError("the ipybox stdin channel is not installed in this kernel")
+    reply = channel("POST", path, body)
+    if "error" in reply:
+        raise RuntimeError(f"the host refused the snapshot transfer: {reply['error']}")
+    return reply
+
+
+def save_to_channel(limit: int) -> None:
+    """Snapshots this kernel's user namespace and sends it to the host over the stdin channel:
+    the data in chunks (``/snapshot/chunk``), then the manifest (``/snapshot/manifest``)."""
+    import base64
+    import tempfile
+
+    shell = _shell()
+    with tempfile.TemporaryFile() as f:
+        manifest = _save_all(f, shell, limit)
+        f.seek(0)
+        offset = 0
+        while True:
+            chunk = f.read(CHUNK)
+            if not chunk:
+                break
+            _call("/snapshot/chunk", {"offset": offset, "data": base64.b64encode(chunk).decode()})
+            offset += len(chunk)
+    _call("/snapshot/manifest", {"manifest": manifest})
 
 
 class _Feed:
@@ -515,12 +557,7 @@ def restore(f, manifest: dict, ns: dict) -> dict:
     return report
 
 
-def restore_from_dir(directory: str) -> None:
-    """Restores the snapshot in ``directory`` (``data``, ``manifest.json``, put there by the host)
-    into this kernel and writes ``report.json`` beside them: the local-kernel transport."""
-    shell = _shell()
-    with open(os.path.join(directory, MANIFEST), encoding="utf-8") as m:
-        manifest = json.load(m)
+def _restore_all(f, manifest: dict, shell) -> dict:
     cwd = manifest.get("cwd")
     cwd_report = None
     if cwd:
@@ -529,8 +566,38 @@ def restore_from_dir(directory: str) -> None:
             cwd_report = {"path": cwd, "restored": True}
         except OSError as e:
             cwd_report = {"path": cwd, "restored": False, "reason": _short(e.strerror or str(e))}
-    with open(os.path.join(directory, DATA), "rb") as f:
-        report = restore(f, manifest, shell.user_ns)
+    report = restore(f, manifest, shell.user_ns)
     report["cwd"] = cwd_report
+    return report
+
+
+def restore_from_dir(directory: str) -> None:
+    """Restores the snapshot in ``directory`` (``data``, ``manifest.json``, put there by the host)
+    into this kernel and writes ``report.json`` beside them: the local-kernel transport."""
+    with open(os.path.join(directory, MANIFEST), encoding="utf-8") as m:
+        manifest = json.load(m)
+    with open(os.path.join(directory, DATA), "rb") as f:
+        report = _restore_all(f, manifest, _shell())
     with open(os.path.join(directory, REPORT), "x", encoding="utf-8") as out:
         json.dump(report, out)
+
+
+def restore_from_channel() -> None:
+    """Restores the snapshot the host offers over the stdin channel (``/snapshot/offer``, then
+    the data by ``/snapshot/read``) and sends the report back (``/snapshot/report``)."""
+    import base64
+    import tempfile
+
+    manifest = _call("/snapshot/offer", {})["manifest"]
+    total = manifest["data_bytes"]
+    with tempfile.TemporaryFile() as f:
+        offset = 0
+        while offset < total:
+            data = base64.b64decode(_call("/snapshot/read", {"offset": offset, "length": min(CHUNK, total - offset)})["data"])
+            if not data:
+                raise RuntimeError("the host sent no snapshot data")
+            f.write(data)
+            offset += len(data)
+        f.seek(0)
+        report = _restore_all(f, manifest, _shell())
+    _call("/snapshot/report", {"report": report})

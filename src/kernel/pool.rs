@@ -262,11 +262,6 @@ impl KernelPool {
             .await
     }
 
-    /// Whether kernels run on a Jupyter server (no shared filesystem with the host).
-    pub(crate) fn remote(&self) -> bool {
-        matches!(self.config.backend, Backend::Gateway(_))
-    }
-
     async fn execute_as(
         &mut self,
         code: &str,

@@ -11,8 +11,8 @@
 //! written for the kernel, and the data's digest while it copies it; only then is the kernel
 //! told to load.
 //!
-//! Not here: kernels on Jupyter servers (no shared filesystem: not supported yet, see
-//! docs/snapshots.md), the seal and the store (`seal`, `store`).
+//! Not here: kernels on Jupyter servers (no shared filesystem: `remote`), the seal and the store
+//! (`seal`, `store`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,7 +21,9 @@ use super::SnapshotError;
 use super::manifest::{MAX_MANIFEST_BYTES, Manifest};
 use super::report::{KernelReport, RestoreReport, SnapshotReport};
 use super::seal::SnapshotBinding;
-use super::store::{SnapshotStore, copy_hashing, read_small};
+use super::store::{
+    SnapshotStore, Verified, copy_verified, open_verified, read_small, store_from_kernel,
+};
 use crate::kernel::KernelPool;
 use crate::kernel::runtime_dir::RuntimeDir;
 use crate::safe_fs::NoFollowDir;
@@ -82,14 +84,8 @@ impl Drop for Exchange {
 }
 
 /// A Python string literal for `s` (JSON's escapes are Python's).
-fn py_str(s: &str) -> String {
+pub(crate) fn py_str(s: &str) -> String {
     serde_json::Value::String(s.to_string()).to_string()
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// Snapshots the current kernel of `pool` into `store` for `binding`.
@@ -115,21 +111,9 @@ pub(crate) async fn snapshot(
             reason: e.to_string(),
         })?;
     let manifest_bytes = exchange.read_from_kernel(MANIFEST, MAX_MANIFEST_BYTES)?;
-    let mut manifest =
-        Manifest::parse(&manifest_bytes, data_len).map_err(|e| SnapshotError::Invalid {
-            what: "the kernel's snapshot manifest".into(),
-            reason: e.0,
-        })?;
-    manifest.created = now();
-    let (store, binding, stored) = (store.clone(), binding.clone(), manifest.clone());
-    tokio::task::spawn_blocking(move || {
-        let mut data = data;
-        store.write(&binding, &stored, &mut data, data_len)
-    })
-    .await
-    .map_err(|e| SnapshotError::Task(e.to_string()))??;
+    let report = store_from_kernel(store, binding, &manifest_bytes, data, data_len).await?;
     drop(exchange);
-    Ok(SnapshotReport { manifest })
+    Ok(report)
 }
 
 /// A verified snapshot copied where the kernel will read it; nothing of it was loaded yet.
@@ -146,38 +130,26 @@ pub(crate) async fn prepare(
     store: &SnapshotStore,
     binding: &SnapshotBinding,
 ) -> Result<Prepared, SnapshotError> {
-    let verified = {
-        let (store, binding) = (store.clone(), binding.clone());
-        tokio::task::spawn_blocking(move || store.open_verified(&binding))
-            .await
-            .map_err(|e| SnapshotError::Task(e.to_string()))??
-    };
+    let verified = open_verified(store, binding).await?;
     let exchange = Exchange::create(runtime)?;
     let manifest = verified.manifest.clone();
     let dir = exchange.dir.subdir(".", None).map_err(exchange.io())?;
     let path = exchange.path();
-    let super::store::Verified {
+    let Verified {
         manifest_bytes,
         mut data,
         contents,
         ..
     } = verified;
     tokio::task::spawn_blocking(move || -> Result<(), SnapshotError> {
-        use std::io::Write;
         let io = |source| SnapshotError::Io {
             path: path.clone(),
             source,
         };
-        let file = dir.create_file(DATA, 0o600).map_err(io)?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        let digest = copy_hashing(&mut data, &mut out, contents.data_bytes).map_err(io)?;
-        out.flush().map_err(io)?;
-        drop(out);
-        if digest != contents.data_sha256 {
+        let mut file = dir.create_file(DATA, 0o600).map_err(io)?;
+        if let Err(e) = copy_verified(&mut data, &contents, &mut file, &path) {
             let _ = dir.remove_tree(DATA);
-            return Err(SnapshotError::Refused {
-                reason: "its data changed since it was sealed".into(),
-            });
+            return Err(e);
         }
         dir.create_new(MANIFEST, &manifest_bytes, 0o600)
             .map_err(io)?;

@@ -7,6 +7,7 @@
 //! - `store`: the host-only directory of sealed snapshots, [`SnapshotStore`];
 //! - `local`: the transport of kernels that share the host's filesystem (files in the runtime
 //!   directory's kernel-writable part);
+//! - `remote`: the transport of kernels on Jupyter servers (chunks over the stdin channel);
 //! - `report`: what came back and what did not, as data and as text for the model.
 //!
 //! The kernel side is `python/ipybox_runtime/snapshot.py`; the entry points are
@@ -18,6 +19,7 @@
 
 pub(crate) mod local;
 pub mod manifest;
+pub(crate) mod remote;
 pub mod report;
 pub(crate) mod seal;
 pub mod store;
@@ -53,11 +55,6 @@ pub enum SnapshotError {
         "{what} is invalid: {reason}\n  help: nothing was stored; if the kernel's code did not tamper with it, please report this"
     )]
     Invalid { what: String, reason: String },
-    /// Kernels on a Jupyter server cannot be snapshotted yet.
-    #[error(
-        "snapshots of kernels on a Jupyter server are not supported yet\n  help: use local kernels (without --kernel-gateway) for sessions that must be saved"
-    )]
-    Remote,
     /// There is no data directory to keep snapshots in.
     #[error(
         "cannot determine ipybox's data directory for snapshots\n  help: set IPYBOX_HOME to a writable directory"

@@ -284,6 +284,60 @@ impl SnapshotStore {
     }
 }
 
+/// Copies a verified snapshot's data to `to` while hashing it; a digest that differs from the
+/// seal's is [`SnapshotError::Refused`] (the caller must then discard what was written).
+pub(crate) fn copy_verified(
+    data: &mut std::fs::File,
+    contents: &Contents,
+    to: &mut impl Write,
+    path: &Path,
+) -> Result<(), SnapshotError> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, to);
+    let digest = copy_hashing(data, &mut out, contents.data_bytes).map_err(io_at(path))?;
+    out.flush().map_err(io_at(path))?;
+    if digest != contents.data_sha256 {
+        return Err(SnapshotError::Refused {
+            reason: "its data changed since it was sealed".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the manifest a kernel sent for `data_len` bytes of data, stamps it with the host's
+/// time and stores both for `binding` (off the async runtime: the data may be large).
+pub(crate) async fn store_from_kernel(
+    store: &SnapshotStore,
+    binding: &SnapshotBinding,
+    manifest_bytes: &[u8],
+    mut data: std::fs::File,
+    data_len: u64,
+) -> Result<super::SnapshotReport, SnapshotError> {
+    let mut manifest =
+        Manifest::parse(manifest_bytes, data_len).map_err(|e| SnapshotError::Invalid {
+            what: "the kernel's snapshot manifest".into(),
+            reason: e.0,
+        })?;
+    manifest.created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (store, binding, stored) = (store.clone(), binding.clone(), manifest.clone());
+    tokio::task::spawn_blocking(move || store.write(&binding, &stored, &mut data, data_len))
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+    Ok(super::SnapshotReport { manifest })
+}
+
+/// [`SnapshotStore::open_verified`] off the async runtime.
+pub(crate) async fn open_verified(
+    store: &SnapshotStore,
+    binding: &SnapshotBinding,
+) -> Result<Verified, SnapshotError> {
+    let (store, binding) = (store.clone(), binding.clone());
+    tokio::task::spawn_blocking(move || store.open_verified(&binding))
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))?
+}
+
 /// The whole of a small regular file (at most `limit` bytes) in `dir`, never through a link.
 pub(crate) fn read_small(dir: &NoFollowDir, name: &str, limit: u64) -> std::io::Result<Vec<u8>> {
     let (file, len) = dir.open_regular(name, limit)?;

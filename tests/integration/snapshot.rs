@@ -575,3 +575,87 @@ async fn a_sandboxed_kernel_snapshots_and_restores_and_cannot_mislead_the_host()
     planted_links_do_not_redirect_the_host(&ex, ws.path(), &secret).await;
     ex.stop().await;
 }
+
+/// A kernel on a Jupyter server shares no filesystem with the host: the snapshot travels over
+/// its stdin channel, in several chunks here (a 10 MB value).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kernel_on_a_jupyter_server_snapshots_and_restores_over_its_stdin_channel() {
+    use crate::jupyter_servers::{JupyterServer, Kind, TOKEN};
+    require!(TestEnv);
+    let mut vars = crate::support::process_env();
+    vars.insert("IPYBOX_GATEWAY_TOKEN".into(), TOKEN.into());
+    let host = ipybox::host_env::HostEnv::from_vars(vars);
+    for kind in [Kind::KernelGateway, Kind::EnterpriseGateway] {
+        let server = JupyterServer::start(kind);
+        let ws = tempfile::tempdir().unwrap();
+        let home = tempfile::tempdir().unwrap();
+        let store = store(home.path());
+        let remote = || {
+            CodeExecutor::builder()
+                .workspace(ws.path())
+                .host_env(host.clone())
+                .kernel_gateway(server.url())
+                .without_spare_kernel()
+                .build()
+        };
+        let ex = remote();
+        ex.start()
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}\n{}", server.log()));
+        run(
+            &ex,
+            r#"
+import collections as col
+blob = bytes(range(256)) * 40_000
+class Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+    def total(self):
+        return self.x + self.y
+p = Point(2, 3)
+same = p
+counts = col.Counter("hello")
+fh = open(__import__("os").devnull)
+"#,
+        )
+        .await;
+        let report = ex
+            .snapshot(&store, &binding("remote"), TIMEOUT)
+            .await
+            .unwrap();
+        assert!(report.manifest.data_bytes > 10_240_000, "{kind:?}");
+        let not_saved: Vec<&str> = report
+            .manifest
+            .not_saved
+            .iter()
+            .map(|n| n.name.as_str())
+            .collect();
+        assert_eq!(not_saved, ["fh"], "{kind:?}");
+        ex.stop().await;
+
+        let ex = remote();
+        ex.start().await.unwrap();
+        let report = ex
+            .restore(&store, &binding("remote"), TIMEOUT)
+            .await
+            .unwrap();
+        let text = report.text();
+        assert!(
+            text.contains("\nCame back (6): blob (bytes), Point (class), p (Point), same (Point), counts (Counter), col (module collections)."),
+            "{kind:?}: {text}"
+        );
+        assert_eq!(
+            run(&ex, "print(blob == bytes(range(256)) * 40_000, p.total(), same is p, type(p) is Point, counts['l'])").await,
+            "True 5 True True 2",
+            "{kind:?}"
+        );
+        // Another session's binding finds nothing; nothing was loaded into the kernel.
+        assert!(matches!(
+            ex.restore(&store, &binding("other"), TIMEOUT).await,
+            Err(SnapshotError::NotFound { .. })
+        ));
+        assert_eq!(run(&ex, "print(p.total())").await, "5");
+        ex.stop().await;
+        server.assert_empty(&format!("{kind:?}")).await;
+    }
+}
