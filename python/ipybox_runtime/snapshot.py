@@ -29,6 +29,7 @@ Standard library only (plus the vendored cloudpickle), imported when a snapshot 
 
 from __future__ import annotations
 
+import _thread
 import ast
 import importlib
 import io
@@ -38,7 +39,9 @@ import pickle
 import pickletools
 import platform
 import re
+import socket
 import sys
+import threading
 import types
 
 FORMAT = 1
@@ -73,14 +76,25 @@ def _type_name(value) -> str:
     return type(value).__qualname__
 
 
+_FILES = (io.TextIOWrapper, io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom)
+_FRAMES = (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, types.FrameType)
+_LOCKS = (_thread.LockType, _thread.RLock)
+# One isinstance check per object the pickler meets (this runs for every non-atomic object).
+_REFUSED = _FILES + _FRAMES + _LOCKS + (socket.socket, threading.Thread)
+
+
 def _refusal(obj) -> str | None:
     """What ``obj`` is, in words, if it is something a snapshot cannot hold (checked for every
     object the pickler meets, not only top-level values)."""
-    import socket
-    import threading
-    import _thread
-
-    if isinstance(obj, (io.TextIOWrapper, io.FileIO, io.BufferedReader, io.BufferedWriter, io.BufferedRandom)):
+    if not isinstance(obj, _REFUSED):
+        cls = type(obj)
+        mod = cls.__module__
+        if mod == "subprocess" and cls.__name__ == "Popen":
+            return "a running process"
+        if mod.startswith("asyncio") and cls.__name__ in ("Task", "Future", "_UnixSelectorEventLoop"):
+            return "an asyncio task or loop"
+        return None
+    if isinstance(obj, _FILES):
         state = "closed file" if obj.closed else "open file"
         return f"an {state} ({getattr(obj, 'name', '?')!r}): a file handle belongs to this process"
     if isinstance(obj, socket.socket):
@@ -93,14 +107,7 @@ def _refusal(obj) -> str | None:
         return "a coroutine: its paused frame cannot be saved"
     if isinstance(obj, types.FrameType):
         return "a stack frame"
-    if isinstance(obj, (_thread.LockType, _thread.RLock)) or type(obj).__name__ in ("Condition", "Semaphore", "Event"):
-        return "a lock: synchronisation objects belong to this process"
-    mod = type(obj).__module__
-    if mod == "subprocess" and type(obj).__name__ == "Popen":
-        return "a running process"
-    if mod.startswith("asyncio") and type(obj).__name__ in ("Task", "Future", "_UnixSelectorEventLoop"):
-        return "an asyncio task or loop"
-    return None
+    return "a lock: synchronisation objects belong to this process"
 
 
 class _Refused(Exception):

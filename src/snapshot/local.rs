@@ -141,23 +141,34 @@ pub(crate) async fn prepare(
         contents,
         ..
     } = verified;
-    tokio::task::spawn_blocking(move || -> Result<(), SnapshotError> {
-        let io = |source| SnapshotError::Io {
-            path: path.clone(),
-            source,
-        };
-        let mut file = dir.create_file(DATA, 0o600).map_err(io)?;
-        if let Err(e) = copy_verified(&mut data, &contents, &mut file, &path) {
-            let _ = dir.remove_tree(DATA);
-            return Err(e);
-        }
-        dir.create_new(MANIFEST, &manifest_bytes, 0o600)
-            .map_err(io)?;
-        Ok(())
+    tokio::task::spawn_blocking(move || {
+        write_for_kernel(&dir, &path, &mut data, &contents, &manifest_bytes)
     })
     .await
     .map_err(|e| SnapshotError::Task(e.to_string()))??;
     Ok(Prepared { exchange, manifest })
+}
+
+/// Writes a verified snapshot's data (checking its digest) and manifest into `dir`, the
+/// exchange directory the host opened: new files only, never through a link a kernel planted
+/// there; data whose digest differs is removed again.
+fn write_for_kernel(
+    dir: &NoFollowDir,
+    path: &std::path::Path,
+    data: &mut std::fs::File,
+    contents: &super::seal::Contents,
+    manifest_bytes: &[u8],
+) -> Result<(), SnapshotError> {
+    let io = |source| SnapshotError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = dir.create_file(DATA, 0o600).map_err(io)?;
+    if let Err(e) = copy_verified(data, contents, &mut file, path) {
+        let _ = dir.remove_tree(DATA);
+        return Err(e);
+    }
+    dir.create_new(MANIFEST, manifest_bytes, 0o600).map_err(io)
 }
 
 /// Loads a prepared snapshot into the current kernel of `pool` (which the caller has made a
@@ -180,4 +191,68 @@ pub(crate) async fn load(
             reason: e.to_string(),
         })?;
     Ok(RestoreReport::from_kernel(&manifest, kernel))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::seal::{Contents, sha256};
+
+    /// What a kernel may have planted in the exchange directory before the host writes the
+    /// snapshot it is to load: a link at `data` (the host must not write through it), or the
+    /// directory itself swapped for a link (the host keeps writing where it opened).
+    #[test]
+    fn the_host_never_writes_through_what_a_kernel_planted() {
+        let t = tempfile::tempdir().unwrap();
+        let host = crate::host_env::HostEnv::from_vars(
+            [("TMPDIR".to_string(), t.path().display().to_string())].into(),
+        );
+        let runtime = RuntimeDir::create(&host).unwrap();
+        let outside = t.path().join("host-file");
+        std::fs::write(&outside, "host data").unwrap();
+        let payload = b"snapshot bytes".to_vec();
+        let contents = Contents {
+            data_sha256: sha256(&payload),
+            data_bytes: payload.len() as u64,
+            manifest_sha256: [0; 32],
+        };
+        let source = |bytes: &[u8]| {
+            let mut f = tempfile::tempfile().unwrap();
+            std::io::Write::write_all(&mut f, bytes).unwrap();
+            std::io::Seek::rewind(&mut f).unwrap();
+            f
+        };
+
+        let ex = Exchange::create(&runtime).unwrap();
+        std::os::unix::fs::symlink(&outside, ex.path().join(DATA)).unwrap();
+        let err = write_for_kernel(&ex.dir, &ex.path(), &mut source(&payload), &contents, b"{}");
+        assert!(err.is_err());
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "host data");
+
+        let ex = Exchange::create(&runtime).unwrap();
+        let decoy = t.path().join("decoy");
+        std::fs::create_dir(&decoy).unwrap();
+        let moved = ex.path().with_extension("moved");
+        std::fs::rename(ex.path(), &moved).unwrap();
+        std::os::unix::fs::symlink(&decoy, ex.path()).unwrap();
+        write_for_kernel(&ex.dir, &ex.path(), &mut source(&payload), &contents, b"{}").unwrap();
+        assert_eq!(std::fs::read(moved.join(DATA)).unwrap(), payload);
+        assert_eq!(std::fs::read_dir(&decoy).unwrap().count(), 0);
+
+        // Data that does not match its digest is not left for the kernel.
+        let ex = Exchange::create(&runtime).unwrap();
+        let err = write_for_kernel(
+            &ex.dir,
+            &ex.path(),
+            &mut source(b"snapshot bytez"),
+            &contents,
+            b"{}",
+        );
+        assert!(matches!(err, Err(SnapshotError::Refused { .. })));
+        assert!(!ex.path().join(DATA).exists());
+        // Dropping the exchange removes it (a link left at its name included).
+        let path = ex.path();
+        drop(ex);
+        assert!(!path.exists());
+    }
 }

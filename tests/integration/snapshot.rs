@@ -303,6 +303,8 @@ made = types.ModuleType("made")
 import mymod
 thing = mymod.Thing()
 holder = [thing]
+import sqlite3
+conn = sqlite3.connect(":memory:")
 kept = [1, 2, 3]
 "#,
     )
@@ -317,6 +319,11 @@ kept = [1, 2, 3]
     assert_eq!(
         not_saved,
         [
+            (
+                "conn",
+                "Connection",
+                "cannot be pickled: TypeError: cannot pickle 'sqlite3.Connection' object"
+            ),
             (
                 "fh",
                 "TextIOWrapper",
@@ -359,7 +366,7 @@ kept = [1, 2, 3]
     assert!(
         report
             .text()
-            .contains("\nNot saved (6):\n- fh: an open file"),
+            .contains("\nNot saved (7):\n- conn: cannot be pickled"),
         "{}",
         report.text()
     );
@@ -371,9 +378,9 @@ kept = [1, 2, 3]
     let ex = started(ws.path(), None, None).await;
     let report = ex.restore(&store, &binding("s"), TIMEOUT).await.unwrap();
     let text = report.text();
-    assert!(text.contains("\nCame back (4): kept (list), socket (module socket), threading (module threading), types (module types).\n"), "{text}");
+    assert!(text.contains("\nCame back (5): kept (list), socket (module socket), threading (module threading), types (module types), sqlite3 (module sqlite3).\n"), "{text}");
     for line in [
-        "\nNot restored (10); run the code that made them again if you need them:",
+        "\nNot restored (11); run the code that made them again if you need them:",
         "\n- fh: not saved: an open file ('notes.txt'): a file handle belongs to this process",
         "\n- worker: not saved: a thread (worker): a running thread cannot be saved",
         "\n- mymod: did not load: import mymod failed: ModuleNotFoundError: No module named 'mymod'",
