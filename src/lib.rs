@@ -17,6 +17,7 @@ pub mod pyenv;
 pub mod register;
 pub(crate) mod safe_fs;
 pub mod sandbox;
+pub mod snapshot;
 pub mod tools;
 
 pub use executor::CodeExecutor;

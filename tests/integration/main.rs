@@ -38,6 +38,7 @@ mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;
 mod shell_approval;
+mod snapshot;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_socket;
