@@ -7,7 +7,7 @@
 #                                  tests (tests/integration/snapshot.rs) and benches/snapshot.rs
 #   target/test-env/jupyter/{kg,eg,js}  Jupyter Kernel Gateway, Enterprise Gateway and Jupyter Server
 #                                  (separate venvs: EG pins jupyter-server 1.x), each with the
-#                                  kernel image ipybox needs on a server: ipykernel + pydantic
+#                                  kernel image ipybox needs on a server: ipykernel + pydantic (+ cloudpickle for snapshots)
 # Idempotent: a stamp file records what was installed; rerun after changing the pins below.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -18,11 +18,11 @@ mkdir -p "$dir"
 # hypothesis-jsonschema 0.23.1 drives.
 PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.169.4 hypothesis-jsonschema==0.23.1)
 # Remote-kernel servers (tests/integration/remote_kernels.rs), one venv each.
-JUPYTER_KG=(jupyter-kernel-gateway==3.0.1 ipykernel==7.4.0 pydantic==2.13.4)
-JUPYTER_EG=(jupyter-enterprise-gateway==3.3.0 ipykernel==6.29.5 pydantic==2.13.4)
-JUPYTER_JS=(jupyter-server==2.21.1 ipykernel==7.4.0 pydantic==2.13.4)
+JUPYTER_KG=(jupyter-kernel-gateway==3.0.1 ipykernel==7.4.0 pydantic==2.13.4 cloudpickle==3.1.2)
+JUPYTER_EG=(jupyter-enterprise-gateway==3.3.0 ipykernel==6.29.5 pydantic==2.13.4 cloudpickle==3.1.2)
+JUPYTER_JS=(jupyter-server==2.21.1 ipykernel==7.4.0 pydantic==2.13.4 cloudpickle==3.1.2)
 # A kernel environment with data libraries, for session snapshots of numpy/pandas objects.
-KERNEL_DATA=(ipykernel==7.4.0 pydantic==2.13.4 numpy==2.4.6 pandas==3.1.1)
+KERNEL_DATA=(ipykernel==7.4.0 pydantic==2.13.4 cloudpickle==3.1.2 numpy==2.4.6 pandas==3.1.1)
 NPM_PKGS=(@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31)
 
 # The handshake-era Python client for the HTTP service tests (tests/python/http_clients_check.py):

@@ -11,8 +11,9 @@ Format (``FORMAT``): a data file (``MAGIC``, then one pickle per saved name, the
 out-of-band buffers of all of them: pickle protocol 5, so numpy arrays and pandas frames are
 written straight from their memory) and a JSON manifest describing it (per name: type, size,
 the byte ranges of its pickle and buffers, its range of pickle memo indices, whether it holds
-code). Functions and classes defined in cells are pickled by value with cloudpickle (vendored:
-``_cloudpickle``), everything else by reference or as data; a function defined in a cell keeps
+code). Functions and classes defined in cells are pickled by value with cloudpickle (installed in
+the kernel's environment; without it they are named as not saved), everything else by reference or
+as data; a function defined in a cell keeps
 the live user namespace as its globals after a restore (not a private copy of the names it used).
 
 All names are written by one pickler that keeps its memo from one name to the next, so an
@@ -24,7 +25,7 @@ refer into that range are reported as depending on it instead of being loaded wr
 
 The host (``src/snapshot/``) decides where the files go, seals and stores them, and never
 unpickles anything; it runs :func:`save_to_dir` and :func:`restore_from_dir` as silent cells.
-Standard library only (plus the vendored cloudpickle), imported when a snapshot is taken.
+Standard library only at import (cloudpickle is imported when a snapshot is taken).
 """
 
 from __future__ import annotations
@@ -166,8 +167,33 @@ def _function_state(func, state) -> None:
         setattr(func, k, v)
 
 
+# What a function or class defined in a cell is refused with when cloudpickle is not usable.
+_NO_CLOUDPICKLE = (
+    "code defined in a cell: saving it needs cloudpickle 3.x in the kernel's Python "
+    "(`pip install 'cloudpickle>=3,<4'`; ipybox's managed environment has it)"
+)
+
+
+def _cloudpickle():
+    """The installed cloudpickle if it has what this module uses (3.x), else None."""
+    try:
+        from cloudpickle import cloudpickle as cp
+    except ImportError:
+        return None
+    needed = ("Pickler", "_should_pickle_by_reference", "_function_getstate", "_make_function")
+    if not all(hasattr(cp, n) for n in needed) or not hasattr(cp.Pickler, "_function_getnewargs"):
+        return None
+    return cp
+
+
+def _defined_in_cells(obj) -> bool:
+    return isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__"
+
+
 def _pickler_class():
-    from . import _cloudpickle as cp
+    cp = _cloudpickle()
+    if cp is None:
+        return _plain_pickler_class()
 
     class Pickler(cp.Pickler):
         def __init__(self, file, ns, buffer_callback):
@@ -191,6 +217,29 @@ def _pickler_class():
             if reduced is not NotImplemented and isinstance(obj, (type, types.FunctionType)):
                 self.has_code = True
             return reduced
+
+    return Pickler
+
+
+def _plain_pickler_class():
+    """Without cloudpickle: plain pickle, and code defined in cells (functions, classes, and what
+    holds them) is refused with the reason instead of being saved by a reference that a new
+    kernel could not resolve."""
+
+    class Pickler(pickle.Pickler):
+        def __init__(self, file, ns, buffer_callback):
+            super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+            self.ns = ns
+            self.top = None
+            self.has_code = False
+
+        def reducer_override(self, obj):
+            what = _refusal(obj)
+            if what is None and _defined_in_cells(obj):
+                what = _NO_CLOUDPICKLE
+            if what is not None:
+                raise _Refused(what, obj is self.top)
+            return NotImplemented
 
     return Pickler
 

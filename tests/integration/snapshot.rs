@@ -666,3 +666,72 @@ fh = open(__import__("os").devnull)
         server.assert_empty(&format!("{kind:?}")).await;
     }
 }
+
+/// A kernel whose Python has no cloudpickle (a `--python` interpreter, a Jupyter server's image):
+/// its data is saved with plain pickle, and the code defined in its cells, and what holds it,
+/// is named as not saved with the install line — never saved by a reference a new kernel
+/// could not resolve.
+#[tokio::test]
+async fn without_cloudpickle_data_is_saved_and_cell_code_is_named() {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let store = store(home.path());
+    let ex = started(ws.path(), None, None).await;
+    run(
+        &ex,
+        r#"
+import sys
+sys.modules["cloudpickle"] = None  # `import cloudpickle` now fails, as where it is not installed
+del sys
+kept = {"n": [1, 2.5, "three"]}
+def f():
+    return 1
+class C:
+    pass
+c = C()
+"#,
+    )
+    .await;
+    let report = ex
+        .snapshot(&store, &binding("plain"), TIMEOUT)
+        .await
+        .unwrap();
+    let saved: Vec<&str> = report
+        .manifest
+        .saved
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(saved, ["kept"]);
+    let reason = "code defined in a cell: saving it needs cloudpickle 3.x in the kernel's Python (`pip install 'cloudpickle>=3,<4'`; ipybox's managed environment has it)";
+    let not_saved: Vec<(&str, String)> = report
+        .manifest
+        .not_saved
+        .iter()
+        .map(|n| (n.name.as_str(), n.reason.clone()))
+        .collect();
+    assert_eq!(
+        not_saved,
+        [
+            ("C", format!("is {reason}")),
+            ("c", format!("holds {reason}")),
+            ("f", format!("is {reason}")),
+        ]
+    );
+    ex.stop().await;
+    let ex = started(ws.path(), None, None).await;
+    let report = ex
+        .restore(&store, &binding("plain"), TIMEOUT)
+        .await
+        .unwrap();
+    assert!(
+        report.text().contains("Came back (1): kept (dict)."),
+        "{}",
+        report.text()
+    );
+    assert_eq!(
+        run(&ex, "print(kept, 'f' in globals(), 'C' in globals())").await,
+        "{'n': [1, 2.5, 'three']} False False"
+    );
+    ex.stop().await;
+}
