@@ -32,6 +32,8 @@ mod mcp_approvals;
 mod mcp_client;
 mod mcp_modern;
 mod mcp_server;
+#[cfg(target_os = "linux")]
+mod pid_reuse;
 mod proc_tree;
 mod remote_kernels;
 #[cfg(target_os = "linux")]
