@@ -400,3 +400,84 @@ async fn a_sandboxed_template_killed_by_its_kernel_leaves_its_pid_alone() {
     require!(SandboxDeps);
     every_action(Path::SandboxTemplate).await;
 }
+
+/// The template itself (`python/ipybox_runtime/factory.py`), driven over its protocol by this
+/// test: a kernel it forked exits and is reaped by it; the bystander takes the pid; then the
+/// host asks the template to kill that kernel (as ipybox does for a kernel it gave up on). The
+/// template must not signal a pid it has reaped.
+#[test]
+fn the_template_never_signals_a_kernel_it_reaped() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixListener;
+
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("sock");
+    let listener = UnixListener::bind(&sock).unwrap();
+    let mut template = std::process::Command::new(crate::support::kernel_python())
+        .args([
+            "-c",
+            "from ipybox_runtime.factory import main; main()",
+            sock.to_str().unwrap(),
+            "tok",
+        ])
+        .env("PYTHONPATH", root().join("python"))
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut chan, _) = listener.accept().unwrap();
+    let mut lines = BufReader::new(chan.try_clone().unwrap());
+    let mut line = String::new();
+    let mut next_line = |line: &mut String| {
+        line.clear();
+        lines.read_line(line).unwrap();
+        line.trim().to_string()
+    };
+    assert_eq!(next_line(&mut line), "ipybox-factory tok");
+    let send = |chan: &mut std::os::unix::net::UnixStream, v: serde_json::Value| {
+        chan.write_all(format!("{v}\n").as_bytes()).unwrap();
+    };
+    send(
+        &mut chan,
+        serde_json::json!({"op": "fork", "id": "k1", "argv": ["-f", "/nonexistent/conn.json"], "cwd": dir.path()}),
+    );
+    let forked: serde_json::Value = serde_json::from_str(&next_line(&mut line)).unwrap();
+    assert_eq!(forked["op"], "forked", "{forked}");
+    let pid = forked["pid"].as_u64().unwrap() as u32;
+    // The kernel connects back; closing its connection makes it exit (its lifeline).
+    let (mut kernel, _) = listener.accept().unwrap();
+    let mut hello = [0u8; 64];
+    let n = std::io::Read::read(&mut kernel, &mut hello).unwrap();
+    assert_eq!(&hello[..n], b"ipybox-factory k1\n");
+    drop(kernel);
+    let exit: serde_json::Value = serde_json::from_str(&next_line(&mut line)).unwrap();
+    assert_eq!(exit["op"], "exit", "{exit}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_use(pid) {
+        assert!(Instant::now() < deadline, "pid {pid} still in use");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let bystander = Bystander::take(pid).unwrap_or_else(|why| {
+        let _ = template.kill();
+        panic!("cannot stage the bystander: {why}");
+    });
+    send(&mut chan, serde_json::json!({"op": "kill", "id": "k1"}));
+    // A fork request after it: its answer means the kill was handled.
+    send(
+        &mut chan,
+        serde_json::json!({"op": "fork", "id": "k2", "argv": ["-f", "/nonexistent/conn.json"], "cwd": dir.path()}),
+    );
+    let forked: serde_json::Value = serde_json::from_str(&next_line(&mut line)).unwrap();
+    assert_eq!(forked["id"], "k2", "{forked}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        bystander.alive(),
+        "the template killed the group of a pid it had reaped"
+    );
+    // The host goes away: the template kills its running kernels and exits.
+    chan.shutdown(std::net::Shutdown::Both).unwrap();
+    let status = template.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
