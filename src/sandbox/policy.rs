@@ -225,7 +225,8 @@ impl SandboxPolicy {
     ///   `filesystem.allowWrite += [the runtime directory's kernel-writable part]` (the rest of
     ///   the runtime directory, the settings of the next kernel included, stays read-only);
     /// - `filesystem.denyRead += [ipybox's data directory]` (registrations, kernel ledger; the
-    ///   kernel environment inside it stays readable through the python dirs);
+    ///   kernel environment inside it stays readable through the python dirs) and the effective
+    ///   settings file itself (it may hold the host's upstream proxy credentials);
     /// - `filesystem.denyWrite += [<workspace>/.env, the policy file, DENY_WRITE_HOME]`: what
     ///   the host reads or runs at its next start (srt keeps an absent path from being created).
     pub fn effective(&self, paths: &SandboxPaths) -> Self {
@@ -242,6 +243,9 @@ impl SandboxPolicy {
         push(&mut fs.allow_write, disp(&paths.kernel_writable));
         if let Some(data) = &paths.data_dir {
             push(&mut fs.deny_read, disp(data));
+        }
+        if let Some(file) = &paths.settings_file {
+            push(&mut fs.deny_read, disp(file));
         }
         push(&mut fs.deny_write, disp(&paths.workspace.join(".env")));
         if let Some(file) = &paths.config_file {
@@ -299,6 +303,9 @@ pub struct SandboxPaths {
     /// The srt settings file the policy came from (not writable, so the kernel cannot choose
     /// the policy of the next start).
     pub config_file: Option<PathBuf>,
+    /// The effective settings file srt reads (not readable: it may hold the host's upstream
+    /// proxy with its credentials, `network.parentProxy`).
+    pub settings_file: Option<PathBuf>,
 }
 
 impl SandboxPolicy {
@@ -435,6 +442,7 @@ mod tests {
             python_dirs: vec!["/opt/py".into()],
             data_dir: Some("/home/u/.local/share/ipybox".into()),
             config_file: Some("/w/policy.json".into()),
+            settings_file: Some("/tmp/ipybox-1-abc/sandbox-settings.json".into()),
         };
         let s = serde_json::to_value(SandboxPolicy::default().effective(&paths)).unwrap();
         assert_eq!(s["network"]["allowAllUnixSockets"], json!(true));
@@ -449,7 +457,13 @@ mod tests {
         );
         let deny = s["filesystem"]["denyRead"].as_array().unwrap();
         assert!(deny.contains(&json!("/run")) && deny.contains(&json!("/tmp")));
-        for p in [".env", "~/.ssh", "~/.config", "/home/u/.local/share/ipybox"] {
+        for p in [
+            ".env",
+            "~/.ssh",
+            "~/.config",
+            "/home/u/.local/share/ipybox",
+            "/tmp/ipybox-1-abc/sandbox-settings.json",
+        ] {
             assert!(deny.contains(&json!(p)), "{p}: {deny:?}");
         }
         assert_eq!(

@@ -38,6 +38,8 @@ mod proc_tree;
 mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;
+#[cfg(target_os = "linux")]
+mod sandbox_environ;
 mod shell_approval;
 mod tool_calls;
 mod tool_calls_async;
