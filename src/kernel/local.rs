@@ -79,7 +79,6 @@ impl Process {
     /// A running kernel process: `pid` leads its own process group, `owner` says how it is
     /// signalled; `exit` changes when it ends; `tasks` (its watchers) are aborted when it is
     /// dropped.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         pid: u32,
         owner: Owner,

@@ -3,9 +3,10 @@
 //!
 //! The template is started like a kernel ([`local::spawn_kernel_command`]: the kernel
 //! environment, the sandbox wrapper, its own process group, `PR_SET_PDEATHSIG`), so it is
-//! ipybox's child, held by a [`GroupLeader`]: its group is signalled only until it is reaped. It connects to the factory socket once its imports
-//! are done: that connection carries fork requests and the template's replies (`forked` with the
-//! child's pid, `refused` with a reason, `exit` with a child's status once it has reaped it).
+//! ipybox's child, held by a [`GroupLeader`]: its group is signalled only until it is reaped.
+//! It connects to the factory socket once its imports are done: that connection carries fork
+//! requests and the template's replies (`forked` with the child's pid, `refused` with a reason,
+//! `exit` with a child's status once it has reaped it).
 //!
 //! A forked kernel is the template's child, not ours. It connects to the factory socket itself;
 //! from that connection ipybox learns its pid (`SO_PEERCRED`, valid in ipybox's pid namespace
