@@ -9,6 +9,7 @@ pub mod apigen;
 mod child_process;
 pub mod confine;
 pub mod executor;
+mod group_leader;
 pub mod host_env;
 mod json_kind;
 pub mod kernel;

@@ -175,6 +175,16 @@ async fn run_request(
     };
     if let Err(e) = kernel.send_shell(request).await {
         guard.msg_id = None;
+        // A kernel that has just died refuses messages before its end is known (a forked
+        // kernel's status comes from its template, a moment later): report the death, not the
+        // refused message.
+        let mut exit = kernel.exit_watch();
+        let ended = tokio::time::timeout(Duration::from_secs(1), exit.wait_for(Option::is_some));
+        if matches!(ended.await, Ok(Ok(_))) {
+            let status = kernel.exited().unwrap_or_else(|| "exited".into());
+            log_death(kernel, &status);
+            return died(status, out, false);
+        }
         return Outcome {
             result: Err(e),
             replace_kernel: true,
