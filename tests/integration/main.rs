@@ -39,4 +39,5 @@ mod sandbox;
 mod shell_approval;
 mod tool_calls;
 mod tool_calls_async;
+mod tool_reach;
 mod tool_socket;
