@@ -175,6 +175,8 @@ impl CodeExecutorBuilder {
     }
 
     /// Adds variables to the kernel's environment (which otherwise holds a minimal base only).
+    /// The entries of `PYTHONPATH` are also import roots for tool calls: servers registered for
+    /// one of them, or for a directory in one, are callable (see `generate_mcp_sources`).
     pub fn kernel_env<K: Into<String>, V: Into<String>>(
         mut self,
         vars: impl IntoIterator<Item = (K, V)>,
