@@ -40,3 +40,4 @@ mod shell_approval;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_socket;
+mod ts_client;

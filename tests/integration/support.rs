@@ -4,8 +4,9 @@
 //! them (sync or async API), an executor (and a streamed execution whose approvals a closure
 //! decides), and process checks (clients of the ipybox MCP server, in both MCP eras: `mcp_eras`).
 //!
-//! Prepared components: `target/test-env/` (`scripts/test-env.sh`) and
-//! `target/sandbox-deps/` (`scripts/sandbox-deps.sh`). Under plain `cargo test` a test that needs
+//! Prepared components: `target/test-env/` (`scripts/test-env.sh`),
+//! `target/sandbox-deps/` (`scripts/sandbox-deps.sh`) and `target/clients/`
+//! (`scripts/clients.sh`). Under plain `cargo test` a test that needs
 //! a missing one prints one `skipped` line naming what to run and passes; under
 //! `bash scripts/test.sh` (which sets `IPYBOX_TEST_STRICT=1` after preparing them) it fails.
 
@@ -38,6 +39,9 @@ pub(crate) enum Need {
     TestEnv,
     /// `target/sandbox-deps/`: srt (plus bubblewrap, socat, ripgrep from apt).
     SandboxDeps,
+    /// `target/clients/`: Node 22, the TypeScript MCP SDK's client and Claude Code
+    /// (`scripts/clients.sh`).
+    Clients,
 }
 
 impl Need {
@@ -45,6 +49,7 @@ impl Need {
         match self {
             Need::TestEnv => root().join("target/test-env/.stamp"),
             Need::SandboxDeps => root().join("target/sandbox-deps/node_modules/.bin/srt"),
+            Need::Clients => root().join("target/clients/.stamp"),
         }
     }
 
@@ -52,6 +57,7 @@ impl Need {
         match self {
             Need::TestEnv => "scripts/test-env.sh",
             Need::SandboxDeps => "scripts/sandbox-deps.sh",
+            Need::Clients => "scripts/clients.sh",
         }
     }
 }
