@@ -91,7 +91,10 @@ impl PolledFd {
         // SAFETY: fd 0 is open for the life of the process (if it is not, dup fails below).
         let stdin = unsafe { BorrowedFd::borrow_raw(0) };
         let fd = stdin.try_clone_to_owned().ok()?;
-        let kind = std::fs::File::from(fd.try_clone().ok()?).metadata().ok()?.file_type();
+        let kind = std::fs::File::from(fd.try_clone().ok()?)
+            .metadata()
+            .ok()?
+            .file_type();
         if !(kind.is_fifo() || kind.is_socket()) {
             return None;
         }

@@ -388,7 +388,86 @@ async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
     c.close().await;
 }
 
+/// What the model gets when a call ends a cell: the output before it, the frames of its own
+/// code (the cell, a function it defined) and the error with a `help:` line; none of ipybox's
+/// runtime or the generated module's plumbing. Declined, unanswered (timed out), a tool's own
+/// error, and an awaited call.
+async fn rejected_calls_reach_the_model_short(era: Era) {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let user = ScriptedClient::new(
+        era,
+        true,
+        &[
+            Answer::Decline,
+            Answer::Late(2500),
+            Answer::Decline,
+            Answer::Accept,
+        ],
+    );
+    let c = start(
+        ws.path(),
+        &user,
+        &["--approve", "ask", "--approval-timeout", "1"],
+    )
+    .await;
+    register_fixture(&c).await;
+    let total = "from mcptools.fx import add\ndef total(a, b):\n    return add.run(add.Params(a=a, b=b)).sum\nprint('before')\ntotal(1, 2)";
+    let frames = [
+        "Traceback (most recent call last):",
+        "  Cell In[N], line 5",
+        "    total(1, 2)",
+        "  Cell In[N], line 3, in total",
+        "    return add.run(add.Params(a=a, b=b)).sum",
+    ]
+    .join("\n");
+    let (failed, out) = cell(&c, total).await;
+    assert!(failed);
+    assert_eq!(
+        cell_numbers_as_n(&out),
+        format!(
+            "before\n\n{frames}\nApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
+        )
+    );
+    let (failed, out) = cell(&c, total).await;
+    assert!(failed);
+    assert_eq!(
+        cell_numbers_as_n(&out),
+        format!(
+            "before\n\n{frames}\nApprovalTimeout: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made\n  help: {TIMEOUT_HELP}"
+        )
+    );
+    // Awaited (the async runner): the cell's line, then the error.
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import runner\nawait runner.run_async('add', {'a': 1, 'b': 2})",
+    )
+    .await;
+    assert!(failed);
+    assert_eq!(
+        cell_numbers_as_n(&out),
+        format!(
+            "Traceback (most recent call last):\n  Cell In[N], line 2\n    await runner.run_async('add', {{'a': 1, 'b': 2}})\nApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
+        )
+    );
+    // The tool's own error (the call accepted).
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import fail\nfail.run(fail.Params(message='no such thing'))",
+    )
+    .await;
+    assert!(failed);
+    assert!(
+        cell_numbers_as_n(&out).starts_with("Traceback (most recent call last):\n  Cell In[N], line 2\n    fail.run(fail.Params(message='no such thing'))\nToolError: "),
+        "{out}"
+    );
+    assert!(!out.contains("help:"), "{out}");
+    assert!(!out.contains("ipybox_runtime"), "{out}");
+    c.close().await;
+}
+
 both_eras!(ask_accept_once_for_session_decline_and_cancel);
+both_eras!(rejected_calls_reach_the_model_short);
 both_eras!(ask_without_an_answer_times_out_and_the_server_keeps_working);
 both_eras!(ask_with_a_client_without_elicitation_fails_clearly);
 both_eras!(ask_about_shell_commands_and_magics);
