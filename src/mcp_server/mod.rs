@@ -545,7 +545,10 @@ impl IpyboxServer {
                         };
                         (run, Some(round), session, announce, entered)
                     }
-                    Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
+                    // Not genuine, another credential's, stale: a JSON-RPC error.
+                    Err(mrtr::Refused::Invalid(error)) => return Err(error),
+                    // Genuine but late: what became of the cell.
+                    Err(mrtr::Refused::Late(result)) => return Ok(result.into()),
                 }
             }
             None => {
@@ -755,7 +758,7 @@ async fn cell_result(
 }
 
 /// The text of a failed execution: what was printed before, then the error.
-fn failure_text(e: &ExecutorError) -> String {
+pub(crate) fn failure_text(e: &ExecutorError) -> String {
     let output = e.output();
     let error = e.error_text();
     if output.is_empty() {

@@ -947,10 +947,11 @@ print(ToolRunner("fx", evil).run("get_env", {{"name": "WHO"}}))"#,
         .json()
         .await
         .unwrap();
-    assert_eq!(stolen["result"]["isError"], json!(true), "{stolen}");
-    let text = stolen["result"]["content"][0]["text"].as_str().unwrap();
+    // Refused as a state that is not valid (a JSON-RPC error; nothing about the run revealed).
+    assert_eq!(stolen["error"]["code"], json!(-32602), "{stolen}");
+    let text = stolen["error"]["message"].as_str().unwrap();
     assert!(
-        text.starts_with("this requestState names a cell that no longer waits"),
+        text.starts_with("this requestState is not valid for this call"),
         "{text}"
     );
     let own: Value = call(TOKEN_A, answer).await.unwrap().json().await.unwrap();

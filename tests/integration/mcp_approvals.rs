@@ -431,6 +431,18 @@ async fn rejected_calls_reach_the_model_short(era: Era) {
     );
     let (failed, out) = cell(&c, total).await;
     assert!(failed);
+    // 2026-07-28: the answer's retry came after the cell ended, and is told so first.
+    let out = match era {
+        Era::Handshake => out,
+        Era::Stateless => {
+            let (note, rest) = out.split_once("Its result:]\n\n").expect(&out);
+            assert!(
+                note.starts_with("[ipybox: this answer came too late. The cell had stopped waiting for it, so the call it asked about was not made: fx.add(a=1, b=2)."),
+                "{out}"
+            );
+            rest.to_string()
+        }
+    };
     assert_eq!(
         cell_numbers_as_n(&out),
         format!(
