@@ -17,6 +17,9 @@
 //!   JSON-RPC error (invalid params), and nothing runs. This is what the MCP conformance runner's
 //!   `sep-2322-reject-tampered-state` expects; another credential's state is refused with the
 //!   very words of a forged one (it reveals nothing).
+//! - **an answer that is not an elicitation result** (`inputResponses` of the wrong shape): a
+//!   JSON-RPC error too; the round still waits, so a corrected retry answers it. A key without
+//!   an answer counts as cancelled; keys nobody asked about are ignored.
 //! - **genuine but late**: nobody retried while the round waited, so its calls failed in the
 //!   kernel (`ApprovalTimeout` after the approval timeout) and the cell ran on to its end. The
 //!   run is not kept; what happened is ([`Gone`], at most [`MAX_RECORDS`] for [`RECORD_KEPT`]),
@@ -344,7 +347,20 @@ impl Rounds {
                     opened.round, p.round
                 )));
             }
-            Some(_) => {}
+            // An answer that is not an elicitation result: refused, and the round still waits
+            // (a corrected retry can answer it).
+            Some(p) => {
+                if let Some((key, e)) = p.asked.keys().find_map(|key| {
+                    let value = responses.and_then(|r| r.get(key))?;
+                    serde_json::from_value::<ElicitResult>(value.clone())
+                        .err()
+                        .map(|e| (key, e))
+                }) {
+                    return Err(invalid(format!(
+                        "inputResponses[\"{key}\"] is not an elicitation result ({e}). Nothing ran; the cell still waits for this answer.\n  help: answer each key of inputRequests with {{\"action\": \"accept\" | \"decline\" | \"cancel\", \"content\": {{...}}}}"
+                    )));
+                }
+            }
             None => {
                 drop(parked);
                 return Err(self.not_parked(&opened, caller));
@@ -364,6 +380,7 @@ impl Rounds {
             },
         );
         for (key, request) in entry.asked {
+            // Checked above: a present answer is an elicitation result.
             let answer = responses
                 .and_then(|r| r.get(&key))
                 .and_then(|v| serde_json::from_value::<ElicitResult>(v.clone()).ok())

@@ -142,6 +142,12 @@ async fn rounds_replays_forgeries_and_stale_states() {
     assert!(refused(&c, tampered).await.starts_with(NOT_VALID));
     let other = retry(&exec_params("print('other code')"), &second, accept());
     assert!(refused(&c, other).await.starts_with(NOT_VALID));
+    // An answer of the wrong shape (what the runner's validate-input sends): refused, the
+    // round still waits.
+    assert_eq!(
+        refused(&c, retry(&params, &second, json!(12345))).await,
+        "inputResponses[\"approval-1-0\"] is not an elicitation result (invalid type: integer `12345`, expected struct ElicitResult). Nothing ran; the cell still waits for this answer.\n  help: answer each key of inputRequests with {\"action\": \"accept\" | \"decline\" | \"cancel\", \"content\": {...}}"
+    );
     // The real second round still works.
     let done = complete(once(&c, retry(&params, &second, accept())).await);
     assert_eq!(text(&done), "3\nHello, two!");
