@@ -42,12 +42,15 @@ pub(crate) fn host_command_blocking(program: impl AsRef<OsStr>) -> std::process:
 }
 
 /// A command about to be started: its argv, its whole environment (the child inherits nothing
-/// else), and a directory of this child's that only the host writes (where a wrapper can leave
-/// it files, such as the environment a sandboxed kernel sources inside the sandbox).
+/// else), its working directory, and a directory of this child's that only the host writes
+/// (where a wrapper can leave it files, such as the environment a sandboxed kernel sources
+/// inside the sandbox). A wrapper that changes into `cwd` itself returns the directory its own
+/// process starts in.
 #[derive(Debug, Clone)]
 pub(crate) struct ChildCommand {
     pub(crate) argv: Vec<String>,
     pub(crate) env: Vec<(String, String)>,
+    pub(crate) cwd: std::path::PathBuf,
     pub(crate) private_dir: std::path::PathBuf,
 }
 

@@ -7,6 +7,7 @@
 
 pub mod apigen;
 mod child_process;
+pub mod confine;
 pub mod executor;
 pub mod host_env;
 mod json_kind;
@@ -16,6 +17,7 @@ pub mod pyenv;
 pub mod register;
 pub(crate) mod safe_fs;
 pub mod sandbox;
+pub mod snapshot;
 pub mod tools;
 
 pub use executor::CodeExecutor;

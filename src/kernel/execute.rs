@@ -106,6 +106,26 @@ pub(crate) async fn run(
     run_request(kernel, config, request, timeout, events, pause).await
 }
 
+/// Runs ipybox's own `code` (a snapshot or a restore) silently: not in the history, no execution
+/// count, no post-cell hooks; otherwise like [`run`].
+pub(crate) async fn run_hidden(
+    kernel: &mut Kernel,
+    config: &KernelConfig,
+    code: &str,
+    timeout: Option<Duration>,
+    pause: &TimeoutPause,
+) -> Outcome {
+    let request = ExecuteRequest {
+        code: code.to_string(),
+        silent: true,
+        store_history: false,
+        user_expressions: None,
+        allow_stdin: false,
+        stop_on_error: true,
+    };
+    run_request(kernel, config, request, timeout, None, pause).await
+}
+
 /// Runs ipybox's own setup `code` on a new kernel (silently, outside the history); its failure
 /// is a start error.
 pub(crate) async fn bootstrap(

@@ -376,7 +376,7 @@ fn startup_line(config: &KernelConfig) -> Option<String> {
     let mut parts = Vec::new();
     if config.restore_cwd {
         // A JSON string is a valid Python string literal.
-        let dir = serde_json::to_string(&config.workspace.display().to_string())
+        let dir = serde_json::to_string(&config.cwd().display().to_string())
             .unwrap_or_else(|_| "'.'".into());
         parts.push(format!(
             "__import__('ipybox_runtime.working_dir', fromlist=['install']).install({dir})"
@@ -425,6 +425,7 @@ pub(super) fn spawn_kernel_command(
     let mut command = ChildCommand {
         argv,
         env: super::kernel_env::local(config),
+        cwd: config.cwd().to_path_buf(),
         private_dir: private_dir.to_path_buf(),
     };
     if let Some(wrap) = &config.wrapper {
@@ -435,15 +436,16 @@ pub(super) fn spawn_kernel_command(
             )
         })?;
     }
-    let argv = command.argv;
+    let argv = std::mem::take(&mut command.argv);
     let mut cmd = host_command(&argv[0]);
-    // The kernel's working directory is the workspace: its code runs there (unsandboxed, it is
-    // the user's own process; sandboxed, this starts srt, which anchors its policy on its
-    // working directory and reads no code from it, see docs/sandbox.md).
+    // The kernel's working directory is the workspace (or a confined kernel's own directory):
+    // its code runs there (unsandboxed, it is the user's own process; sandboxed, this starts
+    // srt, which anchors its policy on its working directory and reads no code from it, see
+    // docs/sandbox.md; confined, bwrap changes to it inside).
     cmd.args(&argv[1..])
         .env_clear()
-        .envs(command.env)
-        .current_dir(&config.workspace)
+        .envs(std::mem::take(&mut command.env))
+        .current_dir(&command.cwd)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());

@@ -22,6 +22,7 @@ mod cli_exec;
 mod codeact_example;
 #[cfg(target_os = "linux")]
 mod host_confinement;
+mod http_confinement;
 mod http_replicas;
 mod http_service;
 mod jupyter_servers;
@@ -37,6 +38,7 @@ mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;
 mod shell_approval;
+mod snapshot;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_socket;

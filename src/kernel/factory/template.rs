@@ -367,7 +367,7 @@ impl Template {
         let request = Request::Fork {
             id: &id,
             argv: local::kernel_args(config, &conn_file),
-            cwd: &config.workspace,
+            cwd: config.cwd(),
         };
         self.send(&request)
             .await
