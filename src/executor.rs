@@ -919,6 +919,7 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            ..
         }) = running
         {
             tools.kill_now();

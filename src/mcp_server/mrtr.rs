@@ -182,7 +182,7 @@ pub(crate) enum Refused {
     /// Not genuine, another credential's, or stale: a JSON-RPC error, nothing ran.
     Invalid(ErrorData),
     /// Genuine but late: the tool result that says what happened (nothing ran now).
-    Late(CallToolResult),
+    Late(Box<CallToolResult>),
 }
 
 /// The words for a state that is not genuine, and for another credential's (the same: nothing
@@ -283,7 +283,7 @@ impl Rounds {
     fn ended_while_parked(&self, id: u64, round: u64) {
         let entry = {
             let mut parked = self.lock();
-            if !parked.get(&id).is_some_and(|p| p.round == round) {
+            if parked.get(&id).is_none_or(|p| p.round != round) {
                 return;
             }
             parked.remove(&id)
@@ -402,9 +402,9 @@ impl Rounds {
         let mut gone = self.gone();
         gone.expire();
         let Some(record) = gone.by_id.get(&opened.id) else {
-            return Refused::Late(CallToolResult::error(vec![ContentBlock::text(
+            return Refused::Late(Box::new(CallToolResult::error(vec![ContentBlock::text(
                 "[ipybox: this answer belongs to a cell that no longer waits for it, and ipybox keeps no record of that cell any more (records are kept for 24 h). Nothing ran now.]\n  help: check what the cell changed (files, variables) before running it again: running it again repeats everything it did",
-            )]));
+            )])));
         };
         if &record.owner != caller {
             return invalid(NOT_VALID.into());
@@ -434,16 +434,18 @@ impl Rounds {
             Some((text, failed)) => {
                 let text = format!("{note} Its result:]\n\n{text}");
                 let content = vec![ContentBlock::text(text)];
-                Refused::Late(if *failed {
+                Refused::Late(Box::new(if *failed {
                     CallToolResult::error(content)
                 } else {
                     CallToolResult::success(content)
-                })
+                }))
             }
-            None => Refused::Late(CallToolResult::error(vec![ContentBlock::text(format!(
-                "{note} Its output is no longer kept (ipybox keeps it {} min).]\n  help: check what the cell changed (files, variables) before running it again: running it again repeats everything it did",
-                LATE_TEXT_KEPT.as_secs() / 60
-            ))])),
+            None => Refused::Late(Box::new(CallToolResult::error(vec![ContentBlock::text(
+                format!(
+                    "{note} Its output is no longer kept (ipybox keeps it {} min).]\n  help: check what the cell changed (files, variables) before running it again: running it again repeats everything it did",
+                    LATE_TEXT_KEPT.as_secs() / 60
+                ),
+            )]))),
         }
     }
 }

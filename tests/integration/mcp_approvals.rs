@@ -82,9 +82,14 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     assert_eq!(schema["type"], "object");
     assert_eq!(schema["properties"]["remember"]["type"], "boolean");
     assert_eq!(schema["properties"]["remember"]["default"], false);
+    // A short title (clients cut it to one line); what it applies to is in the description.
     assert_eq!(
         schema["properties"]["remember"]["title"],
-        "Allow fx.add for the rest of this session"
+        "Allow for the rest of this session"
+    );
+    assert_eq!(
+        schema["properties"]["remember"]["description"],
+        "Ticked: later calls of fx.add run without asking until this session ends. Accept runs this one either way."
     );
     // Decline and cancel: typed rejection in the kernel, the cell's output says so.
     let (failed, out) = cell(&c, CALL_ADD).await;
