@@ -888,6 +888,17 @@ impl CodeExecutor {
         self.stop_inner(true).await;
     }
 
+    /// With a sandbox ([`CodeExecutorBuilder::sandbox`]): whether it can run here (srt found,
+    /// the platform's prerequisites present), checked without starting anything, for a server
+    /// that says so when its client connects rather than at the first cell. `Ok` without a
+    /// sandbox. Starting a kernel checks the same (the probes run once per process).
+    pub async fn check_sandbox(&self) -> Result<(), SandboxError> {
+        match &self.inner.builder.sandbox {
+            Some(options) => crate::sandbox::preflight(options, self.host_env()).await,
+            None => Ok(()),
+        }
+    }
+
     /// Whether kernels run on a Jupyter server ([`CodeExecutorBuilder::kernel_gateway`]).
     pub fn uses_kernel_gateway(&self) -> bool {
         self.inner.builder.kernel_gateway.is_some()

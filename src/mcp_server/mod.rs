@@ -28,7 +28,7 @@ mod skills;
 mod stdio;
 mod tasks;
 
-pub(crate) use stdio::serve_stdio;
+pub(crate) use stdio::{refuse_stdio, serve_stdio};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};

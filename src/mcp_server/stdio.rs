@@ -23,6 +23,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
+use serde_json::{Value, json};
+
 use super::IpyboxServer;
 
 /// From EOF or a signal to the process's exit.
@@ -233,6 +235,50 @@ pub(crate) async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Err
         tracing::info!("{end:?}: stopped in {} ms", took.as_millis());
     }
     Ok(())
+}
+
+/// The JSON-RPC error code of [`refuse_stdio`]'s answers (internal error: the server cannot
+/// work here; nothing is wrong with the request).
+const REFUSED_CODE: i64 = -32603;
+
+/// Serves a server that cannot work here (`--sandbox` without srt, say): every request, the
+/// opening `server/discover` or `initialize` included, is answered with a JSON-RPC error whose
+/// message is `reason` on one line (Claude Code shows it in `claude mcp list` and `/mcp` as the
+/// reason the server failed: "✘ Failed to connect — -32603: ipybox cannot run code: …"), until
+/// the client closes stdin or a signal comes. A client then never shows a server that connected
+/// but fails at its first cell.
+pub(crate) async fn refuse_stdio(reason: &str) -> Result<(), std::io::Error> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    use tokio::signal::unix::{SignalKind, signal};
+    let message = reason.lines().map(str::trim).collect::<Vec<_>>().join("; ");
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut lines = BufReader::new(Stdin::open()).lines();
+    let mut stdout = tokio::io::stdout();
+    loop {
+        let line = tokio::select! {
+            line = lines.next_line() => line?,
+            _ = sigterm.recv() => None,
+            _ = sigint.recv() => None,
+        };
+        let Some(line) = line else { return Ok(()) };
+        let Ok(request) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        // Requests only: notifications (no id) and responses (no method) get no answer.
+        let (Some(id), Some(_)) = (request.get("id"), request.get("method")) else {
+            continue;
+        };
+        let answer = json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {"code": REFUSED_CODE, "message": message},
+        });
+        let mut bytes = serde_json::to_vec(&answer).unwrap_or_default();
+        bytes.push(b'\n');
+        stdout.write_all(&bytes).await?;
+        stdout.flush().await?;
+    }
 }
 
 /// Stops the executor at once, bounded by [`STOP_BUDGET`] (kernels on a Jupyter server:
