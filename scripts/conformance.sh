@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs the MCP conformance runner's server scenarios that apply to a server with ipybox's tools
-# against `ipybox serve --http --session-header` (loopback, no token: the runner sends none), with the baseline
-# tests/conformance/baseline.yml (checks that need the runner's fixture tools or prompts).
+# Runs every server scenario of the MCP conformance runner (as `conformance list` names them)
+# against `ipybox serve --http --session-header` (loopback, no token: the runner sends none),
+# with the baseline tests/conformance/baseline.yml: the checks that cannot apply to ipybox (the
+# runner's fixture tools, prompts, resources; capabilities ipybox does not declare), each with
+# its reason. Every other check must pass, `wire-schema-valid` of every scenario included.
 # Exits non-zero on any unexpected failure, and on a baselined check that passes (stale).
-# Why the other scenarios are not run: docs/http.md#conformance.
 # Usage: scripts/conformance.sh [path/to/ipybox]   (default: target/debug/ipybox)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,13 +20,10 @@ if [ ! -f "$dir/.stamp" ] || [ "$(cat "$dir/.stamp")" != "$pkg" ]; then
   (cd "$dir" && npm install --no-audit --no-fund --silent "$pkg" >&2)
   echo "$pkg" > "$dir/.stamp"
 fi
-SCENARIOS=(
-  server-initialize server-session-lifecycle server-stateless ping tools-list
-  server-sse-polling server-sse-multiple-streams resources-list sep-2164-resource-not-found
-  sep-2640-skills-directory sep-2640-skills-enumeration sep-2640-skills-manifest
-  dns-rebinding-protection caching http-header-validation http-custom-header-server-validation
-  tasks-capability-negotiation
-)
+# Every server scenario of the pinned runner ("Server scenarios:" up to "Client scenarios:").
+mapfile -t SCENARIOS < <(cd "$dir" && npx --no-install conformance list 2>/dev/null \
+  | sed -n '/^Server scenarios/,/^Client scenarios/s/^  - \([^ ]*\).*/\1/p')
+[ "${#SCENARIOS[@]}" -gt 50 ] || { echo "conformance: the runner listed ${#SCENARIOS[@]} server scenarios" >&2; exit 1; }
 work="$(mktemp -d)"
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 # --session-header: the `session` argument is declared a header parameter (SEP-2243), which the

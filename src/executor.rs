@@ -454,6 +454,17 @@ impl Drop for CurrentExecution<'_> {
 }
 
 impl Inner {
+    /// The executor's lock, for an execution: `None` if a stop begins while it waits (a stop
+    /// never waits behind queued executions, which would only fail once it is done).
+    async fn lock_unless_stopping(&self) -> Option<tokio::sync::MutexGuard<'_, Option<Running>>> {
+        let mut stopping = self.stopping.subscribe();
+        tokio::select! {
+            biased;
+            guard = self.state.lock() => Some(guard),
+            _ = stopping.wait_for(|s| *s) => None,
+        }
+    }
+
     /// Runs `execution` unless `stop()` is called meanwhile.
     async fn unless_stopping(
         &self,
@@ -904,6 +915,63 @@ impl CodeExecutor {
         self.stop_inner(true).await;
     }
 
+    /// With a sandbox ([`CodeExecutorBuilder::sandbox`]): whether it can run here (srt found,
+    /// the platform's prerequisites present), checked without starting anything, for a server
+    /// that says so when its client connects rather than at the first cell. `Ok` without a
+    /// sandbox. Starting a kernel checks the same (the probes run once per process).
+    pub async fn check_sandbox(&self) -> Result<(), SandboxError> {
+        match &self.inner.builder.sandbox {
+            Some(options) => crate::sandbox::preflight(options, self.host_env()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether kernels run on a Jupyter server ([`CodeExecutorBuilder::kernel_gateway`]).
+    pub fn uses_kernel_gateway(&self) -> bool {
+        self.inner.builder.kernel_gateway.is_some()
+    }
+
+    /// Stops at once, for a process that is about to exit (the MCP server when its client goes
+    /// away): a running execution is abandoned; every kernel, spare kernel, factory template and
+    /// stdio MCP server is killed (SIGKILL to its process group, nothing waited for: they are
+    /// reaped by whoever reaps them once this process exits), and the runtime directory is
+    /// removed before this returns. Nothing is asked to shut down politely, so this takes
+    /// milliseconds where [`Self::stop`] takes a few hundred.
+    ///
+    /// Kernels on a Jupyter server cannot be killed from here: with
+    /// [`CodeExecutorBuilder::kernel_gateway`] this is [`Self::stop`] (they are deleted).
+    pub async fn stop_now(&self) {
+        if self.uses_kernel_gateway() {
+            return self.stop().await;
+        }
+        self.inner.stopping.send_replace(true);
+        let running = self.inner.state.lock().await.take();
+        self.inner.stopping.send_replace(false);
+        let live = self
+            .inner
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(Running {
+            pool,
+            tools,
+            runtime,
+            ..
+        }) = running
+        {
+            tools.kill_now();
+            // Dropping the pool kills its kernels' and its template's process groups.
+            drop(pool);
+            drop(runtime);
+        }
+        // Whoever else still holds the runtime directory (a spare's launch being aborted), it
+        // goes now.
+        if let Some(live) = live {
+            let _ = std::fs::remove_dir_all(&live.runtime);
+        }
+    }
+
     async fn stop_inner(&self, detach: bool) {
         self.inner.stopping.send_replace(true);
         let running = self.inner.state.lock().await.take();
@@ -932,7 +1000,11 @@ impl CodeExecutor {
         code: &str,
         timeout: Option<Duration>,
     ) -> Result<ExecutionResult, ExecutorError> {
-        let mut state = self.inner.state.lock().await;
+        let mut state = self
+            .inner
+            .lock_unless_stopping()
+            .await
+            .ok_or(KernelError::Stopped)?;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
         running.pristine = false;
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
@@ -1036,9 +1108,9 @@ impl CodeExecutor {
                 })
             };
             let result = {
-                let mut state = inner.state.lock().await;
+                let mut state = inner.lock_unless_stopping().await;
                 let _current = CurrentExecution::register(&inner, registered);
-                match state.as_mut() {
+                match state.as_mut().and_then(|s| s.as_mut()) {
                     Some(running) => {
                         running.pristine = false;
                         // This execution's own clock: only its calls' approval waits pause it.

@@ -468,7 +468,20 @@ async fn serve(
         task_ttl: Duration::from_secs_f64(args.task_ttl.min(86_400.0 * 365.0)),
     };
     match http {
-        None => mcp_server::serve_stdio(IpyboxServer::new(builder.build(), config)).await?,
+        None => {
+            let executor = builder.build();
+            // Said when the client connects (its server list shows the reason), not at the
+            // first cell.
+            if let Err(e) = executor.check_sandbox().await {
+                let reason = format!(
+                    "ipybox cannot run code: {e}; then restart this MCP server (Claude Code: /mcp, then Reconnect)"
+                );
+                tracing::error!("{reason}");
+                mcp_server::refuse_stdio(&reason).await?;
+                return Ok(FAILURE);
+            }
+            mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?
+        }
         Some(http) => {
             let confined = !gateway && !args.sandbox && !http.unconfined_sessions;
             if !gateway {

@@ -8,7 +8,8 @@ running event loop, so many calls can be in flight at once). Standard library on
 
 The tool server speaks HTTP/1.1 on a Unix socket whose path is in ``IPYBOX_TOOL_SOCKET``.
 Kernels on Jupyter servers send the same requests over the Jupyter stdin channel instead
-(``stdin_channel``) and import workspace modules from the host (``host_import``).
+(``stdin_channel``) and import workspace modules from the host (``host_import``). A
+``ToolRunnerError`` that ends a cell is shown short, the user's frames only (``tracebacks``).
 
 ``POST /run`` takes ``{"server_name", "server_params", "tool_name", "arguments"}`` and answers
 ``{"structured": <object or null>, "text": <str>}`` or ``{"error": {"kind", "message"}}``; the kind
@@ -55,6 +56,20 @@ class ApprovalRejected(ToolRunnerError):
 
 class ApprovalTimeout(ToolRunnerError):
     """No approval decision arrived in time; the call was not made."""
+
+
+_short_tracebacks = False
+
+
+def install_short_tracebacks() -> None:
+    """Makes the running IPython shell show a ``ToolRunnerError`` that ends a cell as the user's
+    own frames and the error (``tracebacks``); called on the first tool module import and call.
+    Cheap after the first time."""
+    global _short_tracebacks
+    if not _short_tracebacks:
+        from . import tracebacks
+
+        _short_tracebacks = tracebacks.install(ToolRunnerError)
 
 
 # Error kinds on the wire -> the exception raised in the kernel (kept in step with ErrorKind in
@@ -193,6 +208,7 @@ _channel: Any = None
 
 
 def _request(method: str, url: str, body: dict | None = None) -> dict:
+    install_short_tracebacks()
     if _channel is not None:
         return _channel(method, url, body)
     path = _socket_path()
@@ -260,6 +276,7 @@ async def _request_async(method: str, url: str, body: dict | None = None) -> dic
     """:func:`_request` on the running event loop: its own connection, closed by the server after
     the reply (``Connection: close``), so concurrent calls never share one. Over the stdin channel,
     the call waits in a worker thread (calls queue there, see ``stdin_channel``)."""
+    install_short_tracebacks()
     if _channel is not None:
         return await asyncio.get_running_loop().run_in_executor(None, _channel, method, url, body)
     path = _socket_path()
@@ -326,6 +343,7 @@ class ToolRunner:
     def __init__(self, server_name: str, server_params: dict[str, Any]):
         self.server_name = server_name
         self.server_params = server_params
+        install_short_tracebacks()
 
     def run(self, tool_name: str, arguments: dict[str, Any]) -> dict[str, Any] | str:
         """Call ``tool_name`` with ``arguments``; returns structured content if any, else text."""

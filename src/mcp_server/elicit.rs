@@ -2,7 +2,7 @@
 //! code becomes an MCP `elicitation/create` request (form mode) to the client, i.e. a question
 //! to its user: accept once, accept for the rest of the session, or decline.
 //!
-//! The form has one optional boolean, `remember` ("allow ... for the rest of this session").
+//! The form has one optional boolean, `remember` ("Allow for the rest of this session").
 //! Accept → the call goes ahead (with `remember`, later calls of the same tool, or the same shell
 //! command, are accepted without asking until the server exits); decline or cancel → the call
 //! fails in the kernel with `ApprovalRejected`, saying the user declined. No answer within the
@@ -181,20 +181,26 @@ fn quoted_name(name: &str) -> String {
     }
 }
 
+/// The checkbox's title: short and the same for every request, because clients show it on one
+/// line and cut it (Claude Code cut "Allow everything.echo for the rest of this sess…"); what
+/// it applies to is in the description.
+const REMEMBER_TITLE: &str = "Allow for the rest of this session";
+
 /// The form: one optional checkbox, "allow for the rest of this session".
 fn form(request: &ApprovalRequest) -> ElicitationSchema {
     let what = match request.shell_command() {
-        Some(_) => "this exact command".to_string(),
+        Some(_) => "runs of this exact command".to_string(),
         None => format!(
-            "{}.{}",
+            "calls of {}.{}",
             shown::name(&request.server_name, Syntax::Json),
             shown::name(&request.tool_name, Syntax::Json)
         ),
     };
-    let title = format!("Allow {what} for the rest of this session");
     let remember = BooleanSchema::new()
-        .title(title)
-        .description("Accept runs it. Leave this unticked to be asked again next time.")
+        .title(REMEMBER_TITLE)
+        .description(format!(
+            "Ticked: later {what} run without asking until this session ends. Accept runs this one either way."
+        ))
         .with_default(false);
     ElicitationSchema::new(
         [(

@@ -28,7 +28,7 @@ mod skills;
 mod stdio;
 mod tasks;
 
-pub(crate) use stdio::serve_stdio;
+pub(crate) use stdio::{refuse_stdio, serve_stdio};
 
 use std::path::PathBuf;
 use std::sync::{Arc, Weak};
@@ -81,7 +81,8 @@ pub(crate) struct ServerConfig {
 pub(crate) enum ApproveMode {
     /// Accept every call (Python ipybox's behaviour).
     Auto,
-    /// Ask the user through the MCP client (elicitation), see [`elicit`].
+    /// Ask the user through the MCP client (elicitation), once per call or for the rest of the
+    /// session (docs/approvals.md).
     Ask,
 }
 
@@ -103,7 +104,7 @@ handle; pass that handle as `session` in every later call (`execute_ipython_cell
 keep your variables.";
 
 /// The `session` argument's description (HTTP only).
-const SESSION_DOC: &str = "The kernel session to use: the handle a previous result named (`ipybox-s1-...`). \
+const SESSION_DOC: &str = "The kernel session to use: the handle a previous result named (`ipybox-s1.<route>.<...>`). \
 Leave it out to start a new session with a fresh kernel (its handle is in the result); pass it in every \
 later call to keep your variables. Over a handshake-era MCP session it may be left out: the MCP session \
 has its own kernel.";
@@ -545,7 +546,10 @@ impl IpyboxServer {
                         };
                         (run, Some(round), session, announce, entered)
                     }
-                    Err(mrtr::Refused(why)) => return Ok(text_error(why).into()),
+                    // Not genuine, another credential's, stale: a JSON-RPC error.
+                    Err(mrtr::Refused::Invalid(error)) => return Err(error),
+                    // Genuine but late: what became of the cell.
+                    Err(mrtr::Refused::Late(result)) => return Ok((*result).into()),
                 }
             }
             None => {
@@ -678,7 +682,7 @@ impl IpyboxServer {
             Ok(Some(found)) => found,
             Ok(None) if stateless(&context) => {
                 return Ok(text_error(
-                    "no session given: reset needs the `session` handle of the kernel to reset\n  help: pass session=\"ipybox-s1-...\" as named by an earlier result; a call without it starts a new session with a fresh kernel anyway".into(),
+                    "no session given: reset needs the `session` handle of the kernel to reset\n  help: pass session=\"ipybox-s1.<route>.<...>\" as named by an earlier result; a call without it starts a new session with a fresh kernel anyway".into(),
                 ));
             }
             Ok(None) => {
@@ -755,7 +759,7 @@ async fn cell_result(
 }
 
 /// The text of a failed execution: what was printed before, then the error.
-fn failure_text(e: &ExecutorError) -> String {
+pub(crate) fn failure_text(e: &ExecutorError) -> String {
     let output = e.output();
     let error = e.error_text();
     if output.is_empty() {

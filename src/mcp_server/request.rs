@@ -14,7 +14,8 @@
 //! Handshake-era clients are asked with `elicitation/create` while the request is open
 //! ([`super::elicit::decide`], one task per approval: concurrent calls are asked about
 //! concurrently and output keeps flowing). A request with a progress token gets the output as
-//! `notifications/progress` ([`super::progress`]), in both eras.
+//! `notifications/progress` ([`super::progress`]), in both eras; the reporter is settled
+//! (consumed) before any answer is returned, so no notification follows an answer.
 //!
 //! Not here: the tool's arguments and result text (the tool in [`super`]).
 
@@ -64,6 +65,14 @@ pub(crate) struct Serve<'a> {
     pub(crate) binding: &'a [u8],
     /// The cell's own timeout (a task lives this long plus `--task-ttl`).
     pub(crate) timeout: Duration,
+}
+
+/// Before a request is answered: no progress notification after the answer, none just before it
+/// ([`ProgressReporter::settle`]).
+async fn settle(progress: Option<ProgressReporter>) {
+    if let Some(p) = progress {
+        p.settle().await;
+    }
 }
 
 /// Whether this request speaks a revision without server-to-client requests (2026-07-28 on).
@@ -154,9 +163,7 @@ impl Serve<'_> {
                 p.output(&now.new_output).await;
             }
             if now.ended {
-                if let Some(p) = progress.as_mut() {
-                    p.finish().await;
-                }
+                settle(progress.take()).await;
                 return Outcome::Done(
                     run.take_result()
                         .unwrap_or_else(|| Err(ipybox::kernel::KernelError::Stopped.into())),
@@ -196,6 +203,7 @@ impl Serve<'_> {
             tokio::select! {
                 changed = changes.changed() => {
                     if changed.is_err() {
+                        settle(progress.take()).await;
                         return Outcome::Done(Err(ipybox::kernel::KernelError::Stopped.into()));
                     }
                 }
@@ -211,17 +219,13 @@ impl Serve<'_> {
                         (gather_until, gather_started, gathered) = (None, None, 0);
                         continue;
                     }
-                    if let Some(p) = progress.as_mut() {
-                        p.finish().await;
-                    }
+                    settle(progress.take()).await;
                     return Outcome::InputRequired(
                         self.rounds.park(resumed, run, asking, self.binding, self.session),
                     );
                 }
                 () = tokio::time::sleep_until(task_due.unwrap_or_else(far)), if task_due.is_some() => {
-                    if let Some(p) = progress.as_mut() {
-                        p.finish().await;
-                    }
+                    settle(progress.take()).await;
                     return adopt(run, finish());
                 }
                 Some(_) = deciding.join_next(), if !deciding.is_empty() => {}

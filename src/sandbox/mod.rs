@@ -187,6 +187,16 @@ pub(crate) fn check_layout(
     Ok(())
 }
 
+/// Whether the sandbox can run here: srt found and runnable, the platform's prerequisites
+/// present. Nothing is written or started; [`prepare`] checks the same first.
+pub(crate) async fn preflight(
+    options: &SandboxOptions,
+    host: &HostEnv,
+) -> Result<(), SandboxError> {
+    let srt = platform::find_srt(options.srt.as_deref(), host)?;
+    platform::check(&srt, host).await
+}
+
 /// Checks the sandbox, builds the effective policy for a kernel run by `python` with the
 /// caller's `kernel_env`, writes it into `runtime_dir` and returns the wrapper that runs kernel
 /// commands under srt. `kernel_writable` is the part of the runtime directory the kernel may

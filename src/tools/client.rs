@@ -218,6 +218,16 @@ impl McpSession {
         self.shutdown().await;
     }
 
+    /// Kills a stdio server's process group now and waits for nothing (the leader is reaped in
+    /// the background); in-flight requests fail with "transport closed". For a process about to
+    /// exit.
+    pub fn kill_now(&self) {
+        self.running.cancellation_token().cancel();
+        let child = self.child.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Dropping it kills the group (SIGKILL) and the leader (`kill_on_drop`).
+        drop(child);
+    }
+
     /// Like [`Self::close`] through a shared reference (for sessions behind an `Arc`). In-flight
     /// requests fail with "transport closed".
     pub async fn shutdown(&self) {

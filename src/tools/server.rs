@@ -177,6 +177,13 @@ impl ToolServer {
         self.task.abort();
         self.state.sessions.close_all().await;
     }
+
+    /// Stops serving and kills every stdio MCP server's process group at once, waiting for
+    /// nothing (see `CodeExecutor::stop_now`).
+    pub(crate) fn kill_now(self) {
+        self.task.abort();
+        self.state.sessions.kill_all();
+    }
 }
 
 impl Drop for ToolServer {

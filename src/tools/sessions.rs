@@ -201,6 +201,21 @@ impl SessionCache {
         closing.push(task);
     }
 
+    /// Forgets every session and starts a new epoch, as [`SessionCache::close_all`] does, but
+    /// kills each connected stdio server's process group at once instead of closing it, and
+    /// waits for nothing: for a process about to exit. A connect still in progress is dropped
+    /// with its task (its child is killed on drop).
+    pub fn kill_all(&self) {
+        for slot in self.take_all() {
+            if let Some(Ok(session)) = slot.fut.peek() {
+                session.kill_now();
+            }
+        }
+        for task in std::mem::take(&mut *self.closing.lock().unwrap_or_else(|p| p.into_inner())) {
+            task.abort();
+        }
+    }
+
     fn take_all(&self) -> Vec<Slot> {
         let mut slots = self.lock();
         self.epoch.fetch_add(1, Ordering::SeqCst);

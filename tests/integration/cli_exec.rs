@@ -389,3 +389,37 @@ fn exec_prompt_on_a_terminal_shows_the_request_escaped() {
     );
     assert!(out.contains(&server), "{out:?}");
 }
+
+/// Every command's `--help` is text for its user: no rustdoc link (`` [`elicit`] ``) leaks
+/// from a doc comment into it.
+#[test]
+fn help_shows_no_doc_comment_links() {
+    let top = ipybox().arg("--help").output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    let commands: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .collect();
+    assert!(commands.contains(&"serve"), "{top}");
+    let mut helps = vec![("ipybox".to_string(), top.clone())];
+    for command in &commands {
+        let out = ipybox().args([command, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{command} --help");
+        helps.push((
+            format!("ipybox {command}"),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ));
+    }
+    for (command, help) in helps {
+        for line in help.lines() {
+            assert!(
+                !line.contains("[`") && !line.contains("`]") && !line.contains("]("),
+                "{command} --help shows a doc-comment link: {line}"
+            );
+        }
+    }
+}

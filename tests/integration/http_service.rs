@@ -16,6 +16,46 @@ use crate::support::*;
 
 const EXPIRED_SUFFIX: &str = " expired: it was idle for more than 1 s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session";
 
+/// The handle shape `text` shows its reader (`ipybox-s1.<route>.<...>`: from `ipybox-s1` to the
+/// next backtick, quote or space).
+fn shown_shape(text: &str) -> &str {
+    let at = text
+        .find("ipybox-s1")
+        .unwrap_or_else(|| panic!("no handle shape in: {text}"));
+    let rest = &text[at..];
+    &rest[..rest.find(['`', '"', ' ']).unwrap_or(rest.len())]
+}
+
+/// Whether `handle` has the shape `shape` shows: its literal parts as they are, each `<...>`
+/// one or more characters a handle's part is made of (base64url, no dots).
+fn has_shape(handle: &str, shape: &str) -> bool {
+    let mut rest = handle;
+    let mut pattern = shape;
+    while !pattern.is_empty() {
+        if let Some(after) = pattern.strip_prefix('<') {
+            let Some(end) = after.find('>') else {
+                return false;
+            };
+            pattern = &after[end + 1..];
+            let part = rest
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+                .unwrap_or(rest.len());
+            if part == 0 {
+                return false;
+            }
+            rest = &rest[part..];
+        } else {
+            let literal = pattern.find('<').unwrap_or(pattern.len());
+            let Some(after) = rest.strip_prefix(&pattern[..literal]) else {
+                return false;
+            };
+            rest = after;
+            pattern = &pattern[literal..];
+        }
+    }
+    rest.is_empty()
+}
+
 fn session_tag_ok(tag: &str) -> bool {
     tag.len() == 8 && tag.bytes().all(|b| b.is_ascii_hexdigit())
 }
@@ -56,6 +96,20 @@ async fn stateless_clients_carry_their_session_handle() {
     let (out, h) = new_session(&c, "x = 1\nprint('one')").await;
     assert_eq!(out, "one");
     assert!(h.starts_with("ipybox-s1."), "{h}");
+    // What the schema tells the model a handle looks like is what a handle looks like (and the
+    // check can fail: the old `ipybox-s1-...` does not match).
+    let described = execute.input_schema["properties"]["session"]["description"]
+        .as_str()
+        .unwrap();
+    assert_eq!(shown_shape(described), "ipybox-s1.<route>.<...>");
+    assert!(has_shape(&h, shown_shape(described)), "{h} vs {described}");
+    assert!(!has_shape(&h, "ipybox-s1-..."));
+    assert!(!has_shape(&format!("{h}.x"), shown_shape(described)));
+    let reset = tools.iter().find(|t| t.name == "reset").unwrap();
+    assert_eq!(
+        reset.input_schema["properties"]["session"]["description"],
+        execute.input_schema["properties"]["session"]["description"]
+    );
     assert_eq!(
         cell(&c, "x += 1\nprint(x)", Some(&h)).await,
         (false, "2".into())
@@ -95,9 +149,10 @@ async fn stateless_clients_carry_their_session_handle() {
         text_of(&reset),
         (
             true,
-            "no session given: reset needs the `session` handle of the kernel to reset\n  help: pass session=\"ipybox-s1-...\" as named by an earlier result; a call without it starts a new session with a fresh kernel anyway".into()
+            "no session given: reset needs the `session` handle of the kernel to reset\n  help: pass session=\"ipybox-s1.<route>.<...>\" as named by an earlier result; a call without it starts a new session with a fresh kernel anyway".into()
         )
     );
+    assert!(has_shape(&h, shown_shape(&text_of(&reset).1)));
     // Operator-only tools.
     let register = c
         .call_tool_json(
@@ -307,6 +362,10 @@ async fn handles_and_mcp_sessions_of_another_token_are_refused() {
             "this is not an ipybox session handle (they look like `ipybox-s1.<route>.<...>`)\n  help: pass the handle exactly as a result named it, or leave `session` out to start a new session".into()
         )
     );
+    assert!(has_shape(
+        &h,
+        shown_shape(&cell(&a, "1", Some("s1")).await.1)
+    ));
     assert_eq!(
         cell(&a, "print(secret)", Some(&h)).await,
         (false, "42".into())
@@ -947,10 +1006,11 @@ print(ToolRunner("fx", evil).run("get_env", {{"name": "WHO"}}))"#,
         .json()
         .await
         .unwrap();
-    assert_eq!(stolen["result"]["isError"], json!(true), "{stolen}");
-    let text = stolen["result"]["content"][0]["text"].as_str().unwrap();
+    // Refused as a state that is not valid (a JSON-RPC error; nothing about the run revealed).
+    assert_eq!(stolen["error"]["code"], json!(-32602), "{stolen}");
+    let text = stolen["error"]["message"].as_str().unwrap();
     assert!(
-        text.starts_with("this requestState names a cell that no longer waits"),
+        text.starts_with("this requestState is not valid for this call"),
         "{text}"
     );
     let own: Value = call(TOKEN_A, answer).await.unwrap().json().await.unwrap();

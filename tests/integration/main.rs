@@ -47,3 +47,4 @@ mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;
 mod tool_socket;
+mod ts_client;

@@ -82,9 +82,14 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     assert_eq!(schema["type"], "object");
     assert_eq!(schema["properties"]["remember"]["type"], "boolean");
     assert_eq!(schema["properties"]["remember"]["default"], false);
+    // A short title (clients cut it to one line); what it applies to is in the description.
     assert_eq!(
         schema["properties"]["remember"]["title"],
-        "Allow fx.add for the rest of this session"
+        "Allow for the rest of this session"
+    );
+    assert_eq!(
+        schema["properties"]["remember"]["description"],
+        "Ticked: later calls of fx.add run without asking until this session ends. Accept runs this one either way."
     );
     // Decline and cancel: typed rejection in the kernel, the cell's output says so.
     let (failed, out) = cell(&c, CALL_ADD).await;
@@ -276,17 +281,32 @@ async fn progress_notifications_carry_the_output_in_order(era: Era) {
         progress.len() >= 2,
         "rate-limited, but more than one: {progress:?}"
     );
-    assert!(progress.len() <= 7, "rate-limited: {progress:?}");
+    assert!(progress.len() <= 5, "rate-limited: {progress:?}");
     let messages: Vec<String> = progress
         .iter()
         .map(|p| p.message.clone().unwrap())
         .collect();
-    assert_eq!(messages.join("\n"), expected, "all output, in order");
+    // Complete lines, in order, while the cell ran: the output not sent by the end (at least
+    // the unfinished `end`) is in the result only.
+    let sent = messages.join("\n");
+    assert!(
+        expected.starts_with(&format!("{sent}\n")),
+        "a prefix of the output, in whole lines: {sent:?}"
+    );
     for pair in progress.windows(2) {
         assert!(pair[1].progress > pair[0].progress, "{progress:?}");
     }
+    // Nothing in the first 250 ms: `line 0` was printed at once, `line 1` at 0.2 s.
+    assert!(progress[0].progress >= 0.25, "{progress:?}");
     let token = &progress[0].progress_token;
     assert!(progress.iter().all(|p| &p.progress_token == token));
+    // A quick cell sends none.
+    let before = progress.len();
+    let params = CallToolRequestParams::new("execute_ipython_cell")
+        .with_arguments(args(json!({"code": "print('quick')"})));
+    assert_eq!(text(&c.service.call_tool(params).await.unwrap()), "quick");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(user.seen.lock().unwrap().progress.len(), before);
     c.close().await;
 }
 
@@ -373,7 +393,98 @@ async fn cancel_while_the_user_is_asked_interrupts_and_keeps_state() {
     c.close().await;
 }
 
+/// What the model gets when a call ends a cell: the output before it, the frames of its own
+/// code (the cell, a function it defined) and the error with a `help:` line; none of ipybox's
+/// runtime or the generated module's plumbing. Declined, unanswered (timed out), a tool's own
+/// error, and an awaited call.
+async fn rejected_calls_reach_the_model_short(era: Era) {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let user = ScriptedClient::new(
+        era,
+        true,
+        &[
+            Answer::Decline,
+            Answer::Late(2500),
+            Answer::Decline,
+            Answer::Accept,
+        ],
+    );
+    let c = start(
+        ws.path(),
+        &user,
+        &["--approve", "ask", "--approval-timeout", "1"],
+    )
+    .await;
+    register_fixture(&c).await;
+    let total = "from mcptools.fx import add\ndef total(a, b):\n    return add.run(add.Params(a=a, b=b)).sum\nprint('before')\ntotal(1, 2)";
+    let frames = [
+        "Traceback (most recent call last):",
+        "  Cell In[N], line 5",
+        "    total(1, 2)",
+        "  Cell In[N], line 3, in total",
+        "    return add.run(add.Params(a=a, b=b)).sum",
+    ]
+    .join("\n");
+    let (failed, out) = cell(&c, total).await;
+    assert!(failed);
+    assert_eq!(
+        cell_numbers_as_n(&out),
+        format!(
+            "before\n\n{frames}\nApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
+        )
+    );
+    let (failed, out) = cell(&c, total).await;
+    assert!(failed);
+    // 2026-07-28: the answer's retry came after the cell ended, and is told so first.
+    let out = match era {
+        Era::Handshake => out,
+        Era::Stateless => {
+            let (note, rest) = out.split_once("Its result:]\n\n").expect(&out);
+            assert!(
+                note.starts_with("[ipybox: this answer came too late. The cell had stopped waiting for it, so the call it asked about was not made: fx.add(a=1, b=2)."),
+                "{out}"
+            );
+            rest.to_string()
+        }
+    };
+    assert_eq!(
+        cell_numbers_as_n(&out),
+        format!(
+            "before\n\n{frames}\nApprovalTimeout: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made\n  help: {TIMEOUT_HELP}"
+        )
+    );
+    // Awaited (the async runner): the cell's line, then the error.
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import runner\nawait runner.run_async('add', {'a': 1, 'b': 2})",
+    )
+    .await;
+    assert!(failed);
+    assert_eq!(
+        cell_numbers_as_n(&out),
+        format!(
+            "Traceback (most recent call last):\n  Cell In[N], line 2\n    await runner.run_async('add', {{'a': 1, 'b': 2}})\nApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
+        )
+    );
+    // The tool's own error (the call accepted).
+    let (failed, out) = cell(
+        &c,
+        "from mcptools.fx import fail\nfail.run(fail.Params(message='no such thing'))",
+    )
+    .await;
+    assert!(failed);
+    assert!(
+        cell_numbers_as_n(&out).starts_with("Traceback (most recent call last):\n  Cell In[N], line 2\n    fail.run(fail.Params(message='no such thing'))\nToolError: "),
+        "{out}"
+    );
+    assert!(!out.contains("help:"), "{out}");
+    assert!(!out.contains("ipybox_runtime"), "{out}");
+    c.close().await;
+}
+
 both_eras!(ask_accept_once_for_session_decline_and_cancel);
+both_eras!(rejected_calls_reach_the_model_short);
 both_eras!(ask_without_an_answer_times_out_and_the_server_keeps_working);
 both_eras!(ask_with_a_client_without_elicitation_fails_clearly);
 both_eras!(ask_about_shell_commands_and_magics);

@@ -29,6 +29,20 @@ async fn once(c: &Client, params: CallToolRequestParams) -> CallToolResponse {
         .expect("tools/call answers")
 }
 
+/// One `tools/call` that must be refused with a JSON-RPC error (invalid params): its message.
+async fn refused(c: &Client, params: CallToolRequestParams) -> String {
+    match c.service.call_tool_once(params).await {
+        Err(rmcp::ServiceError::McpError(e)) => {
+            assert_eq!(e.code, rmcp::model::ErrorCode::INVALID_PARAMS, "{e:?}");
+            e.message.to_string()
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+}
+
+/// What a retry with a state that is not genuine (or another credential's) is told.
+const NOT_VALID: &str = "this requestState is not valid for this call: it was altered, belongs to other arguments, to another credential or to another ipybox process. Nothing ran.";
+
 fn input_required(response: CallToolResponse) -> InputRequiredResult {
     match response {
         CallToolResponse::InputRequired(r) => r,
@@ -93,15 +107,16 @@ async fn an_accepted_round_resumes_the_same_execution() {
 }
 
 /// Two calls one after the other: two rounds, each with a key of its own; a replayed first
-/// round, a forged state, a state for other arguments and a state of a finished cell are
-/// refused, and nothing runs.
+/// round, a forged state, a state for other arguments and a state of a round answered already
+/// are refused with a JSON-RPC error (what the conformance runner's
+/// `sep-2322-reject-tampered-state` expects), and nothing runs.
 #[tokio::test(flavor = "multi_thread")]
 async fn rounds_replays_forgeries_and_stale_states() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let (c, _user) = stateless_asking(ws.path(), &[], &[]).await;
     let code = format!(
-        "{CALL_ADD}\nfrom mcptools.fx import greet\nprint(greet.run(greet.Params(name='two')))"
+        "runs = globals().get('runs', 0) + 1\n{CALL_ADD}\nfrom mcptools.fx import greet\nprint(greet.run(greet.Params(name='two')))"
     );
     let params = exec_params(&code);
     let first = input_required(once(&c, params.clone()).await);
@@ -111,39 +126,71 @@ async fn rounds_replays_forgeries_and_stale_states() {
     let keys: Vec<&String> = second.input_requests.as_ref().unwrap().keys().collect();
     assert_eq!(keys, ["approval-1-0"]);
     // A replay of the first round: stale, refused.
-    let replay = complete(once(&c, retry(&params, &first, accept())).await);
-    assert_eq!(replay.is_error, Some(true));
-    assert!(
-        text(&replay).starts_with("this requestState is stale: round 0 of this cell was answered already (it waits in round 1). Nothing ran."),
-        "{}",
-        text(&replay)
+    assert_eq!(
+        refused(&c, retry(&params, &first, accept())).await,
+        "this requestState is stale: round 0 of this cell was answered already (it waits in round 1). Nothing ran.\n  help: retry with the requestState of the newest input_required result"
     );
-    // Forged, and bound to other arguments.
+    // Forged, tampered, and bound to other arguments.
     let mut forged = retry(&params, &second, accept());
     forged.request_state = Some("eyJpZCI6MSwicm91bmQiOjF9.AAAA".into());
-    let forged = complete(once(&c, forged).await);
-    assert!(
-        text(&forged).starts_with("this requestState is not valid for this call"),
-        "{}",
-        text(&forged)
-    );
+    assert!(refused(&c, forged).await.starts_with(NOT_VALID));
+    let mut tampered = retry(&params, &second, accept());
+    tampered.request_state = Some(format!(
+        "{}-TAMPERED",
+        second.request_state.clone().unwrap()
+    ));
+    assert!(refused(&c, tampered).await.starts_with(NOT_VALID));
     let other = retry(&exec_params("print('other code')"), &second, accept());
-    let other = complete(once(&c, other).await);
-    assert!(
-        text(&other).starts_with("this requestState is not valid for this call"),
-        "{}",
-        text(&other)
+    assert!(refused(&c, other).await.starts_with(NOT_VALID));
+    // An answer of the wrong shape (what the runner's validate-input sends): refused, the
+    // round still waits.
+    assert_eq!(
+        refused(&c, retry(&params, &second, json!(12345))).await,
+        "inputResponses[\"approval-1-0\"] is not an elicitation result (invalid type: integer `12345`, expected struct ElicitResult). Nothing ran; the cell still waits for this answer.\n  help: answer each key of inputRequests with {\"action\": \"accept\" | \"decline\" | \"cancel\", \"content\": {...}}"
     );
     // The real second round still works.
     let done = complete(once(&c, retry(&params, &second, accept())).await);
     assert_eq!(text(&done), "3\nHello, two!");
     // And its state cannot be used again.
-    let again = complete(once(&c, retry(&params, &second, accept())).await);
-    assert!(
-        text(&again).starts_with("this requestState names a cell that no longer waits"),
-        "{}",
-        text(&again)
+    assert_eq!(
+        refused(&c, retry(&params, &second, accept())).await,
+        "this requestState is stale: round 1 of this cell was answered already. Nothing ran.\n  help: retry with the requestState of the newest input_required result; a result already received stands"
     );
+    // Nothing ran twice.
+    assert_eq!(cell(&c, "print(runs)").await, (false, "1".into()));
+    c.close().await;
+}
+
+/// An answer that comes after the approval timeout: the call failed in the kernel, the cell ran
+/// on to its end (once), and the late retry is told so, with the cell's result, in words for the
+/// model (not "run the cell again"); nothing runs now.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_late_answer_is_told_what_happened() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let (c, _user) = stateless_asking(ws.path(), &[], &["--approval-timeout", "1"]).await;
+    let code = format!(
+        "runs = globals().get('runs', 0) + 1\nprint('before', flush=True)\ntry:\n    {}\nexcept Exception as e:\n    print(type(e).__name__)\nprint('after')",
+        CALL_ADD.replace('\n', "\n    ")
+    );
+    let params = exec_params(&code);
+    let round = input_required(once(&c, params.clone()).await);
+    // The call times out (1 s) and the cell ends; the next cell waits for that.
+    assert_eq!(cell(&c, "print(runs)").await, (false, "1".into()));
+    let late = complete(once(&c, retry(&params, &round, accept())).await);
+    assert_ne!(late.is_error, Some(true), "the cell itself succeeded");
+    let said = text(&late);
+    let prefix = "[ipybox: this answer came too late. The cell had stopped waiting for it, so the call it asked about was not made: fx.add(a=1, b=2). The cell went on to its end ";
+    assert!(said.starts_with(prefix), "{said}");
+    assert!(
+        said.ends_with(" s ago; it ran once, and nothing ran now. Its result:]\n\nbefore\nApprovalTimeout\nafter"),
+        "{said}"
+    );
+    // Nothing ran again.
+    assert_eq!(cell(&c, "print(runs)").await, (false, "1".into()));
+    // The same late state again: the same answer (it is a record, not a run).
+    let again = complete(once(&c, retry(&params, &round, accept())).await);
+    assert!(text(&again).starts_with(prefix), "{}", text(&again));
     c.close().await;
 }
 

@@ -701,3 +701,68 @@ async fn sandboxed_code_cannot_widen_its_import_roots() {
     assert_eq!(run(&ex, &format!("{widen}{call}")).await, refused);
     stop_and_check(ex, &ws).await;
 }
+
+/// The JSON-RPC error a failed MCP opening carried (a 2026-07-28 client that falls back to
+/// `initialize` reports both attempts: the fallback's).
+fn opening_error(e: &rmcp::service::ClientInitializeError) -> Option<&rmcp::ErrorData> {
+    use rmcp::service::ClientInitializeError as E;
+    match e {
+        E::JsonRpcError(error) => Some(error),
+        E::LegacyFallbackFailed { discover, fallback } => {
+            opening_error(fallback).or_else(|| opening_error(discover))
+        }
+        _ => None,
+    }
+}
+
+/// `ipybox --sandbox` where the sandbox cannot run (srt missing from PATH, or `IPYBOX_SRT`
+/// naming nothing) says so when its client connects: the opening request (`server/discover` or
+/// `initialize`) is answered with a JSON-RPC error that carries the reason and the install line
+/// (what Claude Code shows as the reason in `claude mcp list` and `/mcp`), never a server that
+/// connects and fails at its first cell; ipybox exits 1 when the client goes.
+async fn missing_srt_is_said_when_the_client_connects(era: crate::mcp_eras::Era) {
+    let ws = tempfile::tempdir().unwrap();
+    let no_srt = tempfile::tempdir().unwrap();
+    let on_path = format!(
+        "ipybox cannot run code: sandbox unavailable: srt (Anthropic's sandbox-runtime) was not found on PATH; help: install it with `npm install -g @anthropic-ai/sandbox-runtime@{}` (needs Node.js >= 20.11), or point IPYBOX_SRT at an srt executable; then restart this MCP server (Claude Code: /mcp, then Reconnect)",
+        ipybox::sandbox::SRT_VERSION
+    );
+    let named = no_srt.path().join("srt");
+    let by_env = format!(
+        "ipybox cannot run code: sandbox unavailable: srt {} (from IPYBOX_SRT) does not exist or is not executable; help: install it with `npm install -g @anthropic-ai/sandbox-runtime@{}`, or fix IPYBOX_SRT; then restart this MCP server (Claude Code: /mcp, then Reconnect)",
+        named.display(),
+        ipybox::sandbox::SRT_VERSION
+    );
+    for (srt_env, expected) in [(None, on_path), (Some(&named), by_env)] {
+        let mut command = tokio::process::Command::new(BIN);
+        command
+            .arg("--workspace")
+            .arg(ws.path())
+            .args(["--sandbox", "--log-level", "off"])
+            .env_remove("IPYBOX_SRT")
+            // A PATH without srt on it.
+            .env("PATH", no_srt.path())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(srt) = srt_env {
+            command.env("IPYBOX_SRT", srt);
+        }
+        let mut child = command.spawn().unwrap();
+        let transport = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+        let config = rmcp::model::ClientConfig::default().with_protocol_version(era.version());
+        let Err(refused) = crate::mcp_eras::serve_in(era, config, transport).await else {
+            panic!("the opening was not refused");
+        };
+        let error = opening_error(&refused).unwrap_or_else(|| panic!("{refused:?}"));
+        assert_eq!(error.code, rmcp::model::ErrorCode::INTERNAL_ERROR);
+        assert_eq!(error.message, expected);
+        // The client has gone (its transport was dropped with the failed opening).
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("ipybox exits when its client goes")
+            .unwrap();
+        assert_eq!(status.code(), Some(1));
+    }
+}
+crate::mcp_eras::both_eras!(missing_srt_is_said_when_the_client_connects);

@@ -4,8 +4,9 @@
 //! them (sync or async API), an executor (and a streamed execution whose approvals a closure
 //! decides), and process checks (clients of the ipybox MCP server, in both MCP eras: `mcp_eras`).
 //!
-//! Prepared components: `target/test-env/` (`scripts/test-env.sh`) and
-//! `target/sandbox-deps/` (`scripts/sandbox-deps.sh`). Under plain `cargo test` a test that needs
+//! Prepared components: `target/test-env/` (`scripts/test-env.sh`),
+//! `target/sandbox-deps/` (`scripts/sandbox-deps.sh`) and `target/clients/`
+//! (`scripts/clients.sh`). Under plain `cargo test` a test that needs
 //! a missing one prints one `skipped` line naming what to run and passes; under
 //! `bash scripts/test.sh` (which sets `IPYBOX_TEST_STRICT=1` after preparing them) it fails.
 
@@ -38,6 +39,9 @@ pub(crate) enum Need {
     TestEnv,
     /// `target/sandbox-deps/`: srt (plus bubblewrap, socat, ripgrep from apt).
     SandboxDeps,
+    /// `target/clients/`: Node 22, the TypeScript MCP SDK's client and Claude Code
+    /// (`scripts/clients.sh`).
+    Clients,
 }
 
 impl Need {
@@ -45,6 +49,7 @@ impl Need {
         match self {
             Need::TestEnv => root().join("target/test-env/.stamp"),
             Need::SandboxDeps => root().join("target/sandbox-deps/node_modules/.bin/srt"),
+            Need::Clients => root().join("target/clients/.stamp"),
         }
     }
 
@@ -52,6 +57,7 @@ impl Need {
         match self {
             Need::TestEnv => "scripts/test-env.sh",
             Need::SandboxDeps => "scripts/sandbox-deps.sh",
+            Need::Clients => "scripts/clients.sh",
         }
     }
 }
@@ -460,6 +466,48 @@ for name in ["ok", "no"]:
         "timeout: Approval request for fx.greet expired: tool call fx.greet was not approved within 1 s, so it was not made",
         "{what}"
     );
+
+    // Not caught: the error is the user's frames and the error, not ipybox's plumbing.
+    let code = "from mcptools.fx import greet\ndef hello(name):\n    return greet.run(greet.Params(name=name))\nprint('before')\nhello('no')";
+    let (_, out) = stream_with(ex, code, None, |_| Some((false, Duration::ZERO))).await;
+    let e = out.expect_err("the rejection ends the cell");
+    assert_eq!(e.output(), "before", "{what}");
+    assert_eq!(
+        cell_numbers_as_n(&e.error_text()),
+        [
+            "Traceback (most recent call last):",
+            "  Cell In[N], line 5",
+            "    hello('no')",
+            "  Cell In[N], line 3, in hello",
+            "    return greet.run(greet.Params(name=name))",
+            "ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application",
+            &format!("  help: {REJECTED_HELP}"),
+        ]
+        .join("\n"),
+        "{what}"
+    );
+}
+
+/// The `help:` line of a rejected call that ends a cell (`python/ipybox_runtime/tracebacks.py`).
+pub(crate) const REJECTED_HELP: &str = "the call was not made, and the cell stopped there (what ran before it stands); do not make it again unless the user asks for it";
+/// ... and of one nobody answered in time.
+pub(crate) const TIMEOUT_HELP: &str = "the call was not made: nobody answered in time, and the cell stopped there (what ran before it stands); make it again only when the user is there to answer";
+
+/// `text` with every `In[<n>]` (IPython's cell labels) as `In[N]`.
+pub(crate) fn cell_numbers_as_n(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("In[") {
+        out.push_str(&rest[..i + 3]);
+        rest = &rest[i + 3..];
+        let digits = rest.chars().take_while(char::is_ascii_digit).count();
+        if digits > 0 && rest[digits..].starts_with(']') {
+            out.push('N');
+            rest = &rest[digits..];
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The trust rule, seen from a kernel (issue 18, path 1): with `fx` (the fixture, `WHO` set to

@@ -487,9 +487,9 @@ fn cli_exec_asks_for_approval_or_needs_yes() {
         "{stderr}"
     );
     assert!(
-        stderr
-            .trim_end()
-            .ends_with("ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application"),
+        stderr.trim_end().ends_with(&format!(
+            "ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application\n  help: {REJECTED_HELP}"
+        )),
         "{stderr}"
     );
     let out = std::process::Command::new(ipybox)
