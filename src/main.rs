@@ -9,6 +9,7 @@ use std::time::Duration;
 
 mod dotenv;
 mod http;
+mod logging;
 mod mcp_server;
 mod metrics;
 mod terminal_approval;
@@ -33,6 +34,11 @@ struct Cli {
     /// server, warn for subcommands); IPYBOX_LOG (an env-filter directive) overrides.
     #[arg(long, global = true)]
     log_level: Option<String>,
+    /// Let the log carry what clients and kernels send (MCP messages: code, output, session
+    /// handles), from other crates' debug records (rmcp's). Off by default, whatever
+    /// --log-level or IPYBOX_LOG say; for debugging a protocol exchange only.
+    #[arg(long, global = true)]
+    log_content: bool,
     #[command(flatten)]
     serve: ServeArgs,
     #[command(subcommand)]
@@ -292,17 +298,12 @@ enum Command {
     },
 }
 
-/// Logs to stderr at `level` for ipybox (`IPYBOX_LOG`, an env-filter directive, overrides);
-/// once per process, later calls do nothing. Also the Python package's logging setup.
+/// Logs to stderr at `level` for ipybox (`IPYBOX_LOG`, an env-filter directive, overrides),
+/// never code, output or handles (see [`logging`]); once per process, later calls do nothing.
+/// The Python package's logging setup (`crates/ipybox-py` compiles this file in).
+#[allow(dead_code)] // used by the wheel only
 pub(crate) fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IPYBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("ipybox={level},warn")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init()
-        .ok();
+    logging::init(level, false);
 }
 
 const SUCCESS: u8 = 0;
@@ -325,7 +326,10 @@ where
         None | Some(Command::Serve { .. }) => "info",
         Some(_) => "warn",
     };
-    init_logging(cli.log_level.as_deref().unwrap_or(default_level));
+    logging::init(
+        cli.log_level.as_deref().unwrap_or(default_level),
+        cli.log_content,
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

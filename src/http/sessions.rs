@@ -175,7 +175,10 @@ impl Registry {
                         executor.stop().await;
                     }
                 }
-                Err(e) => tracing::warn!("a warm kernel for new sessions failed to start: {e}"),
+                Err(e) => tracing::warn!(
+                    "a warm kernel for new sessions failed to start: {}",
+                    ipybox::log_text::escaped(&e.to_string())
+                ),
             }
         });
         let mut refills = self.refills.lock().unwrap_or_else(|p| p.into_inner());

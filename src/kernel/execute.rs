@@ -363,7 +363,8 @@ fn secs(timeout: Option<Duration>) -> f64 {
 /// The kernel's last stderr lines go to the log: a crash (a segfault in an extension, a fatal
 /// Python error) explains itself there, not in the cell's output.
 fn log_death(kernel: &Kernel, status: &str) {
-    tracing::warn!(status, stderr = %kernel.stderr_tail(), "the kernel died");
+    // Both may be the kernel's own words (a hostile kernel's): quoted and escaped, one line.
+    tracing::warn!(status = ?status, stderr = ?kernel.stderr_tail(), "the kernel died");
 }
 
 fn died(status: String, out: OutputCollector, ran: bool) -> Outcome {

@@ -215,7 +215,10 @@ impl KernelPool {
                 Ok(Ok(kernel)) if kernel.exited().is_none() => Ok(kernel),
                 Ok(Ok(_)) => self.launch().await,
                 Ok(Err(e)) => {
-                    tracing::warn!("spare kernel failed to start ({e}); launching a new one");
+                    tracing::warn!(
+                        "spare kernel failed to start ({}); launching a new one",
+                        crate::log_text::escaped(&e.to_string())
+                    );
                     self.launch().await
                 }
                 Err(e) => {
@@ -261,7 +264,10 @@ impl KernelPool {
         if outcome.replace_kernel
             && let Err(e) = self.reset().await
         {
-            tracing::error!("could not restart the kernel: {e}");
+            tracing::error!(
+                "could not restart the kernel: {}",
+                crate::log_text::escaped(&e.to_string())
+            );
         }
         outcome.result
     }
@@ -275,7 +281,10 @@ impl KernelPool {
         if !execute::settle_abandoned(kernel, &self.config).await
             && let Err(e) = self.reset().await
         {
-            tracing::error!("could not restart the kernel: {e}");
+            tracing::error!(
+                "could not restart the kernel: {}",
+                crate::log_text::escaped(&e.to_string())
+            );
         }
     }
 

@@ -323,7 +323,10 @@ impl IpyboxServer {
         let background = executor.clone();
         tokio::spawn(async move {
             if let Err(e) = background.start().await {
-                tracing::error!("kernel failed to start (the first execution will retry): {e}");
+                tracing::error!(
+                    "kernel failed to start (the first execution will retry): {}",
+                    ipybox::log_text::escaped(&e.to_string())
+                );
             }
         });
         let session = Arc::new(KernelSession::new(executor, Caller::Local, [0; 16], None));

@@ -197,10 +197,7 @@ async fn drive(
         }
         for request in run.take_unasked() {
             if !can_elicit {
-                tracing::warn!(
-                    "rejected {}: the MCP client did not declare the elicitation capability",
-                    request.describe()
-                );
+                elicit::log_unasked(&request);
                 request.reject_with(elicit::NO_ELICITATION);
                 continue;
             }

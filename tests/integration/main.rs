@@ -22,6 +22,7 @@ mod cli_exec;
 mod codeact_example;
 #[cfg(target_os = "linux")]
 mod host_confinement;
+mod http_hardening;
 mod http_replicas;
 mod http_service;
 mod jupyter_servers;
