@@ -85,10 +85,24 @@ struct ServeArgs {
     /// task the client polls (seconds; 0: every cell; "off": never).
     #[arg(long, value_name = "SECS", default_value = "5")]
     task_after: String,
-    /// How long a task lives beyond its cell's timeout; a finished task's result stays at least
-    /// this long (seconds).
+    /// How long a task lives beyond its cell's timeout; a finished task's result is kept this
+    /// long after its cell ended, and no longer, whatever timeout the client asked for
+    /// (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 300.0)]
     task_ttl: f64,
+    /// The most of a cell's text output ipybox holds, whatever the client asks: the first and
+    /// the last half are kept, the middle replaced by a line saying how much was cut; applied
+    /// while the cell runs (bytes). A request holds no more than its max_output_chars needs.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024)]
+    max_output_bytes: usize,
+    /// Images a cell may return (and save under images/); more are dropped, and the result
+    /// says how many.
+    #[arg(long, value_name = "N", default_value_t = ipybox::kernel::DEFAULT_MAX_IMAGES)]
+    max_images: usize,
+    /// Bytes of images (PNG) a cell may return, all together; an image that would go over is
+    /// dropped, and the result says so.
+    #[arg(long, value_name = "BYTES", default_value_t = ipybox::kernel::DEFAULT_MAX_IMAGE_BYTES)]
+    max_image_bytes: usize,
     #[command(flatten)]
     shell: ShellArgs,
     #[command(flatten)]
@@ -410,8 +424,17 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
             }))
             .approval_timeout(approval_timeout)
             // A person reads the prompts (--approve ask): nothing is cut, too long is refused.
-            .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT),
+            .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT)
+            .max_output_bytes(args.max_output_bytes)
+            .max_images(args.max_images)
+            .max_image_bytes(args.max_image_bytes),
     );
+    if args.max_output_bytes < 1024 {
+        anyhow::bail!(
+            "invalid --max-output-bytes {}\n  help: pass at least 1024 (bytes of a cell's output ipybox keeps)",
+            args.max_output_bytes
+        );
+    }
     if args.sandbox && args.gateway.kernel_gateway.is_some() {
         anyhow::bail!(
             "--sandbox wraps local kernel processes; it cannot apply to kernels on a Jupyter server (--kernel-gateway)\n  help: use one of the two (isolate remote kernels on the server side, e.g. one pod per kernel)"
@@ -455,6 +478,8 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
         approval_timeout,
         task_after,
         task_ttl: Duration::from_secs_f64(args.task_ttl.min(86_400.0 * 365.0)),
+        max_images: args.max_images,
+        max_image_bytes: args.max_image_bytes,
     };
     match http {
         None => mcp_server::serve_stdio(IpyboxServer::new(builder.build(), config)).await?,

@@ -250,6 +250,7 @@ impl KernelPool {
         timeout: Option<Duration>,
         events: Option<&mpsc::UnboundedSender<ExecEvent>>,
         pause: &TimeoutPause,
+        text_cap: Option<usize>,
     ) -> Result<ExecutionOutput, KernelError> {
         self.settle().await;
         if self.current.is_none() {
@@ -260,7 +261,8 @@ impl KernelPool {
         let Some(kernel) = self.current.as_mut() else {
             return Err(KernelError::Stopped);
         };
-        let outcome = execute::run(kernel, &self.config, code, timeout, events, pause).await;
+        let outcome =
+            execute::run(kernel, &self.config, code, timeout, events, pause, text_cap).await;
         if outcome.replace_kernel
             && let Err(e) = self.reset().await
         {

@@ -20,9 +20,9 @@ mod apigen_snapshots;
 mod approval_prompts;
 mod cli_exec;
 mod codeact_example;
+mod hardening;
 #[cfg(target_os = "linux")]
 mod host_confinement;
-mod http_hardening;
 mod http_replicas;
 mod http_service;
 mod jupyter_servers;
