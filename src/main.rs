@@ -246,6 +246,22 @@ struct HttpArgs {
     /// cancelled and every kernel stopped (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "http")]
     shutdown_grace: f64,
+    /// At most this many connections at once; at the cap a new connection replaces an idle
+    /// one (one that has not authenticated first), and is refused only when all are busy.
+    #[arg(long, value_name = "N", default_value_t = 4096, requires = "http")]
+    max_connections: usize,
+    /// At most this many connections per client address (IPv6: per /64) that have not
+    /// authenticated yet; one more replaces that address's oldest idle one.
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "http")]
+    max_connections_per_address: usize,
+    /// A new connection must send a complete request head within this long, or it is closed
+    /// (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = 5.0, requires = "http")]
+    first_request_timeout: f64,
+    /// A connection idle between requests is closed after this long; longer than clients keep
+    /// idle connections themselves (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = 120.0, requires = "http")]
+    keep_alive_timeout: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -520,10 +536,17 @@ async fn http_options(
     };
     let idle_timeout = secs(args.idle_timeout, "--idle-timeout")?;
     let shutdown_grace = secs(args.shutdown_grace, "--shutdown-grace")?;
+    let first_request = secs(args.first_request_timeout, "--first-request-timeout")?;
+    let keep_alive = secs(args.keep_alive_timeout, "--keep-alive-timeout")?;
     for (value, flag) in [
         (args.max_sessions, "--max-sessions"),
         (args.max_concurrent_calls, "--max-concurrent-calls"),
         (args.max_body_bytes, "--max-body-bytes"),
+        (args.max_connections, "--max-connections"),
+        (
+            args.max_connections_per_address,
+            "--max-connections-per-address",
+        ),
     ] {
         if value == 0 {
             anyhow::bail!("invalid {flag} 0\n  help: pass a positive number");
@@ -578,6 +601,12 @@ async fn http_options(
             allow_register: args.allow_register,
         },
         session_key,
+        connections: http::connections::Limits {
+            max_connections: args.max_connections,
+            max_per_address: args.max_connections_per_address,
+            first_request,
+            keep_alive,
+        },
     })
 }
 
