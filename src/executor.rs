@@ -28,6 +28,7 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::apigen::ApiStyle;
+use crate::confine::{ConfineError, Confinement};
 use crate::host_env::HostEnv;
 use crate::kernel::gateway::Gateway;
 use crate::kernel::gateway::ledger::Ledger;
@@ -39,6 +40,9 @@ use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::RegisterError;
 use crate::sandbox::{SandboxError, SandboxOptions};
+use crate::snapshot::{
+    RestoreReport, SnapshotBinding, SnapshotError, SnapshotReport, SnapshotStore,
+};
 use crate::tools::registry::Registry;
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
@@ -65,6 +69,10 @@ pub enum ExecutorError {
     /// The sandbox could not be set up (srt missing, invalid config, ...).
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// Confinement was asked for and cannot be set up (bwrap missing, or combined with a
+    /// sandbox or a kernel gateway).
+    #[error(transparent)]
+    Confine(#[from] ConfineError),
     /// A background task of ipybox's failed (a bug: please report it).
     #[error("{what} failed: {source}")]
     Task {
@@ -134,6 +142,7 @@ pub struct CodeExecutorBuilder {
     approve_shell_cmds: bool,
     require_shell_escape: bool,
     sandbox: Option<SandboxOptions>,
+    confinement: Option<Confinement>,
     kernel_gateway: Option<GatewayUrl>,
     attach_kernel: Option<String>,
     kernel_factory: Option<bool>,
@@ -342,6 +351,17 @@ impl CodeExecutorBuilder {
         self
     }
 
+    /// Runs each local kernel confined in a bubblewrap of its own ([`crate::confine`]): its own
+    /// pid namespace and `/proc`, no view of other executors' runtime directories, of `$HOME`
+    /// or ipybox's data directory, the workspace read-only, and its own writable working
+    /// directory (`<runtime>/work`, removed when the executor stops). What `ipybox serve
+    /// --http` does for every session. `start()` fails if bwrap is missing; not combinable
+    /// with [`Self::sandbox`] (srt confines a kernel its own way) or [`Self::kernel_gateway`].
+    pub fn confine(mut self, confinement: Confinement) -> Self {
+        self.confinement = Some(confinement);
+        self
+    }
+
     /// How long connecting to an MCP server may take (default 30 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
@@ -384,6 +404,11 @@ struct Running {
     pool: KernelPool,
     tools: ToolServer,
     runtime: Arc<RuntimeDir>,
+    /// No code has run in the current kernel since it started (or since a reset): a restore
+    /// loads into it instead of replacing it first.
+    pristine: bool,
+    /// Snapshot transfers over the stdin channel (kernels on a Jupyter server).
+    snapshot_channel: Option<Arc<crate::snapshot::remote::SnapshotChannel>>,
 }
 
 struct Inner {
@@ -557,6 +582,27 @@ impl CodeExecutor {
             }
             None => None,
         };
+        let bwrap = match &b.confinement {
+            Some(_) if gateway.is_some() || b.sandbox.is_some() => {
+                return Err(ConfineError::Unavailable {
+                    reason: format!(
+                        "confinement applies to plain local kernels, not to {}",
+                        if gateway.is_some() {
+                            "kernels on a Jupyter server"
+                        } else {
+                            "sandboxed ones (srt confines them its own way)"
+                        }
+                    ),
+                    help: "ask for one of the two".into(),
+                }
+                .into());
+            }
+            Some(c) => Some(crate::confine::find_bwrap(
+                c.bwrap.as_deref(),
+                self.host_env(),
+            )?),
+            None => None,
+        };
         // Kernels on a Jupyter server use the server's Python: nothing to provision here.
         let python = match &gateway {
             Some(_) => PathBuf::new(),
@@ -595,6 +641,7 @@ impl CodeExecutor {
             }
         })?;
         config.env = b.kernel_env.clone();
+        let mut snapshot_channel = None;
         match gateway {
             None => {
                 // Remote kernels get the runtime in their bootstrap cell instead.
@@ -611,13 +658,20 @@ impl CodeExecutor {
                     .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
             }
             Some(gateway) => {
-                // Tool calls come over the kernel's stdin channel (no route to the socket).
+                // Tool calls come over the kernel's stdin channel (no route to the socket), and
+                // so do snapshots.
                 let state = tools.state().clone();
                 let ws = workspace.clone();
+                let channel = crate::snapshot::remote::SnapshotChannel::new();
+                snapshot_channel = Some(channel.clone());
                 config.input_handler = Some(Arc::new(move |payload: String| {
                     let state = state.clone();
                     let ws = ws.clone();
+                    let channel = channel.clone();
                     Box::pin(async move {
+                        if let Some(reply) = channel.answer(&payload) {
+                            return reply;
+                        }
                         crate::tools::stdin_channel::answer(&state, &ws, &payload).await
                     })
                 }));
@@ -671,6 +725,36 @@ impl CodeExecutor {
                 )
                 .await?,
             );
+            if options.isolate_workspace {
+                // Inside the kernel-writable part: the kernel writes there already, and the
+                // host never reads back from it.
+                let work = writable
+                    .subdir(crate::confine::WORK_DIR, Some(0o700))
+                    .map_err(|source| ExecutorError::Io {
+                        path: writable.path().join(crate::confine::WORK_DIR),
+                        source,
+                    })?;
+                config.cwd = Some(work.path().to_path_buf());
+            }
+        }
+        if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
+            let io = |source| ExecutorError::Io {
+                path: runtime.path().to_path_buf(),
+                source,
+            };
+            let writable = runtime.kernel_writable().map_err(io)?;
+            let work = runtime.path().join(crate::confine::WORK_DIR);
+            crate::safe_fs::create_private_dir(&work).map_err(io)?;
+            let layout = crate::confine::Layout::new(
+                self.host_env(),
+                runtime.path(),
+                writable.path(),
+                &workspace,
+                &config.python,
+                confinement,
+            );
+            config.wrapper = Some(crate::confine::wrapper(bwrap, layout));
+            config.cwd = Some(work);
         }
         let spares = b.spare_kernels.unwrap_or(DEFAULT_SPARE_KERNELS);
         let pool = KernelPool::start(
@@ -690,6 +774,8 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            pristine: true,
+            snapshot_channel,
         });
         Ok(())
     }
@@ -857,6 +943,7 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            ..
         }) = running
         {
             tokio::join!(pool.shutdown(detach), tools.stop());
@@ -873,6 +960,7 @@ impl CodeExecutor {
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        running.pristine = false;
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let _current = CurrentExecution::register(&self.inner, Canceller(Arc::new(cancel)));
         // This execution's own clock: only its calls' approval waits pause it.
@@ -999,6 +1087,7 @@ impl CodeExecutor {
                 let _current = CurrentExecution::register(&inner, registered);
                 match state.as_mut() {
                     Some(running) => {
+                        running.pristine = false;
                         // This execution's own clock: only its calls' approval waits pause it.
                         let pause = TimeoutPause::default();
                         // Waits end (rejected) when this execution is cancelled, not when it
@@ -1068,6 +1157,10 @@ impl CodeExecutor {
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        Ok(Self::reset_running(running).await?)
+    }
+
+    async fn reset_running(running: &mut Running) -> Result<(), KernelError> {
         let sessions = running.tools.state().sessions();
         // Closed in the background: the new epoch already keeps the old sessions from being
         // used, and stop() waits for the closes.
@@ -1076,7 +1169,108 @@ impl CodeExecutor {
         // The old kernel is gone now; a leftover thread of it may have called a tool while it
         // was being replaced. Close what that opened, and void such calls still in flight.
         sessions.close_all_in_background();
-        Ok(kernel?)
+        kernel?;
+        running.pristine = true;
+        Ok(())
+    }
+
+    /// Saves what the model built in the kernel (variables, functions and classes defined in
+    /// cells, modules by name, the working directory) into `store` for `binding`, replacing the
+    /// snapshot stored for it before, and reports what was saved and what could not be (open
+    /// files, sockets, threads, generators, objects that refuse to be pickled), by name with the
+    /// reason. The kernel keeps running with its state. Waits for a running execution; `timeout`
+    /// bounds the kernel's part (`None`: as long as it takes). See docs/snapshots.md.
+    /// A local kernel writes the snapshot into the runtime directory, a kernel on a Jupyter
+    /// server sends it over its stdin channel.
+    pub async fn snapshot(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<SnapshotReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            match &running.snapshot_channel {
+                Some(channel) => {
+                    crate::snapshot::remote::snapshot(
+                        &mut running.pool,
+                        channel,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+                None => {
+                    crate::snapshot::local::snapshot(
+                        &mut running.pool,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+            }
+        };
+        tokio::select! {
+            result = work => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        }
+    }
+
+    /// Restores `binding`'s snapshot from `store`: the kernel is replaced by a fresh one (unless
+    /// no code has run in it since it started), then modules are imported again, names loaded
+    /// one by one (one that fails is reported, the others load) and the working directory
+    /// restored. The report says exactly what came back and what did not;
+    /// [`RestoreReport::text`] is that for the model.
+    ///
+    /// A snapshot whose seal does not verify for `binding` (another session's or owner's, or
+    /// changed by a single byte) is refused with [`SnapshotError::Refused`] before anything of it
+    /// reaches a kernel, and the current kernel keeps its state. Waits for a running execution.
+    pub async fn restore(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<RestoreReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            use crate::snapshot::{local, remote};
+            enum Prepared {
+                Local(local::Prepared),
+                Remote(remote::Prepared, Arc<remote::SnapshotChannel>),
+            }
+            // Verified (and copied for the kernel) before the kernel is touched.
+            let prepared = match &running.snapshot_channel {
+                Some(channel) => Prepared::Remote(
+                    remote::prepare(&runtime, store, binding).await?,
+                    channel.clone(),
+                ),
+                None => Prepared::Local(local::prepare(&runtime, store, binding).await?),
+            };
+            if !running.pristine {
+                Self::reset_running(running).await?;
+            }
+            running.pristine = false;
+            match prepared {
+                Prepared::Local(p) => local::load(&mut running.pool, p, timeout).await,
+                Prepared::Remote(p, channel) => {
+                    remote::load(&mut running.pool, &channel, p, timeout).await
+                }
+            }
+        };
+        tokio::select! {
+            result = work => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        }
     }
 
     fn live(&self) -> Option<Live> {

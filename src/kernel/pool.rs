@@ -252,6 +252,30 @@ impl KernelPool {
         pause: &TimeoutPause,
         text_cap: Option<usize>,
     ) -> Result<ExecutionOutput, KernelError> {
+        self.execute_as(code, timeout, events, pause, text_cap, false)
+            .await
+    }
+
+    /// [`Self::execute`] of ipybox's own `code`, silently (no history, no execution count, no
+    /// post-cell hooks): snapshots and restores.
+    pub(crate) async fn execute_hidden(
+        &mut self,
+        code: &str,
+        timeout: Option<Duration>,
+    ) -> Result<ExecutionOutput, KernelError> {
+        self.execute_as(code, timeout, None, &TimeoutPause::default(), None, true)
+            .await
+    }
+
+    async fn execute_as(
+        &mut self,
+        code: &str,
+        timeout: Option<Duration>,
+        events: Option<&mpsc::UnboundedSender<ExecEvent>>,
+        pause: &TimeoutPause,
+        text_cap: Option<usize>,
+        hidden: bool,
+    ) -> Result<ExecutionOutput, KernelError> {
         self.settle().await;
         if self.current.is_none() {
             // A previous replacement failed; try again now.
@@ -261,8 +285,12 @@ impl KernelPool {
         let Some(kernel) = self.current.as_mut() else {
             return Err(KernelError::Stopped);
         };
-        let outcome =
-            execute::run(kernel, &self.config, code, timeout, events, pause, text_cap).await;
+        let outcome = match hidden {
+            false => {
+                execute::run(kernel, &self.config, code, timeout, events, pause, text_cap).await
+            }
+            true => execute::run_hidden(kernel, &self.config, code, timeout, pause).await,
+        };
         if outcome.replace_kernel
             && let Err(e) = self.reset().await
         {
