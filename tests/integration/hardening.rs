@@ -509,11 +509,17 @@ async fn metric(port: u16, name: &str) -> f64 {
 /// client's own address, lock no client out: while they are held, `/healthz` answers, a
 /// session's client keeps working and a new client gets in; the global and per-address caps
 /// shed the silent connections (they never refuse), and every silent one is closed once
-/// `--first-request-timeout` (5 s) has passed.
+/// `--first-request-timeout` has passed. The timeout is 20 s here, not the default 5 s, so that
+/// the caps, not the timeout, meet the flood however slowly this loaded machine opens it (up to
+/// 9 s seen); the 5 s default is tested in `idle_keep_alive_connections_of_real_clients_are_kept`.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_silent_connections_locks_no_client_out() {
     let ws = tempfile::tempdir().unwrap();
-    let service = Service::start(ws.path(), &[], &["--token", TOKEN_A]);
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &["--token", TOKEN_A, "--first-request-timeout", "20"],
+    );
     let port = service.port;
     let c = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
     let (_, handle) = new_session(&c, "x = 1").await;
@@ -530,10 +536,16 @@ async fn a_flood_of_silent_connections_locks_no_client_out() {
     for _ in 0..300 {
         flood.push(tokio::net::TcpStream::connect(server).await.unwrap());
     }
+    let flooded = Instant::now();
     eprintln!(
         "{} silent connections in {:?}",
         flood.len(),
-        started.elapsed()
+        flooded - started
+    );
+    assert!(
+        flooded - started < Duration::from_secs(18),
+        "the flood took {:?}: the first ones timed out before the caps were reached",
+        flooded - started
     );
     // Held: the service answers everyone who speaks.
     assert_eq!(crate::http_support::healthz(port), Some(200));
@@ -552,7 +564,9 @@ async fn a_flood_of_silent_connections_locks_no_client_out() {
         "ipybox_http_connections_closed_total{reason=\"shed\"}",
     )
     .await;
-    assert!(shed >= 2000.0, "{shed} shed");
+    // 300 from one address over its cap of 64, then 6 064 over the cap of 4096 in all: at least
+    // 236 + 1 968 shed.
+    assert!(shed >= 2204.0, "{shed} shed");
     assert_eq!(
         metric(
             port,
@@ -564,14 +578,14 @@ async fn a_flood_of_silent_connections_locks_no_client_out() {
     // At most 64 silent connections per address, 4096 in all.
     assert!(metric(port, "ipybox_http_connections").await <= 4096.0);
     // Every silent one is closed within the first request timeout (and a sweep).
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    tokio::time::sleep_until((flooded + Duration::from_secs(21)).into()).await;
     let mut open = 0;
     for stream in flood.iter_mut().step_by(50) {
         if !closed_by_server(stream, Duration::from_millis(200)).await {
             open += 1;
         }
     }
-    assert_eq!(open, 0, "silent connections still open after 6 s");
+    assert_eq!(open, 0, "silent connections still open after 21 s");
     assert!(metric(port, "ipybox_http_connections").await < 20.0);
     assert_eq!(
         cell(&c, "x += 1\nprint(x)", Some(&handle)).await,
