@@ -6,9 +6,10 @@
 //! - **A connection must send a complete request head within `--first-request-timeout`**
 //!   (default 5 s) of being accepted, or it is closed. Clients send their request as soon as
 //!   they connect; a socket that sends nothing holds a place for 5 s, not 30.
-//! - **Between requests** a connection may stay idle for `--keep-alive-timeout` (default 120 s,
-//!   longer than the clients' own pools keep idle connections: reqwest/rmcp 90 s, httpx 5 s,
-//!   Node 4–5 s), then it is closed. While a request is in progress (a running call, an SSE
+//! - **Between requests** an authenticated connection may stay idle for `--keep-alive-timeout`
+//!   (default 120 s, longer than the clients' own pools keep idle connections: reqwest/rmcp
+//!   90 s, httpx 5 s, Node 4–5 s), then it is closed; one that has not authenticated, no longer
+//!   than the first request timeout. While a request is in progress (a running call, an SSE
 //!   stream) nothing closes it.
 //! - **Per address** (an IPv4 address, an IPv6 /64), at most `--max-connections-per-address`
 //!   (default 64) connections that have not yet authenticated (no request with an accepted
@@ -18,9 +19,10 @@
 //!   oldest idle connection that has not authenticated, else the oldest idle one; new clients get
 //!   in, and what is shed is what an attacker holds.
 //!
-//! The bound: a peer without a token holds at most 64 connections per address, each for at
-//! most 5 s unless it keeps sending complete requests; it can make a real client's connection
-//! wait for nothing. Not here: the token check ([`super::auth`]), serving requests.
+//! The bound: a peer without a token holds at most 64 connections per address, each idle for at
+//! most 5 s (it must send a complete request at least every 5 s to keep one); it can make a
+//! real client's connection wait for nothing. Not here: the token check ([`super::auth`]),
+//! serving requests.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -175,7 +177,8 @@ impl Connections {
     }
 
     /// Closes the connections past their time: no complete request head within the first
-    /// request timeout, or idle between requests for the keep-alive timeout. Run every tick.
+    /// request timeout, or idle between requests for the keep-alive timeout (not authenticated:
+    /// the shorter of the two). Run every tick.
     pub(crate) fn sweep(&self) {
         let now = Instant::now();
         let mut table = self.lock();
@@ -188,7 +191,11 @@ impl Connections {
                     (now.duration_since(c.accepted) >= self.limits.first_request)
                         .then_some((*id, ConnectionClosed::NoRequest))
                 } else {
-                    (now.duration_since(c.last_active) >= self.limits.keep_alive)
+                    let limit = match c.authenticated {
+                        true => self.limits.keep_alive,
+                        false => self.limits.keep_alive.min(self.limits.first_request),
+                    };
+                    (now.duration_since(c.last_active) >= limit)
                         .then_some((*id, ConnectionClosed::Idle))
                 }
             })
@@ -362,11 +369,18 @@ mod tests {
         let silent = Arc::new(c.admit(ip(1)).unwrap());
         let served = Arc::new(c.admit(ip(1)).unwrap());
         drop(served.request());
+        served.authenticated();
+        let anonymous = Arc::new(c.admit(ip(1)).unwrap());
+        drop(anonymous.request());
         let busy = Arc::new(c.admit(ip(1)).unwrap());
         let _guard = busy.request();
         std::thread::sleep(Duration::from_millis(80));
         c.sweep();
         assert!(silent.closing().is_cancelled(), "sent nothing within 50 ms");
+        assert!(
+            anonymous.closing().is_cancelled(),
+            "not authenticated: idle 50 ms at most"
+        );
         assert!(
             !served.closing().is_cancelled(),
             "idle keep-alive is allowed 200 ms"

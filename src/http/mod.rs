@@ -136,6 +136,14 @@ impl State {
         let path = req.uri().path();
         match (req.method(), path) {
             (&Method::GET, "/healthz") => {
+                // Open to all; a probe that sends an accepted token keeps its connection as a
+                // client's (the keep-alive timeout, not the first request timeout).
+                if self.tokens.any()
+                    && let Some(authorization) = req.headers().get(header::AUTHORIZATION)
+                    && self.tokens.check(Some(authorization.as_bytes())).is_some()
+                {
+                    conn.authenticated();
+                }
                 if self.draining.load(Ordering::SeqCst) {
                     return text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
                 }

@@ -453,11 +453,14 @@ async fn images_are_capped_per_cell_and_removed_with_their_session() {
     );
 }
 
-/// A GET of `/healthz` on `stream` (kept alive); returns the status line.
-async fn healthz_on(stream: &mut tokio::net::TcpStream) -> String {
+/// A GET of `/healthz` on `stream` (kept alive), with `token` if any; returns the status line.
+async fn healthz_on(stream: &mut tokio::net::TcpStream, token: Option<&str>) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authorization = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .write_all(
+            format!("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{authorization}\r\n").as_bytes(),
+        )
         .await
         .unwrap();
     let mut got = Vec::new();
@@ -594,9 +597,9 @@ async fn a_flood_of_silent_connections_locks_no_client_out() {
 }
 
 /// Item 4's other side: a real client's connection idle between requests is not cut early.
-/// A raw keep-alive connection is idle 8 s (more than the 5 s a new connection gets for its
-/// first request) and answers on the same socket, no connection is closed as idle, and a
-/// connection that sends nothing is closed after 5 s. (What clients keep idle themselves, measured
+/// A raw keep-alive connection with the token is idle 8 s (more than the 5 s a new connection
+/// gets for its first request) and answers on the same socket, and so does the MCP client's own;
+/// a connection that sends nothing, and one whose request had no token, are closed after 5 s. (What clients keep idle themselves, measured
 /// against this server: Node's fetch 4 s, Python httpx 5 s, reqwest (rmcp) 90 s by default.)
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_keep_alive_connections_of_real_clients_are_kept() {
@@ -605,13 +608,22 @@ async fn idle_keep_alive_connections_of_real_clients_are_kept() {
     let port = service.port;
     let server: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     let mut kept = tokio::net::TcpStream::connect(server).await.unwrap();
-    assert_eq!(healthz_on(&mut kept).await, "HTTP/1.1 200 OK");
+    assert_eq!(
+        healthz_on(&mut kept, Some(TOKEN_A)).await,
+        "HTTP/1.1 200 OK"
+    );
+    let mut anonymous = tokio::net::TcpStream::connect(server).await.unwrap();
+    assert_eq!(healthz_on(&mut anonymous, None).await, "HTTP/1.1 200 OK");
     let mut silent = tokio::net::TcpStream::connect(server).await.unwrap();
     let c = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
     let (_, handle) = new_session(&c, "x = 1").await;
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert!(closed_by_server(&mut silent, Duration::from_millis(100)).await);
-    assert_eq!(healthz_on(&mut kept).await, "HTTP/1.1 200 OK");
+    assert!(closed_by_server(&mut anonymous, Duration::from_millis(100)).await);
+    assert_eq!(
+        healthz_on(&mut kept, Some(TOKEN_A)).await,
+        "HTTP/1.1 200 OK"
+    );
     assert_eq!(
         cell(&c, "x += 1\nprint(x)", Some(&handle)).await,
         (false, "2".into())
@@ -622,7 +634,8 @@ async fn idle_keep_alive_connections_of_real_clients_are_kept() {
             "ipybox_http_connections_closed_total{reason=\"idle\"}"
         )
         .await,
-        0.0
+        1.0,
+        "the anonymous one only"
     );
     assert_eq!(
         metric(
@@ -633,10 +646,17 @@ async fn idle_keep_alive_connections_of_real_clients_are_kept() {
         1.0
     );
     // Idle for longer than --keep-alive-timeout: closed.
-    let short = Service::start(ws.path(), &[], &["--keep-alive-timeout", "2"]);
+    let short = Service::start(
+        ws.path(),
+        &[],
+        &["--token", TOKEN_A, "--keep-alive-timeout", "2"],
+    );
     let server: std::net::SocketAddr = ([127, 0, 0, 1], short.port).into();
     let mut idle = tokio::net::TcpStream::connect(server).await.unwrap();
-    assert_eq!(healthz_on(&mut idle).await, "HTTP/1.1 200 OK");
+    assert_eq!(
+        healthz_on(&mut idle, Some(TOKEN_A)).await,
+        "HTTP/1.1 200 OK"
+    );
     assert!(!closed_by_server(&mut idle, Duration::from_millis(1500)).await);
     assert!(closed_by_server(&mut idle, Duration::from_secs(2)).await);
 }
