@@ -148,6 +148,7 @@ pub struct CodeExecutorBuilder {
     kernel_factory: Option<bool>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
+    output: crate::kernel::OutputLimits,
 }
 
 /// A kernel gateway URL as given, with a `Debug` that leaves out its query (it may hold a token).
@@ -248,6 +249,31 @@ impl CodeExecutorBuilder {
     /// request whole. Names over [`crate::tools::shown::MAX_NAME_CHARS`] are refused either way.
     pub fn approval_text_limit(mut self, chars: usize) -> Self {
         self.approval_text_limit = Some(chars);
+        self
+    }
+
+    /// Keeps at most `bytes` of each execution's text output (default: all of it): longer text
+    /// keeps its first and last halves, the middle replaced by a line saying how many bytes
+    /// were cut. Applied while the code runs, so code that prints without end holds no more
+    /// than this in ipybox. [`CodeExecutor::stream_with_options`] can cap one execution lower.
+    pub fn max_output_bytes(mut self, bytes: usize) -> Self {
+        self.output.max_text_bytes = Some(bytes);
+        self
+    }
+
+    /// Saves and returns at most `n` images per execution (default
+    /// [`crate::kernel::DEFAULT_MAX_IMAGES`]); more are dropped and counted in
+    /// [`ExecutionResult::images_dropped`].
+    pub fn max_images(mut self, n: usize) -> Self {
+        self.output.max_images = n;
+        self
+    }
+
+    /// Saves and returns at most `bytes` of images (decoded PNG, all of one execution's
+    /// together; default [`crate::kernel::DEFAULT_MAX_IMAGE_BYTES`], 16 MiB); an image that
+    /// would go over is dropped and counted in [`ExecutionResult::images_dropped`].
+    pub fn max_image_bytes(mut self, bytes: usize) -> Self {
+        self.output.max_image_bytes = bytes;
         self
     }
 
@@ -506,6 +532,36 @@ impl CodeExecutor {
         resolve_workspace(self.inner.builder.workspace.as_deref())
     }
 
+    /// Where images are written: [`CodeExecutorBuilder::images_dir`], else `<workspace>/images`.
+    pub fn images_dir(&self) -> Result<PathBuf, ExecutorError> {
+        Ok(match &self.inner.builder.images_dir {
+            Some(d) if d.is_absolute() => d.clone(),
+            Some(d) => self.workspace()?.join(d),
+            None => self.workspace()?.join("images"),
+        })
+    }
+
+    /// Removes the images directory and everything in it, for an executor whose images
+    /// directory is its own (a session of a service). Nothing is followed where a kernel could
+    /// have planted a link: a link inside (or at the directory's place) is removed, never its
+    /// target; the directory's parent must be a directory, not a link. Nothing there is not an
+    /// error.
+    pub fn remove_images_dir(&self) -> std::io::Result<()> {
+        let dir = self.images_dir().map_err(std::io::Error::other)?;
+        let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
+        else {
+            return Ok(());
+        };
+        let failed = |e: std::io::Error| {
+            std::io::Error::new(e.kind(), format!("cannot remove {}: {e}", dir.display()))
+        };
+        match crate::safe_fs::NoFollowDir::open(parent, None) {
+            Ok(parent) => parent.remove_tree(name).map_err(failed),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(failed(e)),
+        }
+    }
+
     /// Finds (or provisions) the Python environment and starts the kernel. Starting a started
     /// executor does nothing.
     pub async fn start(&self) -> Result<(), ExecutorError> {
@@ -576,11 +632,8 @@ impl CodeExecutor {
             let _ = self.inner.python.set(python.clone());
         }
         let mut config = KernelConfig::new(python, workspace.clone(), self.host_env().clone());
-        config.images_dir = match &b.images_dir {
-            Some(d) if d.is_absolute() => d.clone(),
-            Some(d) => workspace.join(d),
-            None => workspace.join("images"),
-        };
+        config.images_dir = self.images_dir()?;
+        config.output = b.output;
         let sessions = SessionCache::new(
             self.tool_env(),
             b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
@@ -1018,7 +1071,7 @@ impl CodeExecutor {
         // If our caller drops this future mid-execution, interrupt the code right away instead
         // of letting it run on (the next execution would otherwise wait behind it).
         let mut settle = SettleOnDrop(Some(self.inner.clone()));
-        let run = running.pool.execute(code, timeout, None, &pause);
+        let run = running.pool.execute(code, timeout, None, &pause, None);
         let result = tokio::select! {
             result = self.inner.unless_stopping(run) => result.map_err(ExecutorError::from),
             true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
@@ -1056,17 +1109,38 @@ impl CodeExecutor {
     /// approval timeout passes). The execution runs to completion even if the stream is dropped
     /// early; its pending and later tool calls are then rejected.
     pub fn stream(&self, code: &str, timeout: Option<Duration>) -> Execution {
-        self.stream_with(code, timeout, true)
+        self.stream_with_options(
+            code,
+            RunOptions {
+                timeout,
+                ..RunOptions::default()
+            },
+        )
     }
 
     /// [`CodeExecutor::stream`] whose tool calls (and shell commands) are all accepted, as in
     /// [`CodeExecutor::execute`]: output chunks and images as they arrive, no
     /// [`ExecutionEvent::Approval`] items.
     pub fn stream_accepting(&self, code: &str, timeout: Option<Duration>) -> Execution {
-        self.stream_with(code, timeout, false)
+        self.stream_with_options(
+            code,
+            RunOptions {
+                timeout,
+                accept_all: true,
+                ..RunOptions::default()
+            },
+        )
     }
 
-    fn stream_with(&self, code: &str, timeout: Option<Duration>, ask: bool) -> Execution {
+    /// [`CodeExecutor::stream`] (or, with `accept_all`, [`CodeExecutor::stream_accepting`])
+    /// with the options of one execution: its timeout and a lower cap on the text it keeps.
+    pub fn stream_with_options(&self, code: &str, options: RunOptions) -> Execution {
+        let RunOptions {
+            timeout,
+            accept_all,
+            max_output_bytes,
+        } = options;
+        let ask = !accept_all;
         let (tx, rx) = mpsc::unbounded_channel();
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let canceller = Canceller(Arc::new(cancel));
@@ -1130,7 +1204,13 @@ impl CodeExecutor {
                             .tools
                             .state()
                             .set_policy(policy.clone(), pause.clone());
-                        let run = running.pool.execute(&code, timeout, Some(&ev_tx), &pause);
+                        let run = running.pool.execute(
+                            &code,
+                            timeout,
+                            Some(&ev_tx),
+                            &pause,
+                            max_output_bytes,
+                        );
                         let result = tokio::select! {
                             result = inner.unless_stopping(run) => result.map_err(ExecutorError::from),
                             true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
@@ -1397,6 +1477,19 @@ impl CodeExecutor {
     pub async fn runtime_dir(&self) -> Option<PathBuf> {
         self.live().map(|l| l.runtime)
     }
+}
+
+/// The options of one execution ([`CodeExecutor::stream_with_options`]).
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Interrupt the code after this long (`None`: wait as long as it takes).
+    pub timeout: Option<Duration>,
+    /// Accept every tool call and shell command, as [`CodeExecutor::stream_accepting`] does,
+    /// instead of yielding approval requests.
+    pub accept_all: bool,
+    /// Keep at most this many bytes of text output (below the executor's own
+    /// [`CodeExecutorBuilder::max_output_bytes`], if any), its first and last halves.
+    pub max_output_bytes: Option<usize>,
 }
 
 /// The items of one [`CodeExecutor::stream`] call. Use [`Execution::next`] or the `Stream` impl.

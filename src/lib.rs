@@ -13,6 +13,7 @@ mod group_leader;
 pub mod host_env;
 mod json_kind;
 pub mod kernel;
+pub mod log_text;
 pub(crate) mod pause;
 pub mod pyenv;
 pub mod register;

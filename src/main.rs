@@ -9,6 +9,7 @@ use std::time::Duration;
 
 mod dotenv;
 mod http;
+mod logging;
 mod mcp_server;
 mod metrics;
 mod own_secrets;
@@ -34,6 +35,11 @@ struct Cli {
     /// server, warn for subcommands); IPYBOX_LOG (an env-filter directive) overrides.
     #[arg(long, global = true)]
     log_level: Option<String>,
+    /// Let the log carry what clients and kernels send (MCP messages: code, output, session
+    /// handles), from other crates' debug records (rmcp's). Off by default, whatever
+    /// --log-level or IPYBOX_LOG say; for debugging a protocol exchange only.
+    #[arg(long, global = true)]
+    log_content: bool,
     #[command(flatten)]
     serve: ServeArgs,
     #[command(subcommand)]
@@ -80,10 +86,24 @@ struct ServeArgs {
     /// task the client polls (seconds; 0: every cell; "off": never).
     #[arg(long, value_name = "SECS", default_value = "5")]
     task_after: String,
-    /// How long a task lives beyond its cell's timeout; a finished task's result stays at least
-    /// this long (seconds).
+    /// How long a task lives beyond its cell's timeout; a finished task's result is kept this
+    /// long after its cell ended, and no longer, whatever timeout the client asked for
+    /// (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 300.0)]
     task_ttl: f64,
+    /// The most of a cell's text output ipybox holds, whatever the client asks: the first and
+    /// the last half are kept, the middle replaced by a line saying how much was cut; applied
+    /// while the cell runs (bytes). A request holds no more than its max_output_chars needs.
+    #[arg(long, value_name = "BYTES", default_value_t = 1024 * 1024)]
+    max_output_bytes: usize,
+    /// Images a cell may return (and save under images/); more are dropped, and the result
+    /// says how many.
+    #[arg(long, value_name = "N", default_value_t = ipybox::kernel::DEFAULT_MAX_IMAGES)]
+    max_images: usize,
+    /// Bytes of images (PNG) a cell may return, all together; an image that would go over is
+    /// dropped, and the result says so.
+    #[arg(long, value_name = "BYTES", default_value_t = ipybox::kernel::DEFAULT_MAX_IMAGE_BYTES)]
+    max_image_bytes: usize,
     #[command(flatten)]
     shell: ShellArgs,
     #[command(flatten)]
@@ -233,6 +253,22 @@ struct HttpArgs {
     /// cancelled and every kernel stopped (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "http")]
     shutdown_grace: f64,
+    /// At most this many connections at once; at the cap a new connection replaces an idle
+    /// one (one that has not authenticated first), and is refused only when all are busy.
+    #[arg(long, value_name = "N", default_value_t = 4096, requires = "http")]
+    max_connections: usize,
+    /// At most this many connections per client address (IPv6: per /64) that have not
+    /// authenticated yet; one more replaces that address's oldest idle one.
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "http")]
+    max_connections_per_address: usize,
+    /// A new connection must send a complete request head within this long, or it is closed
+    /// (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = 5.0, requires = "http")]
+    first_request_timeout: f64,
+    /// A connection idle between requests is closed after this long; longer than clients keep
+    /// idle connections themselves (seconds).
+    #[arg(long, value_name = "SECS", default_value_t = 120.0, requires = "http")]
+    keep_alive_timeout: f64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -299,17 +335,12 @@ enum Command {
     },
 }
 
-/// Logs to stderr at `level` for ipybox (`IPYBOX_LOG`, an env-filter directive, overrides);
-/// once per process, later calls do nothing. Also the Python package's logging setup.
+/// Logs to stderr at `level` for ipybox (`IPYBOX_LOG`, an env-filter directive, overrides),
+/// never code, output or handles (see [`logging`]); once per process, later calls do nothing.
+/// The Python package's logging setup (`crates/ipybox-py` compiles this file in).
+#[allow(dead_code)] // used by the wheel only
 pub(crate) fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("IPYBOX_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("ipybox={level},warn")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init()
-        .ok();
+    logging::init(level, false);
 }
 
 const SUCCESS: u8 = 0;
@@ -332,7 +363,10 @@ where
         None | Some(Command::Serve { .. }) => "info",
         Some(_) => "warn",
     };
-    init_logging(cli.log_level.as_deref().unwrap_or(default_level));
+    logging::init(
+        cli.log_level.as_deref().unwrap_or(default_level),
+        cli.log_content,
+    );
     // Before any thread starts: ipybox's secrets leave its environment and command line, and no
     // other process of its user may read its memory (own_secrets.rs).
     let secrets = own_secrets::take();
@@ -419,8 +453,17 @@ async fn serve(
             }))
             .approval_timeout(approval_timeout)
             // A person reads the prompts (--approve ask): nothing is cut, too long is refused.
-            .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT),
+            .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT)
+            .max_output_bytes(args.max_output_bytes)
+            .max_images(args.max_images)
+            .max_image_bytes(args.max_image_bytes),
     );
+    if args.max_output_bytes < 1024 {
+        anyhow::bail!(
+            "invalid --max-output-bytes {}\n  help: pass at least 1024 (bytes of a cell's output ipybox keeps)",
+            args.max_output_bytes
+        );
+    }
     if args.sandbox && args.gateway.kernel_gateway.is_some() {
         anyhow::bail!(
             "--sandbox wraps local kernel processes; it cannot apply to kernels on a Jupyter server (--kernel-gateway)\n  help: use one of the two (isolate remote kernels on the server side, e.g. one pod per kernel)"
@@ -466,6 +509,8 @@ async fn serve(
         approval_timeout,
         task_after,
         task_ttl: Duration::from_secs_f64(args.task_ttl.min(86_400.0 * 365.0)),
+        max_images: args.max_images,
+        max_image_bytes: args.max_image_bytes,
     };
     match http {
         None => {
@@ -530,10 +575,17 @@ async fn http_options(
     };
     let idle_timeout = secs(args.idle_timeout, "--idle-timeout")?;
     let shutdown_grace = secs(args.shutdown_grace, "--shutdown-grace")?;
+    let first_request = secs(args.first_request_timeout, "--first-request-timeout")?;
+    let keep_alive = secs(args.keep_alive_timeout, "--keep-alive-timeout")?;
     for (value, flag) in [
         (args.max_sessions, "--max-sessions"),
         (args.max_concurrent_calls, "--max-concurrent-calls"),
         (args.max_body_bytes, "--max-body-bytes"),
+        (args.max_connections, "--max-connections"),
+        (
+            args.max_connections_per_address,
+            "--max-connections-per-address",
+        ),
     ] {
         if value == 0 {
             anyhow::bail!("invalid {flag} 0\n  help: pass a positive number");
@@ -586,6 +638,12 @@ async fn http_options(
             allow_register: args.allow_register,
         },
         session_key,
+        connections: http::connections::Limits {
+            max_connections: args.max_connections,
+            max_per_address: args.max_connections_per_address,
+            first_request,
+            keep_alive,
+        },
     })
 }
 

@@ -1,7 +1,7 @@
 //! Process-wide counters of the MCP server, served by `ipybox serve --http` at `/metrics` in
 //! the Prometheus text format (version 0.0.4): kernel sessions (open, created, closed by
 //! reason, refused), cells (by outcome, with a latency histogram) and HTTP responses (by
-//! status class, and refused credentials).
+//! status class, and refused credentials) and HTTP connections (open, closed by reason).
 //!
 //! Recording is a few atomic adds, so it is always on (the stdio server records too, and
 //! nobody reads it). No label carries a session handle, a token or anything a client sent.
@@ -49,6 +49,23 @@ const CLOSED: [(&str, usize); 4] = [
 
 const CELLS: [&str; 5] = ["ok", "error", "input_required", "task", "cancelled"];
 
+/// Why an HTTP connection was closed by ipybox, or refused.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ConnectionClosed {
+    /// No complete request head within `--first-request-timeout`.
+    NoRequest,
+    /// Idle between requests for `--keep-alive-timeout`.
+    Idle,
+    /// Replaced by a new connection at a cap (an idle one, unauthenticated first).
+    Shed,
+    /// Not accepted: every connection at the cap was busy with a request.
+    Refused,
+    /// Ended by the client or after its last response.
+    Ended,
+}
+
+const CONNECTIONS_CLOSED: [&str; 5] = ["no_request", "idle", "shed", "refused", "ended"];
+
 struct Metrics {
     sessions_open: AtomicU64,
     sessions_created: AtomicU64,
@@ -61,6 +78,8 @@ struct Metrics {
     cell_micros: AtomicU64,
     http: [AtomicU64; 5],
     unauthorized: AtomicU64,
+    connections_open: AtomicU64,
+    connections_closed: [AtomicU64; 5],
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -78,6 +97,8 @@ static METRICS: Metrics = Metrics {
     cell_micros: ZERO,
     http: [ZERO; 5],
     unauthorized: ZERO,
+    connections_open: ZERO,
+    connections_closed: [ZERO; 5],
 };
 
 fn add(counter: &AtomicU64) {
@@ -130,6 +151,19 @@ pub(crate) fn http_response(status: u16) {
 /// A request without a valid credential was refused.
 pub(crate) fn unauthorized() {
     add(&METRICS.unauthorized);
+}
+
+/// An HTTP connection was accepted.
+pub(crate) fn connection_opened() {
+    add(&METRICS.connections_open);
+}
+
+/// An HTTP connection was closed (or, `Refused`, never accepted).
+pub(crate) fn connection_closed(why: ConnectionClosed) {
+    if !matches!(why, ConnectionClosed::Refused) {
+        METRICS.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+    add(&METRICS.connections_closed[why as usize]);
 }
 
 /// Everything, in the Prometheus text format.
@@ -227,6 +261,23 @@ pub(crate) fn render() -> String {
         "counter",
         "HTTP requests refused for a missing or wrong bearer token.",
         &[(String::new(), get(&METRICS.unauthorized))],
+    );
+    metric(
+        "ipybox_http_connections",
+        "gauge",
+        "HTTP connections open now.",
+        &[(String::new(), get(&METRICS.connections_open))],
+    );
+    let closed: Vec<(String, u64)> = CONNECTIONS_CLOSED
+        .iter()
+        .zip(&METRICS.connections_closed)
+        .map(|(reason, c)| (format!("{{reason=\"{reason}\"}}"), get(c)))
+        .collect();
+    metric(
+        "ipybox_http_connections_closed_total",
+        "counter",
+        "HTTP connections closed (refused: never accepted), by reason.",
+        &closed,
     );
     out
 }

@@ -7,11 +7,14 @@
 //! `Origin` (DNS rebinding) and the body size. A handshake-era MCP session belongs to the
 //! credential that opened it: another credential's requests are answered as if it did not
 //! exist. SIGTERM/SIGINT: stop accepting, give running calls `--shutdown-grace`, then stop
-//! every kernel (cancelling what still runs) and exit.
+//! every kernel (cancelling what still runs) and exit. Which connections are kept (first
+//! request timeout, keep-alive, caps that shed idle unauthenticated connections rather than
+//! refuse new ones): [`connections`].
 //!
 //! Not here: the tools ([`super::mcp_server`]), handles ([`handle`]).
 
 pub(crate) mod auth;
+pub(crate) mod connections;
 pub(crate) mod handle;
 pub(crate) mod sessions;
 
@@ -35,14 +38,12 @@ use tokio_util::sync::CancellationToken;
 use super::mcp_server::session::{Caller, SessionSource};
 use super::mcp_server::{IpyboxServer, ServerConfig};
 use auth::Tokens;
+use connections::{Connection, Connections, InFlight};
 use sessions::{ExecutorFactory, Registry, SessionConfig};
 
 type Body = BoxBody<Bytes, Infallible>;
 
 const SESSION_HEADER: &str = "mcp-session-id";
-
-/// Connections served at once; more are closed at accept.
-const MAX_CONNECTIONS: usize = 4096;
 
 /// How long stopping every session's kernel may take at shutdown, after the grace.
 const SHUTDOWN_BOUND: Duration = Duration::from_secs(30);
@@ -65,6 +66,8 @@ pub(crate) struct HttpOptions {
     pub(crate) sessions: SessionConfig,
     /// The key of session handles (replicas share it).
     pub(crate) session_key: Vec<u8>,
+    /// Which connections are kept ([`connections`]).
+    pub(crate) connections: connections::Limits,
 }
 
 impl std::fmt::Debug for HttpOptions {
@@ -78,6 +81,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("session_header", &self.session_header)
             .field("trust_tenants", &self.trust_tenants)
+            .field("connections", &self.connections)
             .field("session_key", &"<redacted>")
             .finish_non_exhaustive()
     }
@@ -128,10 +132,18 @@ impl State {
         self.owners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn route(&self, mut req: Request<Incoming>) -> Response<Body> {
+    async fn route(&self, mut req: Request<Incoming>, conn: &Connection) -> Response<Body> {
         let path = req.uri().path();
         match (req.method(), path) {
             (&Method::GET, "/healthz") => {
+                // Open to all; a probe that sends an accepted token keeps its connection as a
+                // client's (the keep-alive timeout, not the first request timeout).
+                if self.tokens.any()
+                    && let Some(authorization) = req.headers().get(header::AUTHORIZATION)
+                    && self.tokens.check(Some(authorization.as_bytes())).is_some()
+                {
+                    conn.authenticated();
+                }
                 if self.draining.load(Ordering::SeqCst) {
                     return text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n");
                 }
@@ -146,6 +158,7 @@ impl State {
                 {
                     return unauthorized(authorization.is_some());
                 }
+                conn.authenticated();
                 let mut response = text(StatusCode::OK, super::metrics::render());
                 response.headers_mut().insert(
                     header::CONTENT_TYPE,
@@ -165,6 +178,7 @@ impl State {
         let Some(caller) = self.tokens.check(authorization.map(HeaderValue::as_bytes)) else {
             return unauthorized(authorization.is_some());
         };
+        conn.authenticated();
         let session = req
             .headers()
             .get(SESSION_HEADER)
@@ -208,6 +222,65 @@ impl State {
             .collect();
         self.owners().retain(|id, _| live.contains(id));
     }
+}
+
+/// A response body that keeps its connection counted as busy until it is sent (or dropped):
+/// an SSE stream or a long call is never closed as idle.
+struct Tracked {
+    body: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for Tracked {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+/// Raises this process's open-file limit to its maximum (each connection is a file
+/// descriptor) and returns what `max_connections` can be with it: room is left for kernels
+/// (about 16 descriptors per session) and ipybox's own files.
+fn fit_connections(max_connections: usize, max_sessions: usize) -> usize {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            limit = getrlimit(Resource::Nofile);
+        }
+    }
+    let Some(files) = limit.current else {
+        return max_connections;
+    };
+    let reserve = 256 + 16 * max_sessions;
+    let room = usize::try_from(files)
+        .unwrap_or(usize::MAX)
+        .saturating_sub(reserve)
+        .max(64);
+    if room < max_connections {
+        tracing::warn!(
+            "at most {files} open files (ulimit -n): serving at most {room} connections, not {max_connections} (--max-connections); raise the limit to serve more"
+        );
+        return room;
+    }
+    max_connections
 }
 
 /// Whether `addr` is a loopback address (binding anything else needs a token).
@@ -325,9 +398,23 @@ pub(crate) async fn serve_http(
         })
     };
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let connections = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut limits = options.connections;
+    limits.max_connections = fit_connections(limits.max_connections, options.sessions.max_sessions);
+    let connections = Connections::new(limits);
+    let sweeper = {
+        let connections = connections.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                interval.tick().await;
+                connections.sweep();
+            }
+        })
+    };
+    // Refusals are logged at most every 10 s (a flood would fill the log).
+    let mut refused_logged: Option<(tokio::time::Instant, u64)> = None;
     let signal_name = loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -339,34 +426,69 @@ pub(crate) async fn serve_http(
             _ = sigterm.recv() => break "SIGTERM",
             _ = sigint.recv() => break "SIGINT",
         };
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        let service = service_fn(move |req: Request<Incoming>| {
-            let state = state.clone();
-            async move {
-                let response = state.route(req).await;
-                super::metrics::http_response(response.status().as_u16());
-                Ok::<_, Infallible>(response)
+        let connection = match connections.admit(peer.ip()) {
+            Ok(connection) => Arc::new(connection),
+            Err(connections::Refused::Busy) => {
+                let now = tokio::time::Instant::now();
+                match &mut refused_logged {
+                    Some((at, n)) if now.duration_since(*at) < Duration::from_secs(10) => *n += 1,
+                    _ => {
+                        let before = refused_logged.map_or(0, |(_, n)| n);
+                        tracing::warn!(
+                            "refused a connection: all {} connections are busy with requests (--max-connections){}",
+                            limits.max_connections,
+                            if before > 0 {
+                                format!("; {before} more refused in the last 10 s")
+                            } else {
+                                String::new()
+                            }
+                        );
+                        refused_logged = Some((now, 0));
+                    }
+                }
+                continue;
             }
-        });
-        // Headers must arrive within 30 s (a client that opens connections and sends nothing
-        // holds no file descriptor longer); at most MAX_CONNECTIONS at once.
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
-            tracing::warn!("{MAX_CONNECTIONS} connections open: refusing one more");
-            continue;
         };
+        let _ = stream.set_nodelay(true);
+        let closing = connection.closing();
+        let service = {
+            let (state, connection) = (state.clone(), connection.clone());
+            service_fn(move |req: Request<Incoming>| {
+                let (state, connection) = (state.clone(), connection.clone());
+                async move {
+                    let in_flight = connection.request();
+                    let response = state.route(req, &connection).await;
+                    super::metrics::http_response(response.status().as_u16());
+                    Ok::<_, Infallible>(response.map(|body| {
+                        Tracked {
+                            body,
+                            _in_flight: in_flight,
+                        }
+                        .boxed()
+                    }))
+                }
+            })
+        };
+        // Timeouts are the connection table's (a silent connection, an idle keep-alive one);
+        // hyper's own header timeout is a backstop above both.
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
+            .header_read_timeout(limits.keep_alive + limits.first_request + Duration::from_secs(5))
             .serve_connection(TokioIo::new(stream), service);
         let watched = graceful.watch(conn);
         tokio::spawn(async move {
-            let _permit = permit;
-            if let Err(e) = watched.await {
-                tracing::debug!("connection ended: {e}");
+            tokio::select! {
+                ended = watched => {
+                    if let Err(e) = ended {
+                        tracing::debug!("connection ended: {e}");
+                    }
+                }
+                () = closing.cancelled() => {}
             }
+            drop(connection);
         });
     };
+    sweeper.abort();
     tracing::info!(
         "{signal_name}: shutting down (running calls get {} s)",
         options.shutdown_grace.as_secs_f64()

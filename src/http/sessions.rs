@@ -78,6 +78,16 @@ impl ExecutorFactory {
         .build()
     }
 
+    /// Removes what closed session `session` left in the workspace: its images
+    /// (`images/<session tag>/`, see [`Self::executor`]). The one place a session's files are
+    /// cleaned up; called once its kernel is stopped (a kernel still running elsewhere, on a
+    /// gateway, keeps them).
+    pub(crate) fn remove_session_files(session: &KernelSession) {
+        if let Err(e) = session.executor.remove_images_dir() {
+            tracing::warn!(session = %session.tag, "cannot remove the closed session's images: {e}");
+        }
+    }
+
     /// The shared workspace's executor, never started (registrations).
     pub(crate) fn workspace_executor(&self) -> CodeExecutor {
         self.builder.clone().build()
@@ -177,7 +187,10 @@ impl Registry {
                         executor.stop().await;
                     }
                 }
-                Err(e) => tracing::warn!("a warm kernel for new sessions failed to start: {e}"),
+                Err(e) => tracing::warn!(
+                    "a warm kernel for new sessions failed to start: {}",
+                    ipybox::log_text::escaped(&e.to_string())
+                ),
             }
         });
         let mut refills = self.refills.lock().unwrap_or_else(|p| p.into_inner());
@@ -359,7 +372,10 @@ impl Registry {
         if !self.config.gateway {
             self.closed().insert(session.id, message);
             let session = session.clone();
-            tokio::spawn(async move { session.executor.stop().await });
+            tokio::spawn(async move {
+                session.executor.stop().await;
+                ExecutorFactory::remove_session_files(&session);
+            });
             return;
         }
         // On a gateway the kernel may live on (another replica uses it): then a later call
@@ -367,6 +383,7 @@ impl Registry {
         let (registry, session) = (self.clone(), session.clone());
         tokio::spawn(async move {
             if !stop_kernel(&session).await {
+                ExecutorFactory::remove_session_files(&session);
                 registry.closed().insert(session.id, message);
             }
         });
@@ -410,10 +427,14 @@ impl Registry {
         let stops = sessions.into_iter().map(|session| async move {
             session.mark_closed("ipybox is shutting down; this session's kernel was stopped\n  help: start a new session when the service is back".into());
             metrics::session_closed(Closed::Shutdown);
-            if gateway {
-                stop_kernel(&session).await;
+            let detached = if gateway {
+                stop_kernel(&session).await
             } else {
                 session.executor.stop().await;
+                false
+            };
+            if !detached {
+                ExecutorFactory::remove_session_files(&session);
             }
         });
         futures::future::join_all(stops).await;

@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::completion::Completion;
 use super::instance::Kernel;
-use super::output::{OutputCollector, strip_ansi};
+use super::output::{OutputCollector, bounded, strip_ansi};
 use super::{KernelConfig, KernelError};
 use crate::pause::TimeoutPause;
 
@@ -41,6 +41,11 @@ pub struct ExecutionOutput {
     /// instead of reading the files back: the images directory is in the workspace, where code
     /// in a sandboxed kernel can replace a file (even with a link to a file it cannot read).
     pub image_data: Vec<Vec<u8>>,
+    /// Images the execution displayed beyond the executor's image limits
+    /// ([`CodeExecutorBuilder::max_images`](crate::executor::CodeExecutorBuilder::max_images),
+    /// [`max_image_bytes`](crate::executor::CodeExecutorBuilder::max_image_bytes)): neither
+    /// saved nor in `images`.
+    pub images_dropped: usize,
 }
 
 /// A timeout budget that only runs while not paused.
@@ -86,7 +91,8 @@ pub(crate) struct Outcome {
     pub replace_kernel: bool,
 }
 
-/// Runs `code` on `kernel`. `timeout` of `None` waits forever.
+/// Runs `code` on `kernel`. `timeout` of `None` waits forever; `text_cap` caps the text kept
+/// below the config's own limit.
 pub(crate) async fn run(
     kernel: &mut Kernel,
     config: &KernelConfig,
@@ -94,6 +100,7 @@ pub(crate) async fn run(
     timeout: Option<Duration>,
     events: Option<&mpsc::UnboundedSender<ExecEvent>>,
     pause: &TimeoutPause,
+    text_cap: Option<usize>,
 ) -> Outcome {
     let request = ExecuteRequest {
         code: code.to_string(),
@@ -103,7 +110,8 @@ pub(crate) async fn run(
         allow_stdin: false,
         stop_on_error: true,
     };
-    run_request(kernel, config, request, timeout, events, pause).await
+    let limits = config.output.with_text_cap(text_cap);
+    run_request(kernel, config, request, timeout, events, pause, limits).await
 }
 
 /// Runs ipybox's own `code` (a snapshot or a restore) silently: not in the history, no execution
@@ -123,7 +131,7 @@ pub(crate) async fn run_hidden(
         allow_stdin: false,
         stop_on_error: true,
     };
-    run_request(kernel, config, request, timeout, None, pause).await
+    run_request(kernel, config, request, timeout, None, pause, config.output).await
 }
 
 /// Runs ipybox's own setup `code` on a new kernel (silently, outside the history); its failure
@@ -142,7 +150,7 @@ pub(crate) async fn bootstrap(
         stop_on_error: true,
     };
     let pause = TimeoutPause::default();
-    let outcome = run_request(kernel, config, request, None, None, &pause).await;
+    let outcome = run_request(kernel, config, request, None, None, &pause, config.output).await;
     outcome.result.map(|_| ()).map_err(|e| KernelError::Start {
         reason: format!("ipybox's setup cell failed in the new kernel: {e}"),
         help:
@@ -158,8 +166,9 @@ async fn run_request(
     timeout: Option<Duration>,
     events: Option<&mpsc::UnboundedSender<ExecEvent>>,
     pause: &TimeoutPause,
+    limits: super::output::OutputLimits,
 ) -> Outcome {
-    let mut out = OutputCollector::new(&config.images_dir);
+    let mut out = OutputCollector::new(&config.images_dir, limits);
     if let Some(status) = kernel.exited() {
         log_death(kernel, &status);
         return died(status, out, false);
@@ -265,7 +274,7 @@ async fn run_request(
     }
 
     guard.msg_id = None;
-    let (text, images, image_data) = out.finish();
+    let (text, images, image_data, images_dropped) = out.finish();
     if interrupted_at.is_some() {
         return Outcome {
             result: Err(KernelError::Timeout {
@@ -304,11 +313,16 @@ async fn run_request(
             text,
             images,
             image_data,
+            images_dropped,
         }),
+        // The kernel's words, as long as it likes: held within the output's limit too.
         Some((ename, evalue, traceback)) => Err(KernelError::Failed {
-            traceback: format_traceback(&ename, &evalue, &traceback),
-            ename,
-            evalue: strip_ansi(&evalue),
+            traceback: bounded(
+                format_traceback(&ename, &evalue, &traceback),
+                limits.max_text_bytes,
+            ),
+            ename: bounded(ename, limits.max_text_bytes.map(|m| m.min(1024))),
+            evalue: bounded(strip_ansi(&evalue), limits.max_text_bytes),
             output: text,
         }),
     };
@@ -393,7 +407,8 @@ fn secs(timeout: Option<Duration>) -> f64 {
 /// The kernel's last stderr lines go to the log: a crash (a segfault in an extension, a fatal
 /// Python error) explains itself there, not in the cell's output.
 fn log_death(kernel: &Kernel, status: &str) {
-    tracing::warn!(status, stderr = %kernel.stderr_tail(), "the kernel died");
+    // Both may be the kernel's own words (a hostile kernel's): quoted and escaped, one line.
+    tracing::warn!(status = ?status, stderr = ?kernel.stderr_tail(), "the kernel died");
 }
 
 fn died(status: String, out: OutputCollector, ran: bool) -> Outcome {

@@ -335,7 +335,10 @@ pub(super) async fn connect(
                         break;
                     }
                 }
-                Err(e) => tracing::warn!("dropping an unreadable iopub message: {e}"),
+                // The error quotes what the kernel sent: escaped.
+                Err(e) => {
+                    tracing::warn!(error = ?e.to_string(), "dropping an unreadable iopub message")
+                }
             }
         }
     }));

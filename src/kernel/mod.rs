@@ -59,6 +59,7 @@ pub(crate) enum Backend {
 
 pub(crate) use execute::ExecEvent;
 pub use execute::ExecutionOutput;
+pub use output::{DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES, OutputLimits};
 pub(crate) use pool::KernelPool;
 
 /// Whether shell commands in the kernel need approval (`approve_shell_cmds`).
@@ -84,6 +85,8 @@ pub(crate) struct KernelConfig {
     pub cwd: Option<PathBuf>,
     /// Where `image/png` outputs are written.
     pub images_dir: PathBuf,
+    /// How much of an execution's output (text, images) is kept.
+    pub output: output::OutputLimits,
     /// The host environment the kernel's base environment is taken from (PATH, identity,
     /// locale, proxy and CA variables; see [`crate::host_env`]).
     pub host: HostEnv,
@@ -136,6 +139,7 @@ impl KernelConfig {
             workspace,
             images_dir,
             cwd: None,
+            output: output::OutputLimits::default(),
             host,
             env: BTreeMap::new(),
             python_path: Vec::new(),

@@ -215,7 +215,10 @@ impl KernelPool {
                 Ok(Ok(kernel)) if kernel.exited().is_none() => Ok(kernel),
                 Ok(Ok(_)) => self.launch().await,
                 Ok(Err(e)) => {
-                    tracing::warn!("spare kernel failed to start ({e}); launching a new one");
+                    tracing::warn!(
+                        "spare kernel failed to start ({}); launching a new one",
+                        crate::log_text::escaped(&e.to_string())
+                    );
                     self.launch().await
                 }
                 Err(e) => {
@@ -247,8 +250,10 @@ impl KernelPool {
         timeout: Option<Duration>,
         events: Option<&mpsc::UnboundedSender<ExecEvent>>,
         pause: &TimeoutPause,
+        text_cap: Option<usize>,
     ) -> Result<ExecutionOutput, KernelError> {
-        self.execute_as(code, timeout, events, pause, false).await
+        self.execute_as(code, timeout, events, pause, text_cap, false)
+            .await
     }
 
     /// [`Self::execute`] of ipybox's own `code`, silently (no history, no execution count, no
@@ -258,7 +263,7 @@ impl KernelPool {
         code: &str,
         timeout: Option<Duration>,
     ) -> Result<ExecutionOutput, KernelError> {
-        self.execute_as(code, timeout, None, &TimeoutPause::default(), true)
+        self.execute_as(code, timeout, None, &TimeoutPause::default(), None, true)
             .await
     }
 
@@ -268,6 +273,7 @@ impl KernelPool {
         timeout: Option<Duration>,
         events: Option<&mpsc::UnboundedSender<ExecEvent>>,
         pause: &TimeoutPause,
+        text_cap: Option<usize>,
         hidden: bool,
     ) -> Result<ExecutionOutput, KernelError> {
         self.settle().await;
@@ -280,13 +286,18 @@ impl KernelPool {
             return Err(KernelError::Stopped);
         };
         let outcome = match hidden {
-            false => execute::run(kernel, &self.config, code, timeout, events, pause).await,
+            false => {
+                execute::run(kernel, &self.config, code, timeout, events, pause, text_cap).await
+            }
             true => execute::run_hidden(kernel, &self.config, code, timeout, pause).await,
         };
         if outcome.replace_kernel
             && let Err(e) = self.reset().await
         {
-            tracing::error!("could not restart the kernel: {e}");
+            tracing::error!(
+                "could not restart the kernel: {}",
+                crate::log_text::escaped(&e.to_string())
+            );
         }
         outcome.result
     }
@@ -300,7 +311,10 @@ impl KernelPool {
         if !execute::settle_abandoned(kernel, &self.config).await
             && let Err(e) = self.reset().await
         {
-            tracing::error!("could not restart the kernel: {e}");
+            tracing::error!(
+                "could not restart the kernel: {}",
+                crate::log_text::escaped(&e.to_string())
+            );
         }
     }
 

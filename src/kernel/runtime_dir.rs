@@ -229,7 +229,7 @@ fn kill_stragglers(dir: &Path) {
         };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains(&needle) {
-            tracing::debug!(pid, "killing a process left by a killed ipybox: {cmdline}");
+            tracing::debug!(pid, cmdline = ?cmdline, "killing a process left by a killed ipybox");
             // SAFETY: kill has no memory preconditions; the pid was just read from /proc.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }

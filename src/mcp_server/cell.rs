@@ -3,8 +3,10 @@
 //! ([`super::mrtr`]), and a long cell can become a task that `tasks/get` polls
 //! ([`super::tasks`]).
 //!
-//! The driver consumes the executor's stream at once, whoever listens: output accumulates here
-//! (nothing is lost between requests), tool calls the user allowed for the session are accepted
+//! The driver consumes the executor's stream at once, whoever listens: the end of the output
+//! (the last [`WINDOW`] bytes) is kept here for progress notifications and a task's status, the
+//! output itself is in the result (held within the request's and the server's caps by the
+//! executor), tool calls the user allowed for the session are accepted
 //! on the spot, and the others wait in [`CellRun::take_unasked`] until whoever serves the run
 //! asks the user (elicitation/create, an `input_required` round, or the task's
 //! `input_required` status). Every change bumps a version that waiters watch.
@@ -20,6 +22,11 @@ use tokio::sync::watch;
 
 use super::elicit::SessionAllowances;
 use super::session::CellGuard;
+
+/// How much of the output the run keeps (its end) for progress and status messages, which show
+/// at most the last thousand characters; a waiter that fell further behind gets what is left.
+/// Kept in a buffer trimmed once it is twice this, so appending stays linear.
+pub(crate) const WINDOW: usize = 64 * 1024;
 
 /// A cell being executed, shared by the requests (or the task) that serve it.
 #[derive(Clone)]
@@ -37,8 +44,10 @@ struct Inner {
 
 #[derive(Default)]
 struct State {
-    /// Everything printed so far (the result carries it too, complete).
+    /// The end of what was printed so far (at least the last [`WINDOW`] bytes).
     output: String,
+    /// Bytes printed before `output` starts.
+    dropped: usize,
     /// Approval requests nobody has been asked about yet.
     unasked: Vec<ApprovalRequest>,
     /// The result, once the cell has ended; taken by whoever answers the client.
@@ -81,7 +90,7 @@ impl CellRun {
                 while let Some(event) = execution.next().await {
                     let mut state = driven.lock();
                     match event {
-                        ExecutionEvent::Chunk(text) => state.output.push_str(&text),
+                        ExecutionEvent::Chunk(text) => state.push(&text),
                         ExecutionEvent::Image(_) => continue,
                         ExecutionEvent::Approval(request) => {
                             if allowances.allows(&request) {
@@ -119,13 +128,17 @@ impl CellRun {
         self.inner.version.subscribe()
     }
 
-    /// The state now, with the output printed after `offset`.
+    /// The state now, with the output printed after `offset` (as much of it as is still kept).
     pub(crate) fn snapshot(&self, offset: usize) -> Snapshot {
         let state = self.inner.lock();
-        let offset = offset.min(state.output.len());
+        let end = state.dropped + state.output.len();
+        let mut from = offset.clamp(state.dropped, end) - state.dropped;
+        while !state.output.is_char_boundary(from) {
+            from += 1;
+        }
         Snapshot {
-            new_output: state.output[offset..].to_string(),
-            offset: state.output.len(),
+            new_output: state.output[from..].to_string(),
+            offset: end,
             unasked: state.unasked.len(),
             ended: state.ended,
         }
@@ -134,8 +147,10 @@ impl CellRun {
     /// The last `max_chars` characters of the output so far (for a task's status message).
     pub(crate) fn output_tail(&self, max_chars: usize) -> String {
         let state = self.inner.lock();
-        let skip = state.output.chars().count().saturating_sub(max_chars);
-        state.output.chars().skip(skip).collect()
+        match state.output.char_indices().rev().nth(max_chars) {
+            Some((at, c)) => state.output[at + c.len_utf8()..].to_string(),
+            None => state.output.clone(),
+        }
     }
 
     /// The approval requests nobody was asked about yet; the caller now owns asking (a request
@@ -158,6 +173,20 @@ impl CellRun {
     /// How long the cell has been running.
     pub(crate) fn elapsed(&self) -> std::time::Duration {
         self.inner.started.elapsed()
+    }
+}
+
+impl State {
+    fn push(&mut self, text: &str) {
+        self.output.push_str(text);
+        if self.output.len() >= 2 * WINDOW {
+            let mut cut = self.output.len() - WINDOW;
+            while !self.output.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.output.drain(..cut);
+            self.dropped += cut;
+        }
     }
 }
 

@@ -67,6 +67,17 @@ impl SessionAllowances {
     }
 }
 
+/// Logs that `request` was rejected unasked (the client cannot elicit): the server and tool
+/// names only, quoted and escaped (the kernel chose them); never the arguments, which can be code
+/// (a shell command) or data.
+pub(crate) fn log_unasked(request: &ApprovalRequest) {
+    tracing::warn!(
+        server = ?request.server_name,
+        tool = ?request.tool_name,
+        "rejected a call: the MCP client did not declare the elicitation capability"
+    );
+}
+
 /// Decides `request` by asking the client's user (see the module docs). Returns when decided.
 pub(crate) async fn decide(
     request: ApprovalRequest,
@@ -81,10 +92,7 @@ pub(crate) async fn decide(
         .supported_elicitation_modes()
         .contains(&ElicitationMode::Form)
     {
-        tracing::warn!(
-            "rejected {}: the MCP client did not declare the elicitation capability",
-            request.describe()
-        );
+        log_unasked(&request);
         return request.reject_with(NO_ELICITATION);
     }
     let params = elicitation(&request);
@@ -94,7 +102,12 @@ pub(crate) async fn decide(
     match peer.create_elicitation_with_timeout(params, timeout).await {
         Ok(result) => answer(request, &result, allowances),
         Err(e) => {
-            tracing::warn!("asking the client about {} failed: {e}", request.describe());
+            tracing::warn!(
+                server = ?request.server_name,
+                tool = ?request.tool_name,
+                error = ?e.to_string(),
+                "asking the client about a call failed"
+            );
             request.reject_with(format!("the MCP client could not ask the user: {e}"));
         }
     }

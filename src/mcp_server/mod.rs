@@ -70,9 +70,13 @@ pub(crate) struct ServerConfig {
     /// For clients with the tasks extension: a cell still running after this long becomes a
     /// task (`None`: never).
     pub task_after: Option<Duration>,
-    /// A task lives for its cell's timeout plus this long (a finished task's result stays at
-    /// least this long).
+    /// A task lives for its cell's timeout plus this long; a finished task's result is kept
+    /// this long after its cell ended, and no longer.
     pub task_ttl: Duration,
+    /// Images a cell keeps (`--max-images`) and their bytes (`--max-image-bytes`), as the
+    /// executors are built with: named in a result that dropped some.
+    pub max_images: usize,
+    pub max_image_bytes: usize,
 }
 
 /// `--approve`: who approves the tool calls (and approved-category shell commands) of executed
@@ -247,6 +251,13 @@ pub(crate) fn truncate_output(text: &str, max: usize) -> String {
     }
 }
 
+/// The bytes of output a cell keeps for a request that returns `max_chars` characters: enough
+/// that the first half holds them all (4 bytes a character at most), so the result is exactly
+/// what it would be with everything kept. The server's `--max-output-bytes` caps it further.
+fn kept_bytes(max_chars: usize) -> usize {
+    max_chars.saturating_mul(8).max(1024)
+}
+
 /// Whether this request speaks a revision without server-to-client requests (2026-07-28 on).
 fn stateless(context: &RequestContext<RoleServer>) -> bool {
     context
@@ -324,15 +335,19 @@ impl IpyboxServer {
         let background = executor.clone();
         tokio::spawn(async move {
             if let Err(e) = background.start().await {
-                tracing::error!("kernel failed to start (the first execution will retry): {e}");
+                tracing::error!(
+                    "kernel failed to start (the first execution will retry): {}",
+                    ipybox::log_text::escaped(&e.to_string())
+                );
             }
         });
         let session = Arc::new(KernelSession::new(executor, Caller::Local, [0; 16], None));
+        let task_ttl = config.task_ttl;
         Self::with_shared(Arc::new(Shared {
             config,
             scope: Scope::Single(session),
             rounds: Arc::new(mrtr::Rounds::new()),
-            tasks: tasks::CellTasks::default(),
+            tasks: tasks::CellTasks::new(task_ttl),
             skills: skills::Skills::load(),
             router: Self::tool_router_template(),
         }))
@@ -367,11 +382,12 @@ impl IpyboxServer {
                 route.attr.input_schema = Arc::new(schema);
             }
         }
+        let task_ttl = config.task_ttl;
         let shared = Arc::new(Shared {
             config,
             scope: Scope::Service(source),
             rounds: Arc::new(mrtr::Rounds::new()),
-            tasks: tasks::CellTasks::default(),
+            tasks: tasks::CellTasks::new(task_ttl),
             skills: skills::Skills::load(),
             router,
         });
@@ -577,11 +593,14 @@ impl IpyboxServer {
                     return Ok(announce.apply(text_error(why)).into());
                 }
                 let _in_span = span.enter();
-                let execution = if self.shared.config.approve == ApproveMode::Ask {
-                    session.executor.stream(&p.code, Some(timeout))
-                } else {
-                    session.executor.stream_accepting(&p.code, Some(timeout))
-                };
+                let execution = session.executor.stream_with_options(
+                    &p.code,
+                    ipybox::executor::RunOptions {
+                        timeout: Some(timeout),
+                        accept_all: self.shared.config.approve != ApproveMode::Ask,
+                        max_output_bytes: Some(kept_bytes(p.max_output_chars)),
+                    },
+                );
                 let run = CellRun::start(
                     execution,
                     session.allowances.clone(),
@@ -600,10 +619,16 @@ impl IpyboxServer {
             timeout,
         };
         let max_chars = p.max_output_chars;
+        let image_limits = (
+            self.shared.config.max_images,
+            self.shared.config.max_image_bytes,
+        );
         let announced = announce.clone();
         let finish = move || -> tasks::Finish {
             Box::new(move |result| {
-                Box::pin(async move { announced.apply(cell_result(result, max_chars).await) })
+                Box::pin(async move {
+                    announced.apply(cell_result(result, max_chars, image_limits).await)
+                })
             })
         };
         let outcome = serve
@@ -621,7 +646,9 @@ impl IpyboxServer {
             started.elapsed(),
         );
         match outcome {
-            Outcome::Done(result) => Ok(announce.apply(cell_result(result, max_chars).await).into()),
+            Outcome::Done(result) => Ok(announce
+                .apply(cell_result(result, max_chars, image_limits).await)
+                .into()),
             Outcome::InputRequired(asked) => Ok(asked.into()),
             Outcome::Task(task) => Ok(CreateTaskResult::new(task).into()),
             // A cancelled request (notifications/cancelled, e.g. Esc in Claude Code): the code
@@ -732,6 +759,7 @@ fn start_failed(e: &ExecutorError) -> String {
 async fn cell_result(
     result: Result<ipybox::executor::ExecutionResult, ExecutorError>,
     max_chars: usize,
+    image_limits: (usize, usize),
 ) -> CallToolResult {
     let result = match result {
         Ok(result) => result,
@@ -739,6 +767,15 @@ async fn cell_result(
     };
     let mut text = truncate_output(&result.text, max_chars);
     let mut content = Vec::new();
+    if result.images_dropped > 0 {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str(&format!(
+            "[ipybox: {} more image(s) not saved or returned: a cell keeps at most {} images and {} bytes of images (--max-images, --max-image-bytes)]",
+            result.images_dropped, image_limits.0, image_limits.1
+        ));
+    }
     if !result.images.is_empty() {
         if !text.is_empty() {
             text.push_str("\n\n");
@@ -793,11 +830,9 @@ impl ServerHandler for IpyboxServer {
         request: GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetTaskResult, ErrorData> {
-        let manager = self
-            .shared
-            .tasks
-            .manager_for(&caller(&context), &request.task_id)?;
-        Ok(GetTaskResult::new(manager.get_task(&request.task_id)?))
+        Ok(GetTaskResult::new(
+            self.shared.tasks.get(&caller(&context), &request.task_id)?,
+        ))
     }
 
     async fn update_task(

@@ -31,6 +31,8 @@ pub(crate) const HEARTBEAT: Duration = Duration::from_secs(5);
 pub(crate) const QUIET_BEFORE_RESULT: Duration = Duration::from_millis(100);
 /// The longest message (characters; the end of the output is kept).
 const MAX_MESSAGE_CHARS: usize = 1000;
+/// Pending output kept (bytes): far more than a message shows, trimmed to half when over.
+const MAX_PENDING: usize = 64 * 1024;
 
 /// Sends the progress notifications of one execution.
 pub(crate) struct ProgressReporter {
@@ -65,6 +67,14 @@ impl ProgressReporter {
     /// Output arrived.
     pub(crate) async fn output(&mut self, text: &str) {
         self.pending.push_str(text);
+        // Only the end of what is pending is ever sent: output without newlines holds no more.
+        if self.pending.len() > MAX_PENDING {
+            let mut cut = self.pending.len() - MAX_PENDING / 2;
+            while !self.pending.is_char_boundary(cut) {
+                cut += 1;
+            }
+            self.pending.drain(..cut);
+        }
         self.flush().await;
     }
 

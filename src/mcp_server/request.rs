@@ -172,10 +172,7 @@ impl Serve<'_> {
             if now.unasked > 0 && ask {
                 if !can_elicit {
                     for request in run.take_unasked() {
-                        tracing::warn!(
-                            "rejected {}: the MCP client did not declare the elicitation capability",
-                            request.describe()
-                        );
+                        elicit::log_unasked(&request);
                         request.reject_with(elicit::NO_ELICITATION);
                     }
                 } else if stateless {

@@ -11,9 +11,13 @@
 //! `install_package` answer at once with an error that names the task (rather than waiting
 //! behind it for minutes), `reset` cancels the task first, `register_mcp_server` works as usual.
 //!
-//! A task and its result live for the cell's timeout plus `--task-ttl` (default 300 s) from its
-//! creation; a finished task's result stays available for at least `--task-ttl` after it ended
-//! ([`TaskManager`]'s retention), then `tasks/get` says the task is unknown.
+//! A task is created with a time to live of its cell's timeout plus `--task-ttl` (default
+//! 300 s), long enough for the cell to run out its timeout. Once the cell has ended, its result
+//! is kept for `--task-ttl`, whatever the client asked for its timeout, then forgotten
+//! (`tasks/get` says the task is unknown); from then on `tasks/get` reports the task's time to
+//! live as what it became (SEP-2663 lets it change). Each task has a [`TaskManager`] of its own,
+//! so forgetting a task frees its result at once: rmcp's manager would keep a finished task for
+//! its whole time to live again, and only notices on its next call.
 //!
 //! Over HTTP one server holds many kernel sessions: tasks are listed in one [`CellTasks`] per
 //! server, each task readable only with the credential ([`Caller`]) that started it (another's
@@ -23,10 +27,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolResult, ElicitRequest, ElicitResult, ElicitationAction, InputRequest, Task,
+    CallToolResult, DetailedTask, ElicitRequest, ElicitResult, ElicitationAction, InputRequest,
+    Task,
 };
 use rmcp::task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions};
 
@@ -40,10 +45,20 @@ const STATUS_CHARS: usize = 1000;
 const POLL_INTERVAL_MS: u64 = 250;
 
 /// The tasks of one server, and whose they are.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct CellTasks {
+    tasks: Arc<Mutex<HashMap<String, Entry>>>,
+    /// How long a finished task's result is kept (`--task-ttl`).
+    retention: Duration,
+}
+
+/// One task: its own manager (dropping it frees the result), whose it is, and its times.
+struct Entry {
     manager: TaskManager,
-    owners: Arc<Mutex<HashMap<String, Caller>>>,
+    owner: Caller,
+    created: Instant,
+    /// When its cell ended.
+    ended: Option<Instant>,
 }
 
 /// The task whose cell holds one session's kernel.
@@ -101,7 +116,8 @@ impl Busy {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if let Some((id, run)) = running {
-            if tasks.manager.cancel_task(&id).is_err() {
+            let manager = tasks.lock().get(&id).map(|e| e.manager.clone());
+            if manager.is_none_or(|m| m.cancel_task(&id).is_err()) {
                 run.cancel(); // the task is gone already (expired): stop its cell anyway
             }
             wait_ended(&run).await;
@@ -110,6 +126,18 @@ impl Busy {
 }
 
 impl CellTasks {
+    /// No tasks yet; a finished task's result is kept for `retention`.
+    pub(crate) fn new(retention: Duration) -> Self {
+        Self {
+            tasks: Arc::default(),
+            retention,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Makes `adopt.run` a task of `owner` that holds `busy`'s kernel; returns its seed state
     /// for `CreateTaskResult`.
     pub(crate) fn adopt(&self, busy: &Busy, owner: &Caller, adopt: Adopt) -> Task {
@@ -126,13 +154,21 @@ impl CellTasks {
             .with_status_message(status(&run));
         let running = busy.running.clone();
         let driven = run.clone();
-        let task = self.manager.spawn(options, move |ctx| {
+        let manager = TaskManager::new();
+        let task = manager.spawn(options, move |ctx| {
             Box::pin(async move {
                 // rmcp drops this future when the task's TTL passes: the cell stops too.
                 let guard = CancelOnDrop(Some(driven.clone()));
                 let outcome = drive(&driven, &ctx, can_elicit, &allowances).await;
                 let result = driven.take_result();
                 drop(guard.disarm());
+                // The kernel is free: the session no longer holds the ended run.
+                {
+                    let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
+                    if running.as_ref().is_some_and(|(id, _)| *id == ctx.task_id()) {
+                        *running = None;
+                    }
+                }
                 match (outcome, result) {
                     (Drive::Cancelled, _) => Err(TaskExit::Cancelled),
                     (Drive::Ended, Some(result)) => Ok(finish(result).await),
@@ -143,30 +179,92 @@ impl CellTasks {
                 }
             })
         });
-        *running.lock().unwrap_or_else(|p| p.into_inner()) = Some((task.task_id.clone(), run));
-        let mut owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        // Tasks past their time to live are gone from the manager: forget their owners too.
-        owners.retain(|id, _| self.manager.get_task(id).is_ok());
-        owners.insert(task.task_id.clone(), owner.clone());
+        if !run.snapshot(usize::MAX).ended {
+            *busy.running.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((task.task_id.clone(), run.clone()));
+        }
+        self.lock().insert(
+            task.task_id.clone(),
+            Entry {
+                manager,
+                owner: owner.clone(),
+                created: Instant::now(),
+                ended: None,
+            },
+        );
+        // Once the cell has ended, its result is kept for `retention`, then forgotten.
+        let (tasks, id, retention) = (
+            Arc::downgrade(&self.tasks),
+            task.task_id.clone(),
+            self.retention,
+        );
+        tokio::spawn(async move {
+            wait_ended(&run).await;
+            drop(run);
+            match tasks.upgrade() {
+                Some(tasks) => {
+                    if let Some(entry) =
+                        tasks.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&id)
+                    {
+                        entry.ended = Some(Instant::now());
+                    }
+                }
+                None => return,
+            }
+            tokio::time::sleep(retention).await;
+            if let Some(tasks) = tasks.upgrade() {
+                tasks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            }
+        });
         task
     }
 
-    /// The task manager, for a request of `caller` about `task_id`: another credential's task
+    /// `tasks/get` for `caller`: the task's state, its time to live as it became once its cell
+    /// ended (its result is kept `--task-ttl` from then). Another credential's task is unknown.
+    pub(crate) fn get(
+        &self,
+        caller: &Caller,
+        task_id: &str,
+    ) -> Result<DetailedTask, rmcp::ErrorData> {
+        let (manager, lived) = {
+            let tasks = self.lock();
+            let entry = owned(&tasks, caller, task_id)?;
+            let lived = entry
+                .ended
+                .map(|ended| ended.duration_since(entry.created) + self.retention);
+            (entry.manager.clone(), lived)
+        };
+        let mut task = manager.get_task(task_id)?;
+        if let Some(lived) = lived {
+            task.task.ttl_ms = Some(u64::try_from(lived.as_millis()).unwrap_or(u64::MAX));
+        }
+        Ok(task)
+    }
+
+    /// The task manager of `task_id`, for a request of `caller`: another credential's task
     /// is answered as unknown, as a task that never existed.
     pub(crate) fn manager_for(
         &self,
         caller: &Caller,
         task_id: &str,
-    ) -> Result<&TaskManager, rmcp::ErrorData> {
-        let owners = self.owners.lock().unwrap_or_else(|p| p.into_inner());
-        match owners.get(task_id) {
-            Some(owner) if owner == caller => Ok(&self.manager),
-            // The manager's own answer for a task it does not have.
-            _ => Err(rmcp::ErrorData::invalid_params(
-                format!("unknown task: {task_id}"),
-                None,
-            )),
-        }
+    ) -> Result<TaskManager, rmcp::ErrorData> {
+        Ok(owned(&self.lock(), caller, task_id)?.manager.clone())
+    }
+}
+
+/// The entry of `task_id` if `caller` owns it; else the manager's own answer for a task it
+/// does not have.
+fn owned<'a>(
+    tasks: &'a HashMap<String, Entry>,
+    caller: &Caller,
+    task_id: &str,
+) -> Result<&'a Entry, rmcp::ErrorData> {
+    match tasks.get(task_id) {
+        Some(entry) if entry.owner == *caller => Ok(entry),
+        _ => Err(rmcp::ErrorData::invalid_params(
+            format!("unknown task: {task_id}"),
+            None,
+        )),
     }
 }
 
@@ -197,10 +295,7 @@ async fn drive(
         }
         for request in run.take_unasked() {
             if !can_elicit {
-                tracing::warn!(
-                    "rejected {}: the MCP client did not declare the elicitation capability",
-                    request.describe()
-                );
+                elicit::log_unasked(&request);
                 request.reject_with(elicit::NO_ELICITATION);
                 continue;
             }

@@ -18,7 +18,10 @@
 //! with `ApprovalRejected`. At most [`MAX_OUTSTANDING_PROMPTS`] requests of one execution are in
 //! front of the decider at once; later calls wait in a queue (their wait counts against the
 //! approval timeout), and identical calls waiting in the queue are merged into one request that
-//! says how many calls it decides ([`ApprovalRequest::calls`]).
+//! says how many calls it decides ([`ApprovalRequest::calls`]). Identical means identical as sent:
+//! the same kind, server (and its registration), tool, and the same bytes of JSON arguments
+//! (`0.0` and `-0.0`, `1` and `1.0`, `{"a":1,"b":2}` and `{"b":2,"a":1}` are different calls,
+//! asked about apart: what the user is shown is exactly what runs, for every call decided).
 //!
 //! Not here: the transport that carries calls from the kernel ([`super::server`]).
 
@@ -278,6 +281,9 @@ struct Queued {
     server_name: String,
     tool_name: String,
     arguments: Map<String, Value>,
+    /// The arguments as they go out on the wire (serialized in their order, numbers as
+    /// written): what "identical" compares.
+    wire: Vec<u8>,
     server_command: Option<String>,
     server_identity: Option<String>,
     kind: RequestKind,
@@ -290,12 +296,19 @@ impl Queued {
             server_name: subject.server_name.to_string(),
             tool_name: subject.tool_name.to_string(),
             arguments: subject.arguments.clone(),
+            wire: wire_bytes(subject.arguments),
             server_command: subject.server.map(|s| s.target.clone()),
             server_identity: subject.server.map(|s| s.identity.clone()),
             kind: subject.kind,
             waiters: vec![reply],
         }
     }
+}
+
+/// `arguments` serialized as they are sent to the MCP server (the tool server forwards this
+/// map; serde_json keeps its order and writes each number as parsed).
+fn wire_bytes(arguments: &Map<String, Value>) -> Vec<u8> {
+    serde_json::to_vec(arguments).unwrap_or_default()
 }
 
 /// A place among an execution's outstanding prompts; given back when dropped (unless disarmed:
@@ -337,12 +350,15 @@ impl Asker {
             }
             return decision;
         }
+        // Merged only when identical as sent: `Map`'s own equality holds `0.0 == -0.0` and
+        // ignores key order, which the wire keeps.
+        let wire = wire_bytes(subject.arguments);
         let same = queue.waiting.iter_mut().find(|q| {
             q.kind == subject.kind
                 && q.server_name == subject.server_name
                 && q.server_identity.as_deref() == subject.server.map(|s| s.identity.as_str())
                 && q.tool_name == subject.tool_name
-                && &q.arguments == subject.arguments
+                && q.wire == wire
         });
         match same {
             Some(same) => same.waiters.push(reply),
@@ -625,6 +641,76 @@ mod tests {
         for decided in first {
             assert_eq!(decided.await.unwrap(), Decision::Accepted);
         }
+    }
+
+    /// Fills the eight outstanding places, queues `queued` (as JSON texts, parsed the way the
+    /// tool server parses a kernel's request), accepts the eight, and returns what is asked next
+    /// (rendered, with how many calls each decides), deciding each so the queue moves on.
+    async fn asked_after_the_first_eight(queued: &[&str]) -> Vec<(String, usize)> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let policy = ApprovalPolicy::ask(tx, CancellationToken::new());
+        let long = Duration::from_secs(60);
+        let held: Vec<_> = (0..8)
+            .map(|i| ask(&policy, json!({"a": i}), long))
+            .collect();
+        settle().await;
+        let waiting: Vec<_> = queued
+            .iter()
+            .map(|text| ask(&policy, serde_json::from_str(text).unwrap(), long))
+            .collect();
+        settle().await;
+        for request in drain(&mut rx) {
+            request.accept();
+        }
+        let mut asked = Vec::new();
+        while asked.iter().map(|(_, n)| n).sum::<usize>() < queued.len() {
+            settle().await;
+            let next = drain(&mut rx);
+            assert!(!next.is_empty(), "nothing more was asked after {asked:?}");
+            for request in next {
+                asked.push((request.describe(), request.calls()));
+                request.accept();
+            }
+        }
+        for decided in held.into_iter().chain(waiting) {
+            assert_eq!(decided.await.unwrap(), Decision::Accepted);
+        }
+        asked
+    }
+
+    #[tokio::test]
+    async fn queued_calls_merge_only_when_identical_as_sent() {
+        // Equal as JSON values, different on the wire: asked about apart, each as it runs.
+        let asked = asked_after_the_first_eight(&[
+            r#"{"x": 0.0}"#,
+            r#"{"x": -0.0}"#,
+            r#"{"x": 1}"#,
+            r#"{"x": 1.0}"#,
+            r#"{"a": 1, "b": 2}"#,
+            r#"{"b": 2, "a": 1}"#,
+        ])
+        .await;
+        let shown: Vec<&str> = asked.iter().map(|(s, _)| s.as_str()).collect();
+        assert_eq!(
+            shown,
+            [
+                "fx.add(x=0.0)",
+                "fx.add(x=-0.0)",
+                "fx.add(x=1)",
+                "fx.add(x=1.0)",
+                "fx.add(a=1, b=2)",
+                "fx.add(b=2, a=1)",
+            ]
+        );
+        assert!(asked.iter().all(|(_, calls)| *calls == 1), "{asked:?}");
+        // Identical bytes: one prompt that says so.
+        let asked =
+            asked_after_the_first_eight(&[r#"{"x": -0.0}"#, r#"{"x": -0.0}"#, r#"{"x": -0.0}"#])
+                .await;
+        assert_eq!(
+            asked,
+            [("fx.add(x=-0.0) [3 identical calls]".to_string(), 3)]
+        );
     }
 
     #[tokio::test]

@@ -663,7 +663,8 @@ pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunRep
     if let Some(refused) = approve(state, subject, &what, "made").await {
         return refused;
     }
-    tracing::info!(server = %server_name, tool = %tool_name, "tool call");
+    // Names the kernel chose: quoted and escaped (never the arguments).
+    tracing::info!(server = ?server_name, tool = ?tool_name, "tool call");
     let session = match state
         .sessions
         .get_or_connect_since(&server_name, &server.params, epoch)

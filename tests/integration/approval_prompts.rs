@@ -159,3 +159,79 @@ async fn a_value_too_long_to_show_is_refused_and_a_long_one_is_shown_whole() {
     still_usable(&ex).await;
     ex.stop().await;
 }
+
+/// Issue 27, item 10: calls merged into one prompt must be identical as they will be sent.
+/// Kernel code fills the eight outstanding prompts, then queues calls that are equal as JSON
+/// values but not as sent (`0.0` / `-0.0`, key order) and three that are identical: the user is
+/// asked about each different call apart, and once (saying so) about the identical ones.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_merged_into_one_prompt_are_identical_as_sent() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let ex = people_executor(ws.path()).await;
+    let code = r#"
+import threading, time
+from mcptools.fx import runner
+def call(args):
+    try:
+        runner.run('add', args)
+    except Exception:
+        pass
+threads = []
+def start(args):
+    t = threading.Thread(target=call, args=(args,))
+    t.start()
+    threads.append(t)
+for i in range(8):
+    start({'a': i, 'b': 0})
+time.sleep(0.5)
+for args in [{'a': 0.0, 'b': 1}, {'a': -0.0, 'b': 1}, {'a': 1, 'b': 2}, {'b': 2, 'a': 1},
+             {'a': -0.0, 'b': 5}, {'a': -0.0, 'b': 5}, {'a': -0.0, 'b': 5}]:
+    start(args)
+    time.sleep(0.1)
+for t in threads:
+    t.join()
+print('done')
+"#;
+    let mut execution = ex.stream(code, Some(std::time::Duration::from_secs(60)));
+    let mut first = Vec::new();
+    let mut later = Vec::new();
+    let mut output = None;
+    while let Some(event) = execution.next().await {
+        match event {
+            ExecutionEvent::Approval(request) if later.is_empty() && first.len() < 8 => {
+                first.push(request);
+                if first.len() == 8 {
+                    // The others queue behind these eight meanwhile.
+                    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+                    first.iter().for_each(|r| assert_eq!(r.calls(), 1));
+                    std::mem::take(&mut first)
+                        .into_iter()
+                        .for_each(|r| r.reject());
+                    later.push(("(the first eight)".to_string(), 8));
+                }
+            }
+            ExecutionEvent::Approval(request) => {
+                later.push((request.describe(), request.calls()));
+                request.reject();
+            }
+            ExecutionEvent::Result(r) => output = Some(r.map(|o| o.text)),
+            _ => {}
+        }
+    }
+    assert_eq!(output.unwrap().unwrap(), "done");
+    later.sort();
+    assert_eq!(
+        later,
+        [
+            ("(the first eight)".to_string(), 8),
+            ("fx.add(a=-0.0, b=1)".to_string(), 1),
+            ("fx.add(a=-0.0, b=5) [3 identical calls]".to_string(), 3),
+            ("fx.add(a=0.0, b=1)".to_string(), 1),
+            ("fx.add(a=1, b=2)".to_string(), 1),
+            ("fx.add(b=2, a=1)".to_string(), 1),
+        ]
+    );
+    still_usable(&ex).await;
+    ex.stop().await;
+}

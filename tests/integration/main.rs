@@ -20,6 +20,7 @@ mod apigen_snapshots;
 mod approval_prompts;
 mod cli_exec;
 mod codeact_example;
+mod hardening;
 #[cfg(target_os = "linux")]
 mod host_confinement;
 mod http_confinement;

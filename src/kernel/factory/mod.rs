@@ -81,11 +81,14 @@ impl std::fmt::Debug for Factory {
 }
 
 /// What went wrong, without the advice (the log line gives its own).
+/// `error` for a log line: it may quote the template's stderr (hostile under `--sandbox`), so
+/// it is escaped to one line.
 fn reason(error: &KernelError) -> String {
-    match error {
+    let text = match error {
         KernelError::Start { reason, .. } => reason.clone(),
         other => other.to_string(),
-    }
+    };
+    crate::log_text::escaped(&text).into_owned()
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -131,7 +134,8 @@ impl Factory {
                 };
                 if let Some(why) = broken {
                     tracing::warn!(
-                        "kernel factory: {why}\n  building a new template (the kernel starts without it if that fails)"
+                        "kernel factory: {}; building a new template (the kernel starts without it if that fails)",
+                        crate::log_text::escaped(&why)
                     );
                     self.build(&mut state);
                 } else if matches!(state.slot, Slot::Empty) {
@@ -193,12 +197,12 @@ impl Factory {
                     if state.failures >= MAX_FAILURES {
                         state.slot = Slot::Off;
                         tracing::warn!(
-                            "kernel factory: {e}\n  kernels start without the factory from now on ({} failures in a row)",
+                            "kernel factory: {e}; kernels start without the factory from now on ({} failures in a row)",
                             state.failures
                         );
                     } else {
                         state.slot = Slot::Empty;
-                        tracing::warn!("kernel factory: {e}\n  this kernel starts without it");
+                        tracing::warn!("kernel factory: {e}; this kernel starts without it");
                     }
                     Built::Failed
                 }
@@ -226,7 +230,7 @@ impl Factory {
         let error = reason(error);
         if state.failures >= MAX_FAILURES {
             tracing::warn!(
-                "kernel factory: {error}\n  starting the kernel without it; kernels start without the factory from now on ({} failures in a row)",
+                "kernel factory: {error}; starting the kernel without it; kernels start without the factory from now on ({} failures in a row)",
                 state.failures
             );
             if let Slot::Building { task, .. } = &state.slot {
@@ -235,7 +239,7 @@ impl Factory {
             state.slot = Slot::Off;
         } else {
             tracing::warn!(
-                "kernel factory: {error}\n  starting the kernel without it{}",
+                "kernel factory: {error}; starting the kernel without it{}",
                 if current {
                     "; building a new template"
                 } else {

@@ -347,7 +347,7 @@ impl Link {
                 Ended::Closed => return,
                 Ended::KernelGone(why) => return self.died(why),
                 Ended::Dropped(why) => {
-                    tracing::warn!(kernel = %self.id, "kernel WebSocket dropped ({why}); reconnecting");
+                    tracing::warn!(kernel = %self.id, why = ?why, "kernel WebSocket dropped; reconnecting");
                     match self.reconnect().await {
                         Ok(next) => conn = Some(next),
                         Err(why) => return self.died(why),
@@ -358,7 +358,7 @@ impl Link {
     }
 
     fn died(&self, why: String) {
-        tracing::warn!(kernel = %self.id, gateway = self.gateway.url(), "{why}");
+        tracing::warn!(kernel = %self.id, gateway = self.gateway.url(), "{}", crate::log_text::escaped(&why));
         self.exit.send_replace(Some(ExitInfo(why)));
     }
 
@@ -422,7 +422,7 @@ impl Link {
                             }
                         }
                         Ok(None) => {}
-                        Err(e) => tracing::warn!(kernel = %self.id, "dropping an unreadable message: {e}"),
+                        Err(e) => tracing::warn!(kernel = %self.id, error = ?e.to_string(), "dropping an unreadable message"),
                     }
                 }
                 next = outbound.recv() => {
