@@ -35,6 +35,7 @@ use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::{
     Backend, ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
 };
+use crate::notebook::{CellRecord, Notebook, NotebookConfig, Section};
 use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::RegisterError;
@@ -42,7 +43,7 @@ use crate::sandbox::{SandboxError, SandboxOptions};
 use crate::tools::registry::Registry;
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
-    ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    ApprovalPolicy, ApprovalRequest, CallLog, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     SessionCache,
 };
 
@@ -139,6 +140,7 @@ pub struct CodeExecutorBuilder {
     kernel_factory: Option<bool>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
+    notebook: Option<NotebookConfig>,
 }
 
 /// A kernel gateway URL as given, with a `Debug` that leaves out its query (it may hold a token).
@@ -337,11 +339,32 @@ impl CodeExecutorBuilder {
         self
     }
 
+    /// Records every execution in a Jupyter notebook in `dir` (relative: to the workspace),
+    /// rewritten after each cell so it can be watched in JupyterLab or VS Code: one file per
+    /// executor, `<UTC start time>-<tag>.ipynb` (see [`crate::notebook`] and
+    /// docs/notebook.md). Default: off.
+    pub fn notebook(self, dir: impl Into<PathBuf>) -> Self {
+        self.notebook_config(NotebookConfig::in_dir(dir))
+    }
+
+    /// [`Self::notebook`] with every option: the session's tag, private files, the size of a
+    /// file, or a notebook kept in memory only ([`CodeExecutor::notebook`] reads it).
+    pub fn notebook_config(mut self, config: NotebookConfig) -> Self {
+        self.notebook = Some(config);
+        self
+    }
+
     pub fn build(mut self) -> CodeExecutor {
         let host = self.host_env.take().unwrap_or_else(HostEnv::from_process);
+        let notebook = self.notebook.clone().map(|config| {
+            let base = self.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
+            let base = std::path::absolute(&base).unwrap_or(base);
+            Arc::new(Notebook::new(config.resolved(&base)))
+        });
         CodeExecutor {
             inner: Arc::new(Inner {
                 host,
+                notebook,
                 builder: self,
                 state: Mutex::new(None),
                 stopping: tokio::sync::watch::channel(false).0,
@@ -376,6 +399,8 @@ struct Inner {
     live: std::sync::Mutex<Option<Live>>,
     /// The canceller of the execution that holds `state` (for [`CodeExecutor::cancel`]).
     current: std::sync::Mutex<Option<Canceller>>,
+    /// The session notebook, if recording.
+    notebook: Option<Arc<Notebook>>,
 }
 
 /// Read-only views of a started executor, shared with its [`Running`] parts.
@@ -638,6 +663,10 @@ impl CodeExecutor {
             tools,
             runtime,
         });
+        // Started again after a stop: a new kernel for the cells that follow.
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.section(Section::Restarted);
+        }
         Ok(())
     }
 
@@ -818,20 +847,49 @@ impl CodeExecutor {
         code: &str,
         timeout: Option<Duration>,
     ) -> Result<ExecutionResult, ExecutorError> {
+        self.execute_inner(code, timeout, true).await
+    }
+
+    /// [`Self::execute`]; `record`: whether the session notebook gets the cell (ipybox's own
+    /// housekeeping code is not the session's).
+    async fn execute_inner(
+        &self,
+        code: &str,
+        timeout: Option<Duration>,
+        record: bool,
+    ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let _current = CurrentExecution::register(&self.inner, Canceller(Arc::new(cancel)));
+        // Recorded when this future ends, also when its caller drops it (as cancelled).
+        let options = ExecOptions {
+            timeout,
+            ..ExecOptions::default()
+        };
+        let mut recording = record
+            .then(|| Recording::start(&self.inner, code, &options))
+            .flatten()
+            .map(|(recording, cell)| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                RecordOnDrop(Some((recording, cell, rx)), tx)
+            });
         // This execution's own clock: only its calls' approval waits pause it.
         let pause = TimeoutPause::default();
+        let log = recording
+            .as_ref()
+            .and_then(|r| r.0.as_ref())
+            .map(|(recording, ..)| recording.log.clone())
+            .unwrap_or_default();
         running
             .tools
             .state()
-            .set_policy(ApprovalPolicy::AcceptAll, pause.clone());
+            .set_policy(ApprovalPolicy::AcceptAll, pause.clone(), log);
         // If our caller drops this future mid-execution, interrupt the code right away instead
         // of letting it run on (the next execution would otherwise wait behind it).
         let mut settle = SettleOnDrop(Some(self.inner.clone()));
-        let run = running.pool.execute(code, timeout, None, &pause);
+        let events = recording.as_ref().map(|r| &r.1);
+        let run = running.pool.execute(code, timeout, events, &pause);
         let result = tokio::select! {
             result = self.inner.unless_stopping(run) => result.map_err(ExecutorError::from),
             true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
@@ -840,6 +898,9 @@ impl CodeExecutor {
             }
         };
         settle.0 = None;
+        if let Some(recording) = recording.as_mut() {
+            recording.finish(&result);
+        }
         result
     }
 
@@ -869,17 +930,34 @@ impl CodeExecutor {
     /// approval timeout passes). The execution runs to completion even if the stream is dropped
     /// early; its pending and later tool calls are then rejected.
     pub fn stream(&self, code: &str, timeout: Option<Duration>) -> Execution {
-        self.stream_with(code, timeout, true)
+        self.stream_with(
+            code,
+            ExecOptions {
+                timeout,
+                ..ExecOptions::default()
+            },
+        )
     }
 
     /// [`CodeExecutor::stream`] whose tool calls (and shell commands) are all accepted, as in
     /// [`CodeExecutor::execute`]: output chunks and images as they arrive, no
     /// [`ExecutionEvent::Approval`] items.
     pub fn stream_accepting(&self, code: &str, timeout: Option<Duration>) -> Execution {
-        self.stream_with(code, timeout, false)
+        self.stream_with(
+            code,
+            ExecOptions {
+                timeout,
+                accept_all: true,
+                ..ExecOptions::default()
+            },
+        )
     }
 
-    fn stream_with(&self, code: &str, timeout: Option<Duration>, ask: bool) -> Execution {
+    /// [`CodeExecutor::stream`] (or, with [`ExecOptions::accept_all`],
+    /// [`CodeExecutor::stream_accepting`]) with every option.
+    pub fn stream_with(&self, code: &str, options: ExecOptions) -> Execution {
+        let ask = !options.accept_all;
+        let timeout = options.timeout;
         let (tx, rx) = mpsc::unbounded_channel();
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let canceller = Canceller(Arc::new(cancel));
@@ -887,16 +965,25 @@ impl CodeExecutor {
         let code = code.to_string();
         let registered = canceller.clone();
         tokio::spawn(async move {
+            let (recording, mut cell) = Recording::start(&inner, &code, &options).unzip();
+            let log = recording
+                .as_ref()
+                .map(|r| r.log.clone())
+                .unwrap_or_default();
             let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<ExecEvent>();
             let forward = {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     while let Some(ev) = ev_rx.recv().await {
+                        if let Some(cell) = cell.as_mut() {
+                            cell.observe(&ev);
+                        }
                         let _ = tx.send(match ev {
-                            ExecEvent::Output(s) => ExecutionEvent::Chunk(s),
-                            ExecEvent::Image(p) => ExecutionEvent::Image(p),
+                            ExecEvent::Output(_, s) => ExecutionEvent::Chunk(s),
+                            ExecEvent::Image(_, p, _) => ExecutionEvent::Image(p),
                         });
                     }
+                    cell
                 })
             };
             // Cancelled when the execution ends: waiting tool calls are then rejected, and the
@@ -920,8 +1007,9 @@ impl CodeExecutor {
                     }
                 })
             };
+            // Held until the notebook has the cell: the next execution's cell comes after it.
+            let mut state = inner.state.lock().await;
             let result = {
-                let mut state = inner.state.lock().await;
                 let _current = CurrentExecution::register(&inner, registered);
                 match state.as_mut() {
                     Some(running) => {
@@ -941,7 +1029,7 @@ impl CodeExecutor {
                         running
                             .tools
                             .state()
-                            .set_policy(policy.clone(), pause.clone());
+                            .set_policy(policy.clone(), pause.clone(), log);
                         let run = running.pool.execute(&code, timeout, Some(&ev_tx), &pause);
                         let result = tokio::select! {
                             result = inner.unless_stopping(run) => result.map_err(ExecutorError::from),
@@ -963,6 +1051,7 @@ impl CodeExecutor {
                                     CancellationToken::new(),
                                 ),
                                 TimeoutPause::default(),
+                                CallLog::default(),
                             );
                         }
                         result
@@ -972,7 +1061,11 @@ impl CodeExecutor {
             };
             drop(ev_tx);
             ended.cancel();
-            let _ = tokio::join!(forward, approvals);
+            let (cell, _) = tokio::join!(forward, approvals);
+            if let (Some(recording), Ok(Some(cell))) = (recording, cell) {
+                recording.finish(cell, &result);
+            }
+            drop(state);
             let _ = tx.send(ExecutionEvent::Result(result));
         });
         Execution {
@@ -996,7 +1089,11 @@ impl CodeExecutor {
         // The old kernel is gone now; a leftover thread of it may have called a tool while it
         // was being replaced. Close what that opened, and void such calls still in flight.
         sessions.close_all_in_background();
-        Ok(kernel?)
+        kernel?;
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.section(Section::Reset);
+        }
+        Ok(())
     }
 
     fn live(&self) -> Option<Live> {
@@ -1093,16 +1190,96 @@ impl CodeExecutor {
         }
         // New distributions become importable once the import system's caches are fresh.
         let refresh = "import importlib as _i; _i.invalidate_caches(); del _i";
-        if let Err(e) = self.execute(refresh, Some(Duration::from_secs(30))).await {
+        if let Err(e) = self
+            .execute_inner(refresh, Some(Duration::from_secs(30)), false)
+            .await
+        {
             tracing::warn!("could not refresh the kernel's import caches: {e}");
         }
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.note_install(spec);
+        }
         Ok(summary)
+    }
+
+    /// The session notebook, when this executor records one ([`CodeExecutorBuilder::notebook`]).
+    pub fn notebook(&self) -> Option<&Notebook> {
+        self.inner.notebook.as_deref()
     }
 
     /// The private runtime directory (sockets, connection files), if started. Does not wait
     /// for a running execution.
     pub async fn runtime_dir(&self) -> Option<PathBuf> {
         self.live().map(|l| l.runtime)
+    }
+}
+
+/// How one execution runs, beyond its code ([`CodeExecutor::stream_with`]).
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    /// How long the code may run (approval waits excluded); `None` waits as long as it takes.
+    pub timeout: Option<Duration>,
+    /// Accept every tool call and shell command (as [`CodeExecutor::execute`] does) instead of
+    /// yielding [`ExecutionEvent::Approval`] items.
+    pub accept_all: bool,
+    /// The session notebook keeps at most this many characters of the cell's text: a caller
+    /// that passes on only so much (the MCP tool's `max_output_chars`) says so here, and the
+    /// notebook holds what the caller got. Default: [`crate::notebook::MAX_CELL_TEXT_CHARS`].
+    pub notebook_output_chars: Option<usize>,
+}
+
+/// One execution's place in the session notebook: where its approval decisions are recorded,
+/// and the notebook that gets the cell when it ends.
+struct Recording {
+    notebook: Arc<Notebook>,
+    log: CallLog,
+}
+
+impl Recording {
+    /// `None` when the executor keeps no notebook.
+    fn start(inner: &Inner, code: &str, options: &ExecOptions) -> Option<(Self, CellRecord)> {
+        let notebook = inner.notebook.clone()?;
+        let cell = CellRecord::new(code, options.timeout, options.notebook_output_chars);
+        Some((
+            Self {
+                notebook,
+                log: CallLog::recording(),
+            },
+            cell,
+        ))
+    }
+
+    /// Gives the notebook the cell (unless it never ran: the executor was stopped).
+    fn finish(self, cell: CellRecord, result: &Result<ExecutionResult, ExecutorError>) {
+        if matches!(result, Err(ExecutorError::Kernel(KernelError::Stopped))) {
+            return;
+        }
+        self.notebook.finish(cell, result, self.log.take());
+    }
+}
+
+/// An `execute()`'s recording: the execution's events arrive on the channel (its sender is the
+/// second field); recorded when finished, or as cancelled when dropped before (its caller went
+/// away).
+struct RecordOnDrop(
+    Option<(Recording, CellRecord, mpsc::UnboundedReceiver<ExecEvent>)>,
+    mpsc::UnboundedSender<ExecEvent>,
+);
+
+impl RecordOnDrop {
+    fn finish(&mut self, result: &Result<ExecutionResult, ExecutorError>) {
+        if let Some((recording, mut cell, mut events)) = self.0.take() {
+            while let Ok(event) = events.try_recv() {
+                cell.observe(&event);
+            }
+            recording.finish(cell, result);
+        }
+    }
+}
+
+impl Drop for RecordOnDrop {
+    fn drop(&mut self) {
+        self.finish(&Err(ExecutorError::Cancelled));
     }
 }
 

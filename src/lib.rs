@@ -11,6 +11,7 @@ pub mod executor;
 pub mod host_env;
 mod json_kind;
 pub mod kernel;
+pub mod notebook;
 pub(crate) mod pause;
 pub mod pyenv;
 pub mod register;

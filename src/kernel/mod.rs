@@ -57,8 +57,8 @@ pub(crate) enum Backend {
     Gateway(Gateway),
 }
 
-pub(crate) use execute::ExecEvent;
 pub use execute::ExecutionOutput;
+pub(crate) use execute::{ExecEvent, Source};
 pub(crate) use pool::KernelPool;
 
 /// Whether shell commands in the kernel need approval (`approve_shell_cmds`).

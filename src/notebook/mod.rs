@@ -1,0 +1,531 @@
+//! The session notebook: every cell an executor runs, recorded as a Jupyter notebook
+//! (nbformat 4.5) that is rewritten after each cell, so a person can open it in JupyterLab or
+//! VS Code while the agent works and watch it grow; `ipybox replay` runs it again.
+//!
+//! - [`Notebook`] (here): the recorder one executor owns. Cells are kept in memory, each
+//!   serialized once when it ends; the file is their concatenation inside a fixed head and
+//!   tail, written atomically (a new file renamed over the old) and never through a link
+//!   ([`crate::safe_fs`]: the workspace is writable by sandboxed kernels). It is never read
+//!   back: the MCP resource serves the notebook from memory. Past
+//!   [`NotebookConfig::max_file_bytes`] the session goes on in a new file (`…-2.ipynb`), so a
+//!   rewrite never costs more than that. Resets and kernel replacements start a new section (a
+//!   markdown cell), not a new file.
+//! - [`record`]: one cell while it runs (outputs from the execution's events, after ipybox's
+//!   caps and the caller's text limit), and its end (status, duration, approval decisions).
+//! - [`format`]: the JSON of notebooks, cells and outputs; UTC times.
+//! - [`read`]: reading a notebook back for `ipybox replay`, and comparing outputs.
+//!
+//! Nothing here reads secrets: a cell holds its code, what it printed (as capped for the
+//! caller) and the tool calls' arguments as the kernel sent them; the registered servers'
+//! `${VAR}`-resolved params are never arguments. Not here: when cells begin and end (the
+//! executor), where the MCP server serves notebooks from.
+
+pub(crate) mod format;
+pub mod read;
+pub(crate) mod record;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use serde_json::{Value, json};
+
+pub(crate) use record::CellRecord;
+pub use record::{MAX_CELL_TEXT_CHARS, MAX_RECORDED_ARGUMENT_BYTES, MAX_RECORDED_CALLS, Status};
+
+use crate::executor::{ExecutionResult, ExecutorError};
+use crate::tools::CallRecord;
+
+/// Default [`NotebookConfig::max_file_bytes`]: 16 MiB.
+pub const DEFAULT_MAX_FILE_BYTES: usize = 16 << 20;
+
+/// Where and how an executor records its notebook.
+#[derive(Debug, Clone)]
+pub struct NotebookConfig {
+    dir: Option<PathBuf>,
+    tag: Option<String>,
+    private: bool,
+    max_file_bytes: usize,
+}
+
+impl NotebookConfig {
+    /// Files in `dir` (created if missing; relative: to the workspace), one per session, named
+    /// `<UTC start time>-<session tag>.ipynb`.
+    pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: Some(dir.into()),
+            tag: None,
+            private: false,
+            max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+        }
+    }
+
+    /// No file: the notebook is kept in memory only ([`Notebook::json`]).
+    pub fn in_memory() -> Self {
+        Self {
+            dir: None,
+            ..Self::in_dir("")
+        }
+    }
+
+    /// The session's tag in the file name and the notebook's metadata (letters, digits, `-`
+    /// and `_`, at most 32; other characters become `_`). Default: 8 random hex digits.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tag = Some(tag.into());
+        self
+    }
+
+    /// Private files (0600) in a private directory (0700, narrowed if it exists wider): a host
+    /// directory of the HTTP service, readable by ipybox's user only. Default: 0644 files in a
+    /// 0755 directory, as the workspace's other files.
+    pub fn private(mut self, private: bool) -> Self {
+        self.private = private;
+        self
+    }
+
+    /// The largest file before the session goes on in a new one (`<name>-2.ipynb`, ...);
+    /// default [`DEFAULT_MAX_FILE_BYTES`]. A single cell larger than this gets a file of its own.
+    pub fn max_file_bytes(mut self, bytes: usize) -> Self {
+        self.max_file_bytes = bytes.max(1);
+        self
+    }
+
+    /// The directory, if any, taken relative to `base` when relative.
+    pub(crate) fn resolved(mut self, base: &Path) -> Self {
+        if let Some(dir) = self.dir.take() {
+            self.dir = Some(if dir.is_absolute() {
+                dir
+            } else {
+                base.join(dir)
+            });
+        }
+        self
+    }
+}
+
+/// Why a new section starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Section {
+    /// `reset()`: a fresh kernel.
+    Reset,
+    /// The kernel of the cell before was replaced (it died, or did not stop when interrupted).
+    KernelReplaced(Status),
+    /// The executor was stopped and started again.
+    Restarted,
+}
+
+/// The notebook of one executor's session (see the module docs). Cheap to share behind an
+/// `Arc`; every method is safe to call from any task.
+#[derive(Debug)]
+pub struct Notebook {
+    dir: Option<PathBuf>,
+    private: bool,
+    max_file_bytes: usize,
+    tag: String,
+    started: SystemTime,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// The current file's number (1, then 2, ... past the size limit).
+    part: u32,
+    /// The serialized cells of the current file, the header first.
+    cells: Vec<Vec<u8>>,
+    bytes: usize,
+    /// The last execution count of the current section.
+    count: u32,
+    next_id: u64,
+    /// Code cells since the last section began.
+    since_section: usize,
+    /// The last write error logged (the same one is not logged again).
+    failing: Option<String>,
+}
+
+impl Notebook {
+    pub(crate) fn new(config: NotebookConfig) -> Self {
+        let tag = match config.tag {
+            Some(tag) => sanitize(&tag),
+            None => format!("{:08x}", rand::random::<u32>()),
+        };
+        let notebook = Self {
+            dir: config.dir,
+            private: config.private,
+            max_file_bytes: config.max_file_bytes,
+            tag,
+            started: SystemTime::now(),
+            state: Mutex::default(),
+        };
+        {
+            let mut state = notebook.lock();
+            notebook.start_part(&mut state, None);
+        }
+        notebook
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session's tag (in the file name, the metadata, and the MCP resource's URI).
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// The file being written now (`None` when the notebook is kept in memory only). It exists
+    /// once the first cell has ended.
+    pub fn path(&self) -> Option<PathBuf> {
+        let part = self.lock().part;
+        Some(self.dir.as_ref()?.join(self.file_name(part)))
+    }
+
+    /// The notebook as it is now (the current file's content), from memory.
+    pub fn json(&self) -> Vec<u8> {
+        let state = self.lock();
+        self.assemble(&state)
+    }
+
+    /// The last code cell recorded in the current file, if any.
+    pub fn last_code_cell(&self) -> Option<Value> {
+        let state = self.lock();
+        state.cells.iter().rev().find_map(|bytes| {
+            let cell: Value = serde_json::from_slice(bytes).ok()?;
+            (cell["cell_type"] == "code").then_some(cell)
+        })
+    }
+
+    fn file_name(&self, part: u32) -> String {
+        let stem = format!("{}-{}", format::utc_for_file(self.started), self.tag);
+        match part {
+            1 => format!("{stem}.ipynb"),
+            n => format!("{stem}-{n}.ipynb"),
+        }
+    }
+
+    fn next_id(state: &mut State) -> String {
+        state.next_id += 1;
+        format!("ipybox-{}", state.next_id)
+    }
+
+    /// Begins file `part + 1` with its header cell.
+    fn start_part(&self, state: &mut State, previous: Option<String>) {
+        state.part += 1;
+        state.cells.clear();
+        state.bytes = 0;
+        let started = format::utc(self.started)
+            .replace('T', " ")
+            .replace('Z', " UTC");
+        let mut text = format!(
+            "**ipybox session `{}`**, started {started}. Each code cell below is one execution, recorded when it ended; its `ipybox` metadata holds its status, duration, timeout and the tool calls and shell commands it made, with the approval asked and the answer.",
+            self.tag
+        );
+        let mut meta = json!({"section": "start"});
+        if let Some(previous) = previous {
+            text.push_str(&format!(
+                "\n\nContinued from `{previous}`, which reached its size limit."
+            ));
+            meta["continued_from"] = previous.into();
+        }
+        let id = Self::next_id(state);
+        Self::push(state, &format::markdown_cell(&id, &text, meta));
+    }
+
+    fn push(state: &mut State, cell: &Value) {
+        let bytes = serde_json::to_vec(cell).unwrap_or_default();
+        state.bytes += bytes.len() + 2;
+        state.cells.push(bytes);
+    }
+
+    /// Adds `cell`, going on in a new file first if it would not fit in this one.
+    fn push_sized(&self, state: &mut State, cell: &Value) {
+        let size = serde_json::to_vec(cell).map_or(0, |b| b.len());
+        if state.cells.len() > 1 && state.bytes + size > self.max_file_bytes {
+            let previous = self.file_name(state.part);
+            self.start_part(state, Some(previous));
+        }
+        Self::push(state, cell);
+    }
+
+    /// Records a cell that ended with `result` after the approval decisions in `calls`, and
+    /// writes the file.
+    pub(crate) fn finish(
+        &self,
+        record: CellRecord,
+        result: &Result<ExecutionResult, ExecutorError>,
+        calls: Vec<CallRecord>,
+    ) {
+        let mut state = self.lock();
+        state.count += 1;
+        let id = Self::next_id(&mut state);
+        let done = record.finish(&id, state.count, result, calls);
+        self.push_sized(&mut state, &done.cell);
+        state.since_section += 1;
+        if done.kernel_replaced {
+            self.push_section(&mut state, Section::KernelReplaced(done.status));
+        }
+        self.write(&mut state);
+    }
+
+    /// Starts a new section (a markdown cell) when cells were recorded since the last one.
+    pub(crate) fn section(&self, why: Section) {
+        let mut state = self.lock();
+        if self.push_section(&mut state, why) {
+            self.write(&mut state);
+        }
+    }
+
+    fn push_section(&self, state: &mut State, why: Section) -> bool {
+        if state.since_section == 0 {
+            return false;
+        }
+        let at = format::utc_clock(SystemTime::now());
+        let (kind, text) = match why {
+            Section::Reset => (
+                "reset",
+                format!(
+                    "---\n**Kernel reset** ({at}): a fresh kernel runs the cells below; variables, imports and definitions from above are gone."
+                ),
+            ),
+            Section::KernelReplaced(status) => (
+                "kernel replaced",
+                format!(
+                    "---\n**New kernel** ({at}): the kernel of the cell above was replaced ({}); variables, imports and definitions from above are gone.",
+                    match status {
+                        Status::TimedOut => "it did not stop when interrupted",
+                        _ => "it died",
+                    }
+                ),
+            ),
+            Section::Restarted => (
+                "restarted",
+                format!(
+                    "---\n**Kernel started again** ({at}): the executor was stopped and started; variables, imports and definitions from above are gone."
+                ),
+            ),
+        };
+        let id = Self::next_id(state);
+        self.push_sized(
+            state,
+            &format::markdown_cell(&id, &text, json!({"section": kind})),
+        );
+        state.since_section = 0;
+        state.count = 0;
+        true
+    }
+
+    /// Notes that `spec` was installed into the kernel's environment (between cells).
+    pub(crate) fn note_install(&self, spec: &str) {
+        let mut state = self.lock();
+        let id = Self::next_id(&mut state);
+        let text = format!(
+            "`install_package({})`: installed into the kernel's environment.",
+            serde_json::to_string(spec).unwrap_or_default()
+        );
+        self.push_sized(
+            &mut state,
+            &format::markdown_cell(&id, &text, json!({"installed": spec})),
+        );
+        self.write(&mut state);
+    }
+
+    fn assemble(&self, state: &State) -> Vec<u8> {
+        let tail = format::tail(&format::notebook_metadata(
+            &self.tag,
+            &format::utc(self.started),
+            state.part,
+        ));
+        let mut bytes = Vec::with_capacity(format::HEAD.len() + state.bytes + tail.len());
+        bytes.extend_from_slice(format::HEAD);
+        for (i, cell) in state.cells.iter().enumerate() {
+            if i > 0 {
+                bytes.extend_from_slice(b",\n");
+            }
+            bytes.extend_from_slice(cell);
+        }
+        bytes.extend_from_slice(&tail);
+        bytes
+    }
+
+    /// Writes the current file (a failure is logged, once per kind, and recording goes on in
+    /// memory: the next cell tries again).
+    fn write(&self, state: &mut State) {
+        let Some(dir) = &self.dir else { return };
+        let bytes = self.assemble(state);
+        let name = self.file_name(state.part);
+        let written = if self.private {
+            crate::safe_fs::open_private_dir(dir)
+        } else {
+            crate::safe_fs::NoFollowDir::open(dir, Some(0o755))
+        }
+        .and_then(|d| d.replace(&name, &bytes, if self.private { 0o600 } else { 0o644 }));
+        match written {
+            Ok(()) => state.failing = None,
+            Err(e) => {
+                let text = e.to_string();
+                if state.failing.as_deref() != Some(text.as_str()) {
+                    tracing::warn!(
+                        "cannot write the session notebook {}: {text} (recording goes on in memory)",
+                        dir.join(&name).display()
+                    );
+                    state.failing = Some(text);
+                }
+            }
+        }
+    }
+}
+
+/// `tag` made safe for a file name: letters, digits, `-`, `_`; at most 32 characters.
+fn sanitize(tag: &str) -> String {
+    let clean: String = tag
+        .chars()
+        .take(32)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.is_empty() {
+        "session".into()
+    } else {
+        clean
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::{ExecEvent, Source};
+
+    fn run(notebook: &Notebook, code: &str, text: &str) {
+        let mut cell = CellRecord::new(code, None, None);
+        cell.observe(&ExecEvent::Output(Source::Stdout, text.into()));
+        notebook.finish(cell, &Ok(ExecutionResult::default()), vec![]);
+    }
+
+    fn parse(bytes: &[u8]) -> Value {
+        serde_json::from_slice(bytes).expect("the notebook is JSON")
+    }
+
+    #[test]
+    fn cells_sections_and_counts() {
+        let t = tempfile::tempdir().unwrap();
+        let notebook = Notebook::new(NotebookConfig::in_dir(t.path().join("nb")).tag("s/1"));
+        assert_eq!(notebook.tag(), "s_1");
+        // Nothing ran yet: a reset starts no section.
+        notebook.section(Section::Reset);
+        run(&notebook, "print(1)", "1\n");
+        run(&notebook, "print(2)", "2\n");
+        notebook.section(Section::Reset);
+        notebook.section(Section::Reset);
+        run(&notebook, "print(3)", "3\n");
+        let path = notebook.path().unwrap();
+        assert!(
+            path.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .ends_with("-s_1.ipynb")
+        );
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(on_disk, notebook.json());
+        let nb = parse(&on_disk);
+        let cells = nb["cells"].as_array().unwrap();
+        let kinds: Vec<(&str, Value)> = cells
+            .iter()
+            .map(|c| {
+                (
+                    c["cell_type"].as_str().unwrap(),
+                    c.get("execution_count").cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("markdown", Value::Null),
+                ("code", 1.into()),
+                ("code", 2.into()),
+                ("markdown", Value::Null),
+                ("code", 1.into()),
+            ]
+        );
+        assert_eq!(cells[3]["metadata"]["ipybox"]["section"], "reset");
+        assert_eq!(notebook.last_code_cell().unwrap()["source"], "print(3)");
+        let ids: std::collections::HashSet<&str> =
+            cells.iter().map(|c| c["id"].as_str().unwrap()).collect();
+        assert_eq!(ids.len(), cells.len(), "cell ids are unique");
+    }
+
+    #[test]
+    fn past_the_size_limit_the_session_goes_on_in_a_new_file() {
+        let t = tempfile::tempdir().unwrap();
+        let notebook = Notebook::new(
+            NotebookConfig::in_dir(t.path())
+                .tag("big")
+                .max_file_bytes(2500),
+        );
+        let first = notebook.path().unwrap();
+        for i in 0..4 {
+            run(&notebook, &format!("print({i})"), &"x".repeat(700));
+        }
+        let now = notebook.path().unwrap();
+        assert_ne!(first, now);
+        assert!(
+            now.to_str().unwrap().ends_with("-big-2.ipynb"),
+            "{}",
+            now.display()
+        );
+        let old = parse(&std::fs::read(&first).unwrap());
+        let new = parse(&std::fs::read(&now).unwrap());
+        assert_eq!(
+            old["cells"].as_array().unwrap().len(),
+            3,
+            "header + 2 cells"
+        );
+        assert_eq!(new["metadata"]["ipybox"]["part"], 2);
+        assert_eq!(
+            new["cells"][0]["metadata"]["ipybox"]["continued_from"],
+            first.file_name().unwrap().to_str().unwrap()
+        );
+        assert_eq!(new["cells"][1]["execution_count"], 3, "counts go on");
+    }
+
+    #[test]
+    fn a_link_in_place_of_the_file_is_replaced_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside");
+        std::fs::write(&outside, "precious").unwrap();
+        let dir = t.path().join("nb");
+        let notebook = Notebook::new(NotebookConfig::in_dir(&dir));
+        std::fs::create_dir(&dir).unwrap();
+        let path = notebook.path().unwrap();
+        std::os::unix::fs::symlink(&outside, &path).unwrap();
+        run(&notebook, "print(1)", "1\n");
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "precious");
+        assert!(std::fs::symlink_metadata(&path).unwrap().is_file());
+        // A link in place of the directory: nothing is written (through it or anywhere).
+        let moved = t.path().join("moved");
+        std::fs::rename(&dir, &moved).unwrap();
+        let target = t.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        std::os::unix::fs::symlink(&target, &dir).unwrap();
+        run(&notebook, "print(2)", "2\n");
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+        assert_eq!(notebook.last_code_cell().unwrap()["source"], "print(2)");
+    }
+
+    #[test]
+    fn private_notebooks_are_private() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("host");
+        let notebook = Notebook::new(NotebookConfig::in_dir(&dir).private(true));
+        run(&notebook, "1", "");
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        let file = std::fs::metadata(notebook.path().unwrap()).unwrap();
+        assert_eq!(file.mode() & 0o777, 0o600);
+    }
+}
