@@ -32,6 +32,7 @@ mod mcp_approvals;
 mod mcp_client;
 mod mcp_modern;
 mod mcp_server;
+mod notebook;
 mod proc_tree;
 mod remote_kernels;
 #[cfg(target_os = "linux")]
