@@ -35,7 +35,7 @@ use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::{
     Backend, ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
 };
-use crate::notebook::{CellRecord, Notebook, NotebookConfig, Section};
+use crate::notebook::{CellRecord, Ending, Notebook, NotebookConfig, Section};
 use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::RegisterError;
@@ -1251,10 +1251,14 @@ impl Recording {
 
     /// Gives the notebook the cell (unless it never ran: the executor was stopped).
     fn finish(self, cell: CellRecord, result: &Result<ExecutionResult, ExecutorError>) {
-        if matches!(result, Err(ExecutorError::Kernel(KernelError::Stopped))) {
-            return;
-        }
-        self.notebook.finish(cell, result, self.log.take());
+        let ending = match result {
+            Ok(_) => Ending::Ok,
+            Err(ExecutorError::Kernel(KernelError::Stopped)) => return,
+            Err(ExecutorError::Kernel(e)) => Ending::Kernel(e),
+            Err(e @ ExecutorError::Cancelled) => Ending::Cancelled(e.to_string()),
+            Err(e) => Ending::Other(e.to_string()),
+        };
+        self.notebook.finish(cell, &ending, self.log.take());
     }
 }
 

@@ -5,7 +5,8 @@
 //!   everything done inside it relative to that open descriptor (`openat`, `mkdirat`,
 //!   `renameat`, `unlinkat` with `O_NOFOLLOW` / `AT_SYMLINK_NOFOLLOW`). Swapping the directory
 //!   for a link after it was opened changes nothing: the host keeps working in the directory it
-//!   opened. Used for generated code (`mcptools/`) and images (`images/`) in the workspace, which
+//!   opened. Used for generated code (`mcptools/`), images (`images/`) and session notebooks
+//!   (`notebooks/`, rewritten atomically with [`NoFollowDir::replace`]) in the workspace, which
 //!   a sandboxed kernel can write.
 //! - [`write_private`], [`create_private_dir`]: ipybox's own state under its data directory
 //!   (`$IPYBOX_HOME`): files 0600, directories 0700, files replaced atomically and never through

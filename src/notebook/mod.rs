@@ -30,10 +30,9 @@ use std::time::SystemTime;
 
 use serde_json::{Value, json};
 
-pub(crate) use record::CellRecord;
+pub(crate) use record::{CellRecord, Ending};
 pub use record::{MAX_CELL_TEXT_CHARS, MAX_RECORDED_ARGUMENT_BYTES, MAX_RECORDED_CALLS, Status};
 
-use crate::executor::{ExecutionResult, ExecutorError};
 use crate::tools::CallRecord;
 
 /// Default [`NotebookConfig::max_file_bytes`]: 16 MiB.
@@ -246,18 +245,13 @@ impl Notebook {
         Self::push(state, cell);
     }
 
-    /// Records a cell that ended with `result` after the approval decisions in `calls`, and
+    /// Records a cell that ended (`ending`) after the approval decisions in `calls`, and
     /// writes the file.
-    pub(crate) fn finish(
-        &self,
-        record: CellRecord,
-        result: &Result<ExecutionResult, ExecutorError>,
-        calls: Vec<CallRecord>,
-    ) {
+    pub(crate) fn finish(&self, record: CellRecord, ending: &Ending<'_>, calls: Vec<CallRecord>) {
         let mut state = self.lock();
         state.count += 1;
         let id = Self::next_id(&mut state);
-        let done = record.finish(&id, state.count, result, calls);
+        let done = record.finish(&id, state.count, ending, calls);
         self.push_sized(&mut state, &done.cell);
         state.since_section += 1;
         if done.kernel_replaced {
@@ -402,7 +396,7 @@ mod tests {
     fn run(notebook: &Notebook, code: &str, text: &str) {
         let mut cell = CellRecord::new(code, None, None);
         cell.observe(&ExecEvent::Output(Source::Stdout, text.into()));
-        notebook.finish(cell, &Ok(ExecutionResult::default()), vec![]);
+        notebook.finish(cell, &Ending::Ok, vec![]);
     }
 
     fn parse(bytes: &[u8]) -> Value {

@@ -14,7 +14,6 @@ use base64::Engine;
 use serde_json::{Map, Value, json};
 
 use super::format;
-use crate::executor::{ExecutionResult, ExecutorError};
 use crate::kernel::{ExecEvent, KernelError, Source};
 use crate::tools::{Answer, CallRecord};
 
@@ -58,6 +57,18 @@ impl Status {
             Status::Failed => "failed",
         }
     }
+}
+
+/// How an execution ended, as the notebook needs to know it (the executor says).
+#[derive(Debug)]
+pub(crate) enum Ending<'a> {
+    Ok,
+    /// The kernel's error (the code raised, timed out, or the kernel died).
+    Kernel(&'a KernelError),
+    /// Cancelled by its caller; the message the caller got.
+    Cancelled(String),
+    /// Anything else; the message the caller got.
+    Other(String),
 }
 
 /// What a cell's execution printed or displayed, in order.
@@ -194,24 +205,24 @@ impl CellRecord {
         }
     }
 
-    /// The cell, once its execution ended with `result` after the decisions in `calls`.
+    /// The cell, once its execution ended (`ending`) after the decisions in `calls`.
     pub(crate) fn finish(
         mut self,
         id: &str,
         count: u32,
-        result: &Result<ExecutionResult, ExecutorError>,
+        ending: &Ending<'_>,
         calls: Vec<CallRecord>,
     ) -> Finished {
         let duration = self.clock.elapsed();
-        let (status, kernel_replaced) = status(result);
-        match result {
-            Ok(_) => {}
-            Err(ExecutorError::Kernel(KernelError::Failed {
+        let (status, kernel_replaced) = status(ending);
+        match ending {
+            Ending::Ok => {}
+            Ending::Kernel(KernelError::Failed {
                 ename,
                 evalue,
                 traceback,
                 ..
-            })) => {
+            }) => {
                 let traceback = self.keep(traceback).unwrap_or_default();
                 self.outputs.push(Output::Error {
                     ename: ename.clone(),
@@ -220,10 +231,16 @@ impl CellRecord {
                 });
             }
             // The message the caller got (what ran out, what was kept), always whole.
-            Err(e) => self.outputs.push(Output::Stream {
+            Ending::Kernel(e) => self.outputs.push(Output::Stream {
                 name: "stderr",
                 text: format!("{e}\n"),
             }),
+            Ending::Cancelled(message) | Ending::Other(message) => {
+                self.outputs.push(Output::Stream {
+                    name: "stderr",
+                    text: format!("{message}\n"),
+                })
+            }
         }
         let outputs = self.outputs.iter().map(|o| output_json(o, count)).collect();
         let mut metadata = json!({
@@ -268,21 +285,17 @@ impl CellRecord {
 }
 
 /// A cell's status, and whether its kernel was replaced after it.
-fn status(result: &Result<ExecutionResult, ExecutorError>) -> (Status, bool) {
-    match result {
-        Ok(_) => (Status::Ok, false),
-        Err(ExecutorError::Kernel(KernelError::Failed { ename, .. }))
-            if ename == "KeyboardInterrupt" =>
-        {
+fn status(ending: &Ending<'_>) -> (Status, bool) {
+    match ending {
+        Ending::Ok => (Status::Ok, false),
+        Ending::Kernel(KernelError::Failed { ename, .. }) if ename == "KeyboardInterrupt" => {
             (Status::Interrupted, false)
         }
-        Err(ExecutorError::Kernel(KernelError::Failed { .. })) => (Status::Error, false),
-        Err(ExecutorError::Kernel(KernelError::Timeout { state_kept, .. })) => {
-            (Status::TimedOut, !state_kept)
-        }
-        Err(ExecutorError::Kernel(KernelError::Died { .. })) => (Status::KernelDied, true),
-        Err(ExecutorError::Cancelled) => (Status::Cancelled, false),
-        Err(_) => (Status::Failed, false),
+        Ending::Kernel(KernelError::Failed { .. }) => (Status::Error, false),
+        Ending::Kernel(KernelError::Timeout { state_kept, .. }) => (Status::TimedOut, !state_kept),
+        Ending::Kernel(KernelError::Died { .. }) => (Status::KernelDied, true),
+        Ending::Cancelled(_) => (Status::Cancelled, false),
+        Ending::Kernel(_) | Ending::Other(_) => (Status::Failed, false),
     }
 }
 
@@ -364,7 +377,7 @@ mod tests {
             vec![137, 80],
         ));
         cell.observe(&out(Source::Result, "42\n"));
-        let done = cell.finish("c1", 3, &Ok(ExecutionResult::default()), vec![]);
+        let done = cell.finish("c1", 3, &Ending::Ok, vec![]);
         assert_eq!(done.status, Status::Ok);
         assert_eq!(
             done.cell["outputs"],
@@ -383,13 +396,13 @@ mod tests {
         let mut cell = CellRecord::new("x", Some(Duration::from_secs(5)), Some(5));
         cell.observe(&out(Source::Stdout, "héllo world"));
         cell.observe(&out(Source::Stdout, "more"));
-        let error = ExecutorError::Kernel(KernelError::Failed {
+        let error = KernelError::Failed {
             ename: "ValueError".into(),
             evalue: "bad".into(),
             traceback: "Traceback\nValueError: bad".into(),
             output: String::new(),
-        });
-        let done = cell.finish("c1", 1, &Err(error), vec![]);
+        };
+        let done = cell.finish("c1", 1, &Ending::Kernel(&error), vec![]);
         assert_eq!(done.status, Status::Error);
         assert_eq!(
             done.cell["outputs"],
@@ -436,12 +449,13 @@ mod tests {
                 Some("shell command `ls`"),
             ),
         ];
-        let timeout = ExecutorError::Kernel(KernelError::Timeout {
+        let timeout = KernelError::Timeout {
             seconds: 1.0,
             state_kept: false,
             output: String::new(),
-        });
-        let done = CellRecord::new("x", None, None).finish("c1", 1, &Err(timeout), calls);
+        };
+        let done =
+            CellRecord::new("x", None, None).finish("c1", 1, &Ending::Kernel(&timeout), calls);
         assert_eq!(done.status, Status::TimedOut);
         assert!(done.kernel_replaced);
         let meta = &done.cell["metadata"]["ipybox"];

@@ -152,7 +152,10 @@ async fn the_sdk_records_every_kind_of_cell_and_the_notebook_validates() {
     let path = ex.notebook().unwrap().path().unwrap();
     ex.stop().await;
 
-    assert_eq!(notebooks_in(&ws.path().join("notebooks")), [path.clone()]);
+    assert_eq!(
+        notebooks_in(&ws.path().join("notebooks")),
+        std::slice::from_ref(&path)
+    );
     let name = path.file_name().unwrap().to_str().unwrap();
     let tag = ex.notebook().unwrap().tag().to_string();
     assert!(name.ends_with(&format!("Z-{tag}.ipynb")), "{name}");
@@ -319,7 +322,10 @@ async fn replay_reproduces_a_ten_cell_session() {
     assert!(stdout.contains("\n3\n"), "the tool call ran: {stdout}");
     assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
     // No notebook of its own: the replay records in memory.
-    assert_eq!(notebooks_in(&ws.path().join("notebooks")), [path.clone()]);
+    assert_eq!(
+        notebooks_in(&ws.path().join("notebooks")),
+        std::slice::from_ref(&path)
+    );
 
     // A recording whose output differs: named, and an exit status only with --check.
     let mut nb = read_json(&path);
