@@ -838,6 +838,10 @@ impl CodeExecutor {
             tokio::join!(pool.shutdown(detach), tools.stop());
             drop(runtime);
         }
+        // The notebook's file holds every cell once stopped.
+        if let Some(notebook) = self.inner.notebook.clone() {
+            let _ = tokio::task::spawn_blocking(move || notebook.flush()).await;
+        }
     }
 
     /// Runs `code` and returns its output; its tool calls are all accepted. `timeout` of `None`

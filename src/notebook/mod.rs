@@ -1,5 +1,5 @@
 //! The session notebook: every cell an executor runs, recorded as a Jupyter notebook
-//! (nbformat 4.5) that is rewritten after each cell, so a person can open it in JupyterLab or
+//! (nbformat 4.5) that is rewritten after each cell (in the background), so a person can open it in JupyterLab or
 //! VS Code while the agent works and watch it grow; `ipybox replay` runs it again.
 //!
 //! - [`Notebook`] (here): the recorder one executor owns. Cells are kept in memory, each
@@ -25,7 +25,7 @@ pub mod read;
 pub(crate) mod record;
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
@@ -113,25 +113,46 @@ pub(crate) enum Section {
     Restarted,
 }
 
-/// The notebook of one executor's session (see the module docs). Cheap to share behind an
-/// `Arc`; every method is safe to call from any task.
+/// The notebook of one executor's session (see the module docs). Every method is safe to call
+/// from any task.
+///
+/// A cell ends in memory at once; the file is written by a background task (a blocking one of
+/// the tokio runtime, else a thread), so the caller's result never waits for the disk (a rename
+/// over a file costs milliseconds on a busy ext4). Cells that end while a write runs are written
+/// together by the next one. [`Notebook::flush`] waits for the file to hold everything.
 #[derive(Debug)]
-pub struct Notebook {
+pub struct Notebook(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
     dir: Option<PathBuf>,
     private: bool,
     max_file_bytes: usize,
     tag: String,
     started: SystemTime,
     state: Mutex<State>,
+    /// Signalled when a write ends.
+    written: Condvar,
 }
+
+/// A file's content as it was: its part number, its serialized cells and their size.
+type Snapshot = (u32, Vec<Arc<[u8]>>, usize);
 
 #[derive(Debug, Default)]
 struct State {
     /// The current file's number (1, then 2, ... past the size limit).
     part: u32,
     /// The serialized cells of the current file, the header first.
-    cells: Vec<Vec<u8>>,
+    cells: Vec<Arc<[u8]>>,
     bytes: usize,
+    /// Changes to the current file so far, and how many of them the file holds.
+    version: u64,
+    on_disk: u64,
+    /// Whether a background write runs (it goes on until the files hold every change).
+    writing: bool,
+    /// Files finished (past the size limit) whose last version the background write still
+    /// has to write: part, cells, size.
+    finished: std::collections::VecDeque<Snapshot>,
     /// The last execution count of the current section.
     count: u32,
     next_id: u64,
@@ -147,14 +168,15 @@ impl Notebook {
             Some(tag) => sanitize(&tag),
             None => format!("{:08x}", rand::random::<u32>()),
         };
-        let notebook = Self {
+        let notebook = Self(Arc::new(Shared {
             dir: config.dir,
             private: config.private,
             max_file_bytes: config.max_file_bytes,
             tag,
             started: SystemTime::now(),
             state: Mutex::default(),
-        };
+            written: Condvar::new(),
+        }));
         {
             let mut state = notebook.lock();
             notebook.start_part(&mut state, None);
@@ -162,20 +184,33 @@ impl Notebook {
         notebook
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.0.lock()
+    }
+
+    /// Waits until the file holds every cell recorded so far (returns at once when nothing is
+    /// being written, or the notebook has no file).
+    pub fn flush(&self) {
+        let mut state = self.lock();
+        while state.writing {
+            state = self
+                .0
+                .written
+                .wait(state)
+                .unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// The session's tag (in the file name, the metadata, and the MCP resource's URI).
     pub fn tag(&self) -> &str {
-        &self.tag
+        &self.0.tag
     }
 
     /// The file being written now (`None` when the notebook is kept in memory only). It exists
     /// once the first cell has ended.
     pub fn path(&self) -> Option<PathBuf> {
         let part = self.lock().part;
-        Some(self.dir.as_ref()?.join(self.file_name(part)))
+        Some(self.0.dir.as_ref()?.join(self.0.file_name(part)))
     }
 
     /// The notebook as it is now (the current file's content), from memory.
@@ -193,14 +228,6 @@ impl Notebook {
         })
     }
 
-    fn file_name(&self, part: u32) -> String {
-        let stem = format!("{}-{}", format::utc_for_file(self.started), self.tag);
-        match part {
-            1 => format!("{stem}.ipynb"),
-            n => format!("{stem}-{n}.ipynb"),
-        }
-    }
-
     fn next_id(state: &mut State) -> String {
         state.next_id += 1;
         format!("ipybox-{}", state.next_id)
@@ -211,12 +238,12 @@ impl Notebook {
         state.part += 1;
         state.cells.clear();
         state.bytes = 0;
-        let started = format::utc(self.started)
+        let started = format::utc(self.0.started)
             .replace('T', " ")
             .replace('Z', " UTC");
         let mut text = format!(
             "**ipybox session `{}`**, started {started}. Each code cell below is one execution, recorded when it ended; its `ipybox` metadata holds its status, duration, timeout and the tool calls and shell commands it made, with the approval asked and the answer.",
-            self.tag
+            self.0.tag
         );
         let mut meta = json!({"section": "start"});
         if let Some(previous) = previous {
@@ -230,19 +257,29 @@ impl Notebook {
     }
 
     fn push(state: &mut State, cell: &Value) {
-        let bytes = serde_json::to_vec(cell).unwrap_or_default();
-        state.bytes += bytes.len() + 2;
-        state.cells.push(bytes);
+        Self::push_bytes(state, serde_json::to_vec(cell).unwrap_or_default());
     }
 
-    /// Adds `cell`, going on in a new file first if it would not fit in this one.
+    fn push_bytes(state: &mut State, bytes: Vec<u8>) {
+        state.bytes += bytes.len() + 2;
+        state.cells.push(bytes.into());
+        state.version += 1;
+    }
+
+    /// Adds `cell`, going on in a new file first if it would not fit in this one (the full
+    /// file is written first, in the caller's time: once per file).
     fn push_sized(&self, state: &mut State, cell: &Value) {
-        let size = serde_json::to_vec(cell).map_or(0, |b| b.len());
-        if state.cells.len() > 1 && state.bytes + size > self.max_file_bytes {
-            let previous = self.file_name(state.part);
+        let bytes = serde_json::to_vec(cell).unwrap_or_default();
+        if state.cells.len() > 1 && state.bytes + bytes.len() > self.0.max_file_bytes {
+            if state.on_disk < state.version {
+                let done = (state.part, state.cells.clone(), state.bytes);
+                state.finished.push_back(done);
+            }
+            state.on_disk = state.version;
+            let previous = self.0.file_name(state.part);
             self.start_part(state, Some(previous));
         }
-        Self::push(state, cell);
+        Self::push_bytes(state, bytes);
     }
 
     /// Records a cell that ended (`ending`) after the approval decisions in `calls`, and
@@ -323,14 +360,76 @@ impl Notebook {
     }
 
     fn assemble(&self, state: &State) -> Vec<u8> {
+        self.0.assemble(state.part, &state.cells, state.bytes)
+    }
+
+    /// Has the files written in the background (see [`Notebook`]).
+    fn write(&self, state: &mut State) {
+        if self.0.dir.is_none()
+            || state.writing
+            || (state.on_disk == state.version && state.finished.is_empty())
+        {
+            return;
+        }
+        state.writing = true;
+        let writer = Writer(self.0.clone(), false);
+        let work = move || writer.run();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(work)),
+            Err(_) => drop(std::thread::spawn(work)),
+        }
+    }
+}
+
+/// The background write of a notebook's files. Dropped without having run (a runtime shutting
+/// down drops what it has not started), it writes in the dropper's time; unwinding from a
+/// panic, it marks the write over: [`Notebook::flush`] never waits for a write that will not
+/// come.
+struct Writer(Arc<Shared>, bool);
+
+impl Writer {
+    fn run(mut self) {
+        self.0.write_until_current();
+        self.1 = true;
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        if self.1 {
+            return;
+        }
+        if std::thread::panicking() {
+            self.0.lock().writing = false;
+            self.0.written.notify_all();
+        } else {
+            self.0.write_until_current();
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn file_name(&self, part: u32) -> String {
+        let stem = format!("{}-{}", format::utc_for_file(self.started), self.tag);
+        match part {
+            1 => format!("{stem}.ipynb"),
+            n => format!("{stem}-{n}.ipynb"),
+        }
+    }
+
+    fn assemble(&self, part: u32, cells: &[Arc<[u8]>], size: usize) -> Vec<u8> {
         let tail = format::tail(&format::notebook_metadata(
             &self.tag,
             &format::utc(self.started),
-            state.part,
+            part,
         ));
-        let mut bytes = Vec::with_capacity(format::HEAD.len() + state.bytes + tail.len());
+        let mut bytes = Vec::with_capacity(format::HEAD.len() + size + tail.len());
         bytes.extend_from_slice(format::HEAD);
-        for (i, cell) in state.cells.iter().enumerate() {
+        for (i, cell) in cells.iter().enumerate() {
             if i > 0 {
                 bytes.extend_from_slice(b",\n");
             }
@@ -340,18 +439,39 @@ impl Notebook {
         bytes
     }
 
-    /// Writes the current file (a failure is logged, once per kind, and recording goes on in
-    /// memory: the next cell tries again).
-    fn write(&self, state: &mut State) {
-        let Some(dir) = &self.dir else { return };
-        let bytes = self.assemble(state);
-        let name = self.file_name(state.part);
-        let written = if self.private {
-            crate::safe_fs::open_private_dir(dir)
-        } else {
-            crate::safe_fs::NoFollowDir::open(dir, Some(0o755))
+    /// The background write: the files finished meanwhile, then the current file as it is,
+    /// again while cells end. One runs at a time, so a later version is never overwritten by
+    /// an earlier one; the disk is never written under the lock.
+    fn write_until_current(&self) {
+        loop {
+            let (part, cells, size, version) = {
+                let mut state = self.lock();
+                if let Some((part, cells, size)) = state.finished.pop_front() {
+                    (part, cells, size, None)
+                } else if state.on_disk == state.version {
+                    state.writing = false;
+                    self.written.notify_all();
+                    return;
+                } else {
+                    let current = (state.part, state.cells.clone(), state.bytes);
+                    (current.0, current.1, current.2, Some(state.version))
+                }
+            };
+            let name = self.file_name(part);
+            let written = self.write_bytes(&name, &self.assemble(part, &cells, size));
+            let mut state = self.lock();
+            if let Some(version) = version
+                && state.part == part
+            {
+                state.on_disk = version;
+            }
+            self.record(&mut state, &name, written);
         }
-        .and_then(|d| d.replace(&name, &bytes, if self.private { 0o600 } else { 0o644 }));
+    }
+
+    /// Logs a failed write (once per kind: recording goes on in memory, the next cell tries
+    /// again).
+    fn record(&self, state: &mut State, name: &str, written: std::io::Result<()>) {
         match written {
             Ok(()) => state.failing = None,
             Err(e) => {
@@ -359,12 +479,27 @@ impl Notebook {
                 if state.failing.as_deref() != Some(text.as_str()) {
                     tracing::warn!(
                         "cannot write the session notebook {}: {text} (recording goes on in memory)",
-                        dir.join(&name).display()
+                        self.dir
+                            .as_deref()
+                            .unwrap_or(Path::new(""))
+                            .join(name)
+                            .display()
                     );
                     state.failing = Some(text);
                 }
             }
         }
+    }
+
+    /// Replaces file `name` of the notebook directory with `bytes`, never through a link.
+    fn write_bytes(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let dir = if self.private {
+            crate::safe_fs::open_private_dir(dir)
+        } else {
+            crate::safe_fs::NoFollowDir::open(dir, Some(0o755))
+        }?;
+        dir.replace(name, bytes, if self.private { 0o600 } else { 0o644 })
     }
 }
 
@@ -397,6 +532,7 @@ mod tests {
         let mut cell = CellRecord::new(code, None, None);
         cell.observe(&ExecEvent::Output(Source::Stdout, text.into()));
         notebook.finish(cell, &Ending::Ok, vec![]);
+        notebook.flush();
     }
 
     fn parse(bytes: &[u8]) -> Value {

@@ -583,8 +583,13 @@ async fn http_sessions_never_see_each_others_notebook(era: Era) {
             .contains("bob was here")
     );
 
-    // On the host, private, and nowhere in the shared workspace.
+    // On the host, private, and nowhere in the shared workspace (written in the background:
+    // waited for).
     use std::os::unix::fs::MetadataExt;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while notebooks_in(&service.notebooks()).len() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let files = notebooks_in(&service.notebooks());
     assert_eq!(files.len(), 2, "{files:?}");
     assert_eq!(
@@ -628,7 +633,8 @@ async fn links_planted_by_sandboxed_code_do_not_redirect_the_notebook() {
         .build();
     ex.start().await.unwrap();
     assert_eq!(run(&ex, "print('first')").await, "first");
-    let path = ex.notebook().unwrap().path().unwrap();
+    let notebook = ex.notebook().unwrap();
+    let path = notebook.path().unwrap();
     assert!(path.starts_with(ws.join("notebooks")));
     // The kernel swaps the file for a link to a file it cannot write.
     let target = outside.join("precious.txt");
@@ -640,6 +646,7 @@ async fn links_planted_by_sandboxed_code_do_not_redirect_the_notebook() {
         ),
     )
     .await;
+    notebook.flush();
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
     let meta = std::fs::symlink_metadata(&path).unwrap();
     assert!(meta.is_file(), "the link was replaced by the notebook");
@@ -655,13 +662,14 @@ async fn links_planted_by_sandboxed_code_do_not_redirect_the_notebook() {
     )
     .await;
     assert_eq!(run(&ex, "print('third')").await, "third");
+    notebook.flush();
     assert_eq!(
         std::fs::read_dir(&dir).unwrap().count(),
         0,
         "nothing was written through the link"
     );
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
-    let in_memory: Value = serde_json::from_slice(&ex.notebook().unwrap().json()).unwrap();
+    let in_memory: Value = serde_json::from_slice(&notebook.json()).unwrap();
     assert_eq!(
         code_cells(&in_memory).len(),
         4,

@@ -214,7 +214,8 @@ async def test_notebook_records_the_session_when_asked(workspace):
         await executor.execute("x = 6 * 7\nprint(x)")
         path = executor.notebook_path
         assert path is not None and path.parent == workspace / "notebooks"
-        notebook = json.loads(path.read_text())
+    # Written in the background; stop() (the end of `async with`) waits for it.
+    notebook = json.loads(path.read_text())
     cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
     assert notebook["nbformat"] == 4 and notebook["nbformat_minor"] == 5
     assert [c["source"] for c in cells] == ["x = 6 * 7\nprint(x)"]

@@ -152,8 +152,9 @@ class CodeExecutor:
                 `pty.spawn`) with a `PermissionError` that says to use `!cmd`. Requires
                 `approve_shell_cmds=True`. A guard against accidents, not a security boundary
                 (use `sandbox=True` for that).
-            notebook: Record every execution in a Jupyter notebook, rewritten after each cell
-                (open it in JupyterLab or VS Code to watch; `ipybox replay` runs it again):
+            notebook: Record every execution in a Jupyter notebook, rewritten in the background
+                after each cell (`stop()` waits until the file holds every cell; open it in
+                JupyterLab or VS Code to watch; `ipybox replay` runs it again):
                 `True` writes `notebooks/` of the working directory, a path writes there
                 (relative: to the working directory). One file per `start()`'s executor,
                 `<UTC start time>-<tag>.ipynb`. Default `False` (as Python ipybox 0.9.2).
@@ -229,8 +230,8 @@ class CodeExecutor:
 
     @property
     def notebook_path(self) -> Path | None:
-        """The session notebook being written (`notebook=...`), once started; it exists after
-        the first cell has ended. `None` without a notebook."""
+        """The session notebook being written (`notebook=...`), once started; it exists just after
+        the first cell has ended (written in the background; complete once stopped). `None` without a notebook."""
         if self._rs is None:
             return None
         path = self._rs.notebook_path()
