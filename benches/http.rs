@@ -9,6 +9,11 @@
 //! server (one client, `print(1)`) for comparison; and the same load with the kernels on a
 //! local Jupyter Enterprise Gateway.
 //!
+//! Then confinement (docs/http.md): the default (each session's kernel in a bubblewrap of its
+//! own) against `--unconfined-sessions`: session start with and without a warm kernel, PSS per
+//! session, `print(1)` p50/p99 at 1 and 32 clients. `cargo bench --bench http -- confinement`
+//! runs that part alone.
+//!
 //! Needs `bash scripts/test-env.sh` (fixture server, Enterprise Gateway).
 
 // It starts ipybox, the fixture and the gateway itself, not host children of ipybox.
@@ -284,11 +289,90 @@ fn register_fixture(ws: &Path) {
     );
 }
 
+/// `n` sessions (made with `print(0)`, 4 at a time) running `print(1)` back to back for
+/// [`WINDOW`]: (p50, p99, PSS per session in MB: ipybox's process tree, kernels and whatever
+/// confines them, after the sessions were made, less before).
+async fn confined_load(url: &str, pid: u32, n: usize) -> (Duration, Duration, f64) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let tree_pss = || {
+        let mut pids = proc_tree::descendants(pid);
+        pids.push(pid);
+        common::pss_rss(&pids).0 as f64 / 1024.0
+    };
+    let base = tree_pss();
+    let mut sessions = Vec::new();
+    while sessions.len() < n {
+        let batch = (n - sessions.len()).min(4);
+        sessions
+            .extend(futures::future::join_all((0..batch).map(|_| session(url, "print(0)"))).await);
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let per_session = (tree_pss() - base) / n as f64;
+    let started = Instant::now();
+    let latencies: Vec<Vec<Duration>> =
+        futures::future::join_all(sessions.iter().map(|(c, h)| async move {
+            let mut times = Vec::new();
+            while started.elapsed() < WINDOW {
+                let t = Instant::now();
+                call(c, PRINT, Some(h)).await;
+                times.push(t.elapsed());
+            }
+            times
+        }))
+        .await;
+    for (c, _) in sessions {
+        let _ = c.cancel().await;
+    }
+    let mut all: Vec<Duration> = latencies.into_iter().flatten().collect();
+    all.sort();
+    (percentile(&all, 0.50), percentile(&all, 0.99), per_session)
+}
+
+/// Confined sessions (the default) against `--unconfined-sessions`, one row each.
+async fn confinement(ws: &Path) {
+    println!(
+        "\n## Confinement: local kernels, confined (default) vs --unconfined-sessions\n\n| sessions | start, warm kernel | start, no warm kernel | PSS per session (8 sessions) | `print(1)`, 1 client: p50 / p99 | 32 clients: p50 / p99 |\n|---|---|---|---|---|---|"
+    );
+    for (label, flags) in [
+        ("confined", &[][..]),
+        ("unconfined", &["--unconfined-sessions"][..]),
+    ] {
+        let with = |warm: &'static str| {
+            let mut all = vec!["--warm-sessions", warm];
+            all.extend_from_slice(flags);
+            Service::start(ws, &all, &[])
+        };
+        let warm = creation(&with("1").url()).await;
+        let cold = creation(&with("0").url()).await;
+        let service = with("1");
+        let (_, _, pss) = confined_load(&service.url(), service.child.id(), 8).await;
+        drop(service);
+        let service = with("1");
+        let (p50_1, p99_1, _) = confined_load(&service.url(), service.child.id(), 1).await;
+        drop(service);
+        let service = with("1");
+        let (p50_32, p99_32, _) = confined_load(&service.url(), service.child.id(), 32).await;
+        drop(service);
+        println!(
+            "| {label} | {warm} | {cold} | {pss:.1} MB | {} / {} | {} / {} |",
+            ms(p50_1),
+            ms(p99_1),
+            ms(p50_32),
+            ms(p99_32)
+        );
+    }
+}
+
 const HEADER: &str = "| clients | cell | calls/s (total) | p50 | p99 | memory per session |\n|---|---|---|---|---|---|";
 
 fn main() {
-    common::run(|| async {
+    let only_confinement = std::env::args().any(|a| a == "confinement");
+    common::run(|| async move {
         let ws = tempfile::tempdir().unwrap();
+        if only_confinement {
+            confinement(ws.path()).await;
+            return;
+        }
         register_fixture(ws.path());
 
         println!("\n## ipybox serve --http, local kernels (2 cores)\n\n{HEADER}");
@@ -316,6 +400,7 @@ fn main() {
                 creation(&service.url()).await
             );
         }
+        confinement(ws.path()).await;
 
         let eg = JupyterServer::start(Kind::EnterpriseGateway);
         println!(

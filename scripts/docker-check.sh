@@ -54,11 +54,12 @@ rm -rf "$workspace"
 
 # The image as a service: `ipybox serve --http` in a container (docs/http.md), driven by the
 # Python SDK's clients of both eras over HTTP, then stopped (SIGTERM: every kernel stopped).
+# --unconfined-sessions: a default container grants no namespaces for bubblewrap (docs/docker.md).
 token="docker-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 hport=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # shellcheck disable=SC2086 # IPYBOX_DOCKER_ARGS holds several flags
 cid=$("$ENGINE" run -d --rm --network host -e IPYBOX_TOKEN="$token" ${IPYBOX_DOCKER_ARGS:-} \
-  "$image" serve --http "127.0.0.1:$hport")
+  "$image" serve --http "127.0.0.1:$hport" --unconfined-sessions)
 trap 'kill $fixture 2>/dev/null || true; "$ENGINE" rm -f "$cid" >/dev/null 2>&1 || true' EXIT
 for _ in $(seq 300); do curl -sf "http://127.0.0.1:$hport/healthz" >/dev/null && break; sleep 0.1; done
 echo "docker-check: ipybox serve --http in a container"

@@ -28,6 +28,7 @@ use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::apigen::ApiStyle;
+use crate::confine::{ConfineError, Confinement};
 use crate::host_env::HostEnv;
 use crate::kernel::gateway::Gateway;
 use crate::kernel::gateway::ledger::Ledger;
@@ -40,7 +41,10 @@ use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::RegisterError;
 use crate::sandbox::{SandboxError, SandboxOptions};
-use crate::tools::registry::Registry;
+use crate::snapshot::{
+    RestoreReport, SnapshotBinding, SnapshotError, SnapshotReport, SnapshotStore,
+};
+use crate::tools::registry::{ImportRoots, Reach, Registry};
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
     ApprovalPolicy, ApprovalRequest, CallLog, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
@@ -66,6 +70,10 @@ pub enum ExecutorError {
     /// The sandbox could not be set up (srt missing, invalid config, ...).
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    /// Confinement was asked for and cannot be set up (bwrap missing, or combined with a
+    /// sandbox or a kernel gateway).
+    #[error(transparent)]
+    Confine(#[from] ConfineError),
     /// A background task of ipybox's failed (a bug: please report it).
     #[error("{what} failed: {source}")]
     Task {
@@ -135,6 +143,7 @@ pub struct CodeExecutorBuilder {
     approve_shell_cmds: bool,
     require_shell_escape: bool,
     sandbox: Option<SandboxOptions>,
+    confinement: Option<Confinement>,
     kernel_gateway: Option<GatewayUrl>,
     attach_kernel: Option<String>,
     kernel_factory: Option<bool>,
@@ -177,6 +186,8 @@ impl CodeExecutorBuilder {
     }
 
     /// Adds variables to the kernel's environment (which otherwise holds a minimal base only).
+    /// The entries of `PYTHONPATH` are also import roots for tool calls: servers registered for
+    /// one of them, or for a directory in one, are callable (see `generate_mcp_sources`).
     pub fn kernel_env<K: Into<String>, V: Into<String>>(
         mut self,
         vars: impl IntoIterator<Item = (K, V)>,
@@ -318,6 +329,17 @@ impl CodeExecutorBuilder {
         self
     }
 
+    /// Runs each local kernel confined in a bubblewrap of its own ([`crate::confine`]): its own
+    /// pid namespace and `/proc`, no view of other executors' runtime directories, of `$HOME`
+    /// or ipybox's data directory, the workspace read-only, and its own writable working
+    /// directory (`<runtime>/work`, removed when the executor stops). What `ipybox serve
+    /// --http` does for every session. `start()` fails if bwrap is missing; not combinable
+    /// with [`Self::sandbox`] (srt confines a kernel its own way) or [`Self::kernel_gateway`].
+    pub fn confine(mut self, confinement: Confinement) -> Self {
+        self.confinement = Some(confinement);
+        self
+    }
+
     /// How long connecting to an MCP server may take (default 30 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
@@ -381,6 +403,11 @@ struct Running {
     pool: KernelPool,
     tools: ToolServer,
     runtime: Arc<RuntimeDir>,
+    /// No code has run in the current kernel since it started (or since a reset): a restore
+    /// loads into it instead of replacing it first.
+    pristine: bool,
+    /// Snapshot transfers over the stdin channel (kernels on a Jupyter server).
+    snapshot_channel: Option<Arc<crate::snapshot::remote::SnapshotChannel>>,
 }
 
 struct Inner {
@@ -526,6 +553,27 @@ impl CodeExecutor {
             }
             None => None,
         };
+        let bwrap = match &b.confinement {
+            Some(_) if gateway.is_some() || b.sandbox.is_some() => {
+                return Err(ConfineError::Unavailable {
+                    reason: format!(
+                        "confinement applies to plain local kernels, not to {}",
+                        if gateway.is_some() {
+                            "kernels on a Jupyter server"
+                        } else {
+                            "sandboxed ones (srt confines them its own way)"
+                        }
+                    ),
+                    help: "ask for one of the two".into(),
+                }
+                .into());
+            }
+            Some(c) => Some(crate::confine::find_bwrap(
+                c.bwrap.as_deref(),
+                self.host_env(),
+            )?),
+            None => None,
+        };
         // Kernels on a Jupyter server use the server's Python: nothing to provision here.
         let python = match &gateway {
             Some(_) => PathBuf::new(),
@@ -551,12 +599,13 @@ impl CodeExecutor {
             self.tool_env(),
             b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         );
-        // No kernel is trusted with server params: it reaches registered servers only, with
-        // their recorded params (tools::registry).
+        // No kernel is trusted with server params: it reaches the servers registered for the
+        // directories this executor imports from, with their recorded params (tools::registry).
+        let roots = self.import_roots(&workspace, sandbox_policy.as_ref(), gateway.is_some());
         let tool_state = ToolServerState::new(
             sessions,
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
-            self.registry()?,
+            Reach::new(self.registry()?, roots),
         )
         .with_text_limit(b.approval_text_limit);
         let socket = runtime.path().join("tools.sock");
@@ -567,6 +616,7 @@ impl CodeExecutor {
             }
         })?;
         config.env = b.kernel_env.clone();
+        let mut snapshot_channel = None;
         match gateway {
             None => {
                 // Remote kernels get the runtime in their bootstrap cell instead.
@@ -583,13 +633,20 @@ impl CodeExecutor {
                     .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
             }
             Some(gateway) => {
-                // Tool calls come over the kernel's stdin channel (no route to the socket).
+                // Tool calls come over the kernel's stdin channel (no route to the socket), and
+                // so do snapshots.
                 let state = tools.state().clone();
                 let ws = workspace.clone();
+                let channel = crate::snapshot::remote::SnapshotChannel::new();
+                snapshot_channel = Some(channel.clone());
                 config.input_handler = Some(Arc::new(move |payload: String| {
                     let state = state.clone();
                     let ws = ws.clone();
+                    let channel = channel.clone();
                     Box::pin(async move {
+                        if let Some(reply) = channel.answer(&payload) {
+                            return reply;
+                        }
                         crate::tools::stdin_channel::answer(&state, &ws, &payload).await
                     })
                 }));
@@ -643,6 +700,36 @@ impl CodeExecutor {
                 )
                 .await?,
             );
+            if options.isolate_workspace {
+                // Inside the kernel-writable part: the kernel writes there already, and the
+                // host never reads back from it.
+                let work = writable
+                    .subdir(crate::confine::WORK_DIR, Some(0o700))
+                    .map_err(|source| ExecutorError::Io {
+                        path: writable.path().join(crate::confine::WORK_DIR),
+                        source,
+                    })?;
+                config.cwd = Some(work.path().to_path_buf());
+            }
+        }
+        if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
+            let io = |source| ExecutorError::Io {
+                path: runtime.path().to_path_buf(),
+                source,
+            };
+            let writable = runtime.kernel_writable().map_err(io)?;
+            let work = runtime.path().join(crate::confine::WORK_DIR);
+            crate::safe_fs::create_private_dir(&work).map_err(io)?;
+            let layout = crate::confine::Layout::new(
+                self.host_env(),
+                runtime.path(),
+                writable.path(),
+                &workspace,
+                &config.python,
+                confinement,
+            );
+            config.wrapper = Some(crate::confine::wrapper(bwrap, layout));
+            config.cwd = Some(work);
         }
         let spares = b.spare_kernels.unwrap_or(DEFAULT_SPARE_KERNELS);
         let pool = KernelPool::start(
@@ -662,6 +749,8 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            pristine: true,
+            snapshot_channel,
         });
         // Started again after a stop: a new kernel for the cells that follow.
         if let Some(notebook) = &self.inner.notebook {
@@ -731,11 +820,32 @@ impl CodeExecutor {
             .unwrap_or_else(|| self.host_env().vars().clone())
     }
 
+    /// The directories this executor's kernels import from, as configured here (never as the
+    /// kernel says): the workspace and `kernel_env`'s `PYTHONPATH`. Links are not followed
+    /// where such a kernel can write: the sandbox's writable directories, a remote kernel's
+    /// workspace (see `ImportRoots::new`).
+    fn import_roots(
+        &self,
+        workspace: &Path,
+        sandbox: Option<&crate::sandbox::LoadedPolicy>,
+        remote: bool,
+    ) -> ImportRoots {
+        let unfollowed = match sandbox {
+            Some((policy, _)) => {
+                let home = self.host_env().get("HOME").map(PathBuf::from);
+                policy.writable_roots(workspace, home.as_deref())
+            }
+            None if remote => vec![workspace.to_path_buf()],
+            None => Vec::new(),
+        };
+        let python_path = self.inner.builder.kernel_env.get("PYTHONPATH");
+        ImportRoots::new(workspace, python_path.map(String::as_str), &unfollowed)
+    }
+
     fn registry(&self) -> Result<Arc<Registry>, ExecutorError> {
         if let Some(r) = self.inner.registry.get() {
             return Ok(r.clone());
         }
-        let workspace = self.workspace()?;
         let registry = match pyenv::data_dir(self.host_env()) {
             Ok(dir) => {
                 // ipybox's data directory is private (0700): registrations are written there.
@@ -743,7 +853,7 @@ impl CodeExecutor {
                     path: dir.clone(),
                     source,
                 })?;
-                Registry::for_workspace(&dir, &workspace)
+                Registry::open(&dir)
             }
             Err(_) => Registry::in_memory(),
         };
@@ -755,8 +865,9 @@ impl CodeExecutor {
     }
 
     /// Registers an MCP server: generates `<workspace>/mcptools/<server_name>/` from its tools
-    /// (see [`crate::generate_mcp_sources`]) and records the params on the host: kernel code
-    /// may only call servers registered for its workspace, with the recorded params. `${VAR}`
+    /// (see [`crate::generate_mcp_sources`]) and records the params on the host for
+    /// `<workspace>/mcptools`: kernel code may only call servers registered for a directory it
+    /// imports from (here: its workspace), with the recorded params. `${VAR}`
     /// placeholders are resolved from the builder's `tool_env` (default: the process env).
     /// Does not wait for a running execution. Returns the module names.
     pub async fn register_mcp_server(
@@ -801,8 +912,10 @@ impl CodeExecutor {
         let registry = self
             .registry()
             .map_err(|e| RegisterError::Workspace(e.into()))?;
+        // `root` was written without following a link at `mcptools` (and the workspace is
+        // canonical): it is the registration's directory as it stands.
         registry
-            .record(server_name, server_params)
+            .record(server_name, &root, server_params)
             .map_err(RegisterError::Record)?;
         Ok(modules)
     }
@@ -833,6 +946,7 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            ..
         }) = running
         {
             tokio::join!(pool.shutdown(detach), tools.stop());
@@ -864,6 +978,7 @@ impl CodeExecutor {
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        running.pristine = false;
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let _current = CurrentExecution::register(&self.inner, Canceller(Arc::new(cancel)));
         // Recorded when this future ends, also when its caller drops it (as cancelled).
@@ -1017,6 +1132,7 @@ impl CodeExecutor {
                 let _current = CurrentExecution::register(&inner, registered);
                 match state.as_mut() {
                     Some(running) => {
+                        running.pristine = false;
                         // This execution's own clock: only its calls' approval waits pause it.
                         let pause = TimeoutPause::default();
                         // Waits end (rejected) when this execution is cancelled, not when it
@@ -1085,6 +1201,14 @@ impl CodeExecutor {
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        Self::reset_running(running).await?;
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.section(Section::Reset);
+        }
+        Ok(())
+    }
+
+    async fn reset_running(running: &mut Running) -> Result<(), KernelError> {
         let sessions = running.tools.state().sessions();
         // Closed in the background: the new epoch already keeps the old sessions from being
         // used, and stop() waits for the closes.
@@ -1094,10 +1218,111 @@ impl CodeExecutor {
         // was being replaced. Close what that opened, and void such calls still in flight.
         sessions.close_all_in_background();
         kernel?;
-        if let Some(notebook) = &self.inner.notebook {
-            notebook.section(Section::Reset);
-        }
+        running.pristine = true;
         Ok(())
+    }
+
+    /// Saves what the model built in the kernel (variables, functions and classes defined in
+    /// cells, modules by name, the working directory) into `store` for `binding`, replacing the
+    /// snapshot stored for it before, and reports what was saved and what could not be (open
+    /// files, sockets, threads, generators, objects that refuse to be pickled), by name with the
+    /// reason. The kernel keeps running with its state. Waits for a running execution; `timeout`
+    /// bounds the kernel's part (`None`: as long as it takes). See docs/snapshots.md.
+    /// A local kernel writes the snapshot into the runtime directory, a kernel on a Jupyter
+    /// server sends it over its stdin channel.
+    pub async fn snapshot(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<SnapshotReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            match &running.snapshot_channel {
+                Some(channel) => {
+                    crate::snapshot::remote::snapshot(
+                        &mut running.pool,
+                        channel,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+                None => {
+                    crate::snapshot::local::snapshot(
+                        &mut running.pool,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+            }
+        };
+        tokio::select! {
+            result = work => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        }
+    }
+
+    /// Restores `binding`'s snapshot from `store`: the kernel is replaced by a fresh one (unless
+    /// no code has run in it since it started), then modules are imported again, names loaded
+    /// one by one (one that fails is reported, the others load) and the working directory
+    /// restored. The report says exactly what came back and what did not;
+    /// [`RestoreReport::text`] is that for the model.
+    ///
+    /// A snapshot whose seal does not verify for `binding` (another session's or owner's, or
+    /// changed by a single byte) is refused with [`SnapshotError::Refused`] before anything of it
+    /// reaches a kernel, and the current kernel keeps its state. Waits for a running execution.
+    pub async fn restore(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<RestoreReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            use crate::snapshot::{local, remote};
+            enum Prepared {
+                Local(local::Prepared),
+                Remote(remote::Prepared, Arc<remote::SnapshotChannel>),
+            }
+            // Verified (and copied for the kernel) before the kernel is touched.
+            let prepared = match &running.snapshot_channel {
+                Some(channel) => Prepared::Remote(
+                    remote::prepare(&runtime, store, binding).await?,
+                    channel.clone(),
+                ),
+                None => Prepared::Local(local::prepare(&runtime, store, binding).await?),
+            };
+            if !running.pristine {
+                Self::reset_running(running).await?;
+            }
+            running.pristine = false;
+            match prepared {
+                Prepared::Local(p) => local::load(&mut running.pool, p, timeout).await,
+                Prepared::Remote(p, channel) => {
+                    remote::load(&mut running.pool, &channel, p, timeout).await
+                }
+            }
+        };
+        let restored = tokio::select! {
+            result = work => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        };
+        if let (Ok(_), Some(notebook)) = (&restored, &self.inner.notebook) {
+            notebook.section(Section::Restored);
+        }
+        restored
     }
 
     fn live(&self) -> Option<Live> {

@@ -11,6 +11,7 @@ mod dotenv;
 mod http;
 mod mcp_server;
 mod metrics;
+mod own_secrets;
 mod replay;
 mod terminal_approval;
 
@@ -239,6 +240,12 @@ struct HttpArgs {
     /// can write (and, unsandboxed, read: `.env` included). Not needed with --kernel-gateway.
     #[arg(long, requires = "http")]
     trust_tenants: bool,
+    /// Run local kernels unconfined: every session's code runs as ipybox's user and can reach
+    /// every other session (its kernel, files and tool socket), ipybox's own processes and
+    /// files, and whatever that user can. Default: each session's kernel runs in a bubblewrap of
+    /// its own (docs/http.md). Not needed with --kernel-gateway; --sandbox confines its own way.
+    #[arg(long, requires = "http")]
+    unconfined_sessions: bool,
     /// On SIGTERM/SIGINT, how long running calls may take to finish before their cells are
     /// cancelled and every kernel stopped (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "http")]
@@ -375,6 +382,10 @@ where
         Some(_) => "warn",
     };
     init_logging(cli.log_level.as_deref().unwrap_or(default_level));
+    // Before any thread starts: ipybox's secrets leave its environment and command line, and no
+    // other process of its user may read its memory (own_secrets.rs).
+    let secrets = own_secrets::take();
+    own_secrets::no_dumps();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -395,10 +406,10 @@ where
             if args.workspace == std::path::Path::new(".") {
                 args.workspace = cli.serve.workspace;
             }
-            runtime.block_on(serve(*args, Some(*http)))
+            runtime.block_on(serve(*args, Some(*http), secrets))
         }
-        Some(command) => runtime.block_on(run(command)),
-        None => runtime.block_on(serve(cli.serve, None)),
+        Some(command) => runtime.block_on(run(command, secrets)),
+        None => runtime.block_on(serve(cli.serve, None, secrets)),
     };
     // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive.
     runtime.shutdown_timeout(Duration::from_millis(100));
@@ -411,18 +422,20 @@ where
     }
 }
 
-/// The variables of ipybox's own secrets: kept out of what `${VAR}` in MCP server params can
-/// name when serving over HTTP.
-const OWN_SECRETS: [&str; 2] = ["IPYBOX_TOKEN", "IPYBOX_SESSION_SECRET"];
-
-async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
+async fn serve(
+    args: ServeArgs,
+    http: Option<HttpArgs>,
+    secrets: own_secrets::OwnSecrets,
+) -> anyhow::Result<u8> {
     use mcp_server::IpyboxServer;
     let http = http.filter(|h| h.http.is_some());
     let workspace = ipybox::executor::resolve_workspace(Some(&args.workspace))?;
     let host = HostEnv::from_process();
     let mut env = dotenv::WorkspaceEnv::load(&workspace, host.vars().clone())?;
     if http.is_some() {
-        for name in OWN_SECRETS {
+        // Taken out of the process environment already; a workspace `.env` naming them is no
+        // way around that either.
+        for name in own_secrets::OWN_SECRETS {
             env.tool_env.remove(name);
         }
     }
@@ -489,6 +502,8 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
         #[allow(clippy::needless_update)] // SandboxOptions may grow fields
         let options = ipybox::sandbox::SandboxOptions {
             config_file: args.sandbox_config,
+            // Over HTTP the workspace must not be a channel between sessions.
+            isolate_workspace: http.is_some(),
             ..Default::default()
         };
         builder = builder.sandbox(options);
@@ -523,7 +538,21 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
             mcp_server::serve_stdio(IpyboxServer::new(builder.build(), config)).await?
         }
         Some(http) => {
-            let options = http_options(http, host_vars_get("IPYBOX_TOKEN"), gateway).await?;
+            let confined = !gateway && !args.sandbox && !http.unconfined_sessions;
+            if !gateway {
+                // Made now, so that kernels hide it from the start (other sessions' images).
+                let images = config.workspace.join("images");
+                std::fs::create_dir_all(&images)
+                    .with_context(|| format!("cannot create {}", images.display()))?;
+            }
+            if confined {
+                builder = builder.confine(confinement(&config.workspace).await?);
+            } else if !gateway && !args.sandbox {
+                tracing::warn!(
+                    "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
+                );
+            }
+            let options = http_options(http, secrets, gateway, confined).await?;
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone())
                 .with_notebooks(notebooks);
             http::serve_http(options, config, factory).await?;
@@ -532,15 +561,12 @@ async fn serve(args: ServeArgs, http: Option<HttpArgs>) -> anyhow::Result<u8> {
     Ok(SUCCESS)
 }
 
-fn host_vars_get(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
-}
-
 /// Checks `--http`'s flags and collects what the HTTP server needs.
 async fn http_options(
     args: HttpArgs,
-    env_token: Option<String>,
+    secrets: own_secrets::OwnSecrets,
     gateway: bool,
+    confined: bool,
 ) -> anyhow::Result<http::HttpOptions> {
     let spec = args.http.unwrap_or_default();
     let addr = tokio::net::lookup_host(spec.as_str())
@@ -550,7 +576,7 @@ async fn http_options(
         .with_context(|| {
             format!("invalid --http `{spec}`\n  help: pass HOST:PORT, e.g. 127.0.0.1:8000 or 0.0.0.0:8000")
         })?;
-    let tokens = http::auth::Tokens::load(&args.token, env_token.as_deref(), &args.token_file)?;
+    let tokens = http::auth::Tokens::load(&args.token, secrets.token.as_deref(), &args.token_file)?;
     let secs = |value: f64, flag: &str| -> anyhow::Result<Duration> {
         if value.is_finite() && value > 0.0 {
             Ok(Duration::from_secs_f64(value.min(86_400.0 * 365.0)))
@@ -576,10 +602,7 @@ async fn http_options(
         ),
         None => default_replica(),
     };
-    let session_key = match (
-        &args.session_secret_file,
-        host_vars_get("IPYBOX_SESSION_SECRET"),
-    ) {
+    let session_key = match (&args.session_secret_file, secrets.session_secret) {
         (Some(file), _) => {
             let key = std::fs::read(file)
                 .with_context(|| format!("cannot read --session-secret-file {}", file.display()))?;
@@ -613,11 +636,34 @@ async fn http_options(
             max_concurrent_calls: Some(args.max_concurrent_calls),
             replica,
             gateway,
+            confined,
             warm_sessions: args.warm_sessions,
             allow_install: args.allow_install,
             allow_register: args.allow_register,
         },
         session_key,
+    })
+}
+
+/// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
+/// names the install command and `--unconfined-sessions`); the workspace's `.env` and the
+/// sessions' images are hidden from every kernel.
+async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::confine::Confinement> {
+    let refuse = |e: ipybox::confine::ConfineError| {
+        anyhow::anyhow!(
+            "{e}\n  help: or, to run every session's code unconfined (as this user, able to reach every other session), pass --unconfined-sessions"
+        )
+    };
+    let host = HostEnv::from_process();
+    let bwrap = ipybox::confine::find_bwrap(None, &host).map_err(refuse)?;
+    ipybox::confine::probe(&bwrap).await.map_err(refuse)?;
+    tracing::info!(
+        "sessions are confined: each kernel runs in a bubblewrap of its own ({}), the workspace read-only",
+        bwrap.display()
+    );
+    Ok(ipybox::confine::Confinement {
+        hidden: vec![workspace.join(".env"), workspace.join("images")],
+        bwrap: Some(bwrap),
     })
 }
 
@@ -644,9 +690,9 @@ fn default_replica() -> String {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<u8> {
+async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Result<u8> {
     match command {
-        Command::Serve { serve: args, http } => serve(*args, Some(*http)).await,
+        Command::Serve { serve: args, http } => serve(*args, Some(*http), secrets).await,
         Command::Replay {
             notebooks,
             workspace,

@@ -244,8 +244,13 @@ pub(crate) async fn serve_http(
         )));
     }
     if options.tokens.count() > 1 && !options.sessions.gateway && !options.trust_tenants {
+        let shared = if options.sessions.confined {
+            "confined, each tenant's sessions still run as one user on this host: they read what that user can outside ipybox's own directories, share its network, and call the workspace's MCP servers with the credentials registered for them"
+        } else {
+            "each tenant's code can reach the others' kernels and files, write `mcptools/` that the others import, and read `.env` and whatever ipybox's user can"
+        };
         return Err(std::io::Error::other(format!(
-            "{} tokens (tenants) would share local kernels, and with them the workspace: each tenant's code can write `mcptools/` that the others import, and unsandboxed it reads `.env` and whatever ipybox's user can\n  help: run kernels on a gateway (--kernel-gateway: kernels never touch this host's files), or pass --trust-tenants if these tenants trust each other",
+            "{} tokens (tenants) would share local kernels: {shared}\n  help: run kernels on a gateway (--kernel-gateway: kernels never touch this host's files), or pass --trust-tenants if these tenants trust each other",
             options.tokens.count()
         )));
     }

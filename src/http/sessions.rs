@@ -42,6 +42,8 @@ pub(crate) struct SessionConfig {
     pub(crate) replica: String,
     /// Kernels run on a kernel gateway (`--kernel-gateway`): handles name the kernel.
     pub(crate) gateway: bool,
+    /// Local kernels run confined, each in a bubblewrap of its own (not `--unconfined-sessions`).
+    pub(crate) confined: bool,
     pub(crate) warm_sessions: usize,
     pub(crate) allow_install: bool,
     pub(crate) allow_register: bool,

@@ -76,8 +76,12 @@ pub(crate) enum ShellApproval {
 pub(crate) struct KernelConfig {
     /// Interpreter with `ipykernel` (see [`crate::pyenv`]).
     pub python: PathBuf,
-    /// The kernel's working directory; also put on `PYTHONPATH` so `import mcptools.x` works.
+    /// The workspace: on `PYTHONPATH` so `import mcptools.x` works, and the kernel's working
+    /// directory unless `cwd` names another.
     pub workspace: PathBuf,
+    /// The kernel's working directory when it is not the workspace (a confined kernel's own
+    /// writable directory, see [`crate::confine`]).
+    pub cwd: Option<PathBuf>,
     /// Where `image/png` outputs are written.
     pub images_dir: PathBuf,
     /// The host environment the kernel's base environment is taken from (PATH, identity,
@@ -120,12 +124,18 @@ impl std::fmt::Debug for KernelConfig {
 }
 
 impl KernelConfig {
+    /// The kernel's working directory: `cwd`, else the workspace.
+    pub(crate) fn cwd(&self) -> &std::path::Path {
+        self.cwd.as_deref().unwrap_or(&self.workspace)
+    }
+
     pub(crate) fn new(python: PathBuf, workspace: PathBuf, host: HostEnv) -> Self {
         let images_dir = workspace.join("images");
         Self {
             python,
             workspace,
             images_dir,
+            cwd: None,
             host,
             env: BTreeMap::new(),
             python_path: Vec::new(),

@@ -8,7 +8,9 @@
 //! settings, `srt/`, [`FACTORY`]`/sock`, and [`HOST_KERNELS`]`/k<N>/` per kernel with its
 //! connection file, `t<N>/` per kernel factory template); a kernel
 //! writes only below [`KERNEL_WRITABLE`] (`box/`: its IPC sockets in `box/k<N>/`, and for a
-//! sandboxed kernel its TMPDIR and IPython/Jupyter directories). The sandbox policy lets a
+//! sandboxed kernel its TMPDIR and IPython/Jupyter directories, and with an isolated workspace
+//! its working directory `box/work`), and a confined kernel ([`crate::confine`]) also its
+//! working directory `work/` (the host makes it and never reads from it). The sandbox policy lets a
 //! sandboxed kernel write `box/` and read only the host's parts it needs, so nothing the host
 //! writes or reads back, the settings of the next kernel included, can be prepared by the
 //! kernel.

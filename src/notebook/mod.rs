@@ -111,6 +111,10 @@ pub(crate) enum Section {
     KernelReplaced(Status),
     /// The executor was stopped and started again.
     Restarted,
+    /// A session snapshot was restored (`CodeExecutor::restore`): a fresh kernel, unless none
+    /// had run code, with the snapshot's names loaded (recorded even before any cell: the names
+    /// come from elsewhere; `ipybox replay` resets there, it cannot restore).
+    Restored,
 }
 
 /// The notebook of one executor's session (see the module docs). Every method is safe to call
@@ -306,7 +310,7 @@ impl Notebook {
     }
 
     fn push_section(&self, state: &mut State, why: Section) -> bool {
-        if state.since_section == 0 {
+        if state.since_section == 0 && why != Section::Restored {
             return false;
         }
         let at = format::utc_clock(SystemTime::now());
@@ -331,6 +335,12 @@ impl Notebook {
                 "restarted",
                 format!(
                     "---\n**Kernel started again** ({at}): the executor was stopped and started; variables, imports and definitions from above are gone."
+                ),
+            ),
+            Section::Restored => (
+                "restored",
+                format!(
+                    "---\n**Snapshot restored** ({at}): the cells below run in a kernel that got the names of a session snapshot, not the state built above (`ipybox replay` starts a fresh kernel here)."
                 ),
             ),
         };
@@ -499,7 +509,7 @@ impl Shared {
         } else {
             crate::safe_fs::NoFollowDir::open(dir, Some(0o755))
         }?;
-        dir.replace(name, bytes, if self.private { 0o600 } else { 0o644 })
+        dir.rewrite(name, bytes, if self.private { 0o600 } else { 0o644 })
     }
 }
 

@@ -43,6 +43,11 @@ pub struct SandboxOptions {
     pub policy: Option<SandboxPolicy>,
     /// The srt executable. `None`: `$IPYBOX_SRT`, else `srt` on `PATH`.
     pub srt: Option<PathBuf>,
+    /// Keep the workspace from being a channel between executors (what `ipybox serve --http`
+    /// does for every session): the kernel cannot write the workspace (whatever the policy
+    /// allows) nor read its `images/`, and works in a directory of its own,
+    /// `<runtime>/box/work` (kept across resets, removed when the executor stops).
+    pub isolate_workspace: bool,
 }
 
 /// Why the sandbox could not be set up.
@@ -228,15 +233,24 @@ pub(crate) async fn prepare(
         python_dirs: wrap::python_dirs(python, host),
         data_dir: host.data_dir(),
         config_file,
+        isolate_workspace: options.isolate_workspace,
+        settings_file: Some(runtime_dir.join(SETTINGS_FILE)),
     };
-    let settings = serde_json::to_string_pretty(&policy.effective(&paths)).map_err(|source| {
-        SandboxError::Config {
+    let mut effective = policy.effective(&paths);
+    if let Some(proxy) = env::parent_proxy(host) {
+        let net = effective
+            .network
+            .get_or_insert_with(policy::NetworkPolicy::default);
+        // A policy's own `parentProxy` wins.
+        net.parent_proxy.get_or_insert(proxy);
+    }
+    let settings =
+        serde_json::to_string_pretty(&effective).map_err(|source| SandboxError::Config {
             path: runtime_dir.join(SETTINGS_FILE),
             reason: "cannot serialize the effective settings".into(),
             help: "report this as a bug".into(),
             source: Some(source),
-        }
-    })?;
+        })?;
     let settings_path = runtime_dir.join(SETTINGS_FILE);
     crate::safe_fs::write_private(&settings_path, settings.as_bytes()).map_err(|source| {
         SandboxError::Io {
@@ -260,6 +274,7 @@ pub(crate) async fn prepare(
     let sweeper = wrap::ArtifactSweeper::new(workspace, paths.config_file.as_slice());
     Ok(wrap::wrapper(
         &srt,
+        workspace,
         &settings_path,
         env::outer(host, &srt_tmp, &kernel_tmp),
         inner_extra,

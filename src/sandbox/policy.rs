@@ -224,8 +224,10 @@ impl SandboxPolicy {
     /// - `filesystem.allowRead += [workspace, runtime_readable, python dirs]` and
     ///   `filesystem.allowWrite += [the runtime directory's kernel-writable part]` (the rest of
     ///   the runtime directory, the settings of the next kernel included, stays read-only);
+    ///   The directory runtime directories live in is hidden too when it is not one of them.
     /// - `filesystem.denyRead += [ipybox's data directory]` (registrations, kernel ledger; the
-    ///   kernel environment inside it stays readable through the python dirs);
+    ///   kernel environment inside it stays readable through the python dirs) and the effective
+    ///   settings file itself (it may hold the host's upstream proxy credentials);
     /// - `filesystem.denyWrite += [<workspace>/.env, the policy file, DENY_WRITE_HOME]`: what
     ///   the host reads or runs at its next start (srt keeps an absent path from being created).
     pub fn effective(&self, paths: &SandboxPaths) -> Self {
@@ -243,9 +245,31 @@ impl SandboxPolicy {
         if let Some(data) = &paths.data_dir {
             push(&mut fs.deny_read, disp(data));
         }
+        if let Some(file) = &paths.settings_file {
+            push(&mut fs.deny_read, disp(file));
+        }
         push(&mut fs.deny_write, disp(&paths.workspace.join(".env")));
         if let Some(file) = &paths.config_file {
             push(&mut fs.deny_write, disp(file));
+        }
+        if paths.isolate_workspace {
+            // What the policy lets the kernel write in the workspace it may not write: those
+            // entries go (srt would otherwise make its mount points for dangerous files there,
+            // in a read-only place). A directory above the workspace stays writable, except
+            // the workspace.
+            let inside = |entry: &String| {
+                !entry.contains(['*', '?', '[', '~'])
+                    && paths.workspace.join(entry).starts_with(&paths.workspace)
+            };
+            fs.allow_write.retain(|entry| !inside(entry));
+            let above = fs
+                .allow_write
+                .iter()
+                .any(|entry| entry.starts_with('/') && paths.workspace.starts_with(entry.as_str()));
+            if above {
+                push(&mut fs.deny_write, disp(&paths.workspace));
+            }
+            push(&mut fs.deny_read, disp(&paths.workspace.join("images")));
         }
         for p in DENY_WRITE_HOME {
             push(&mut fs.deny_write, (*p).to_string());
@@ -255,6 +279,15 @@ impl SandboxPolicy {
                 if Path::new(dir).exists() {
                     push(&mut fs.deny_read, (*dir).to_string());
                 }
+            }
+            // Where runtime directories live, when it is none of those (`$XDG_RUNTIME_DIR`
+            // or `$TMPDIR` elsewhere): other executors' directories (their connection files
+            // and sockets: other sessions of an HTTP service) stay out of sight.
+            if let Some(base) = paths.runtime_dir.parent()
+                && base.components().count() > 1
+                && !HIDDEN_SOCKET_DIRS.iter().any(|d| base.starts_with(d))
+            {
+                push(&mut fs.deny_read, disp(base));
             }
         }
         let net = s.network.get_or_insert_with(NetworkPolicy::default);
@@ -296,9 +329,14 @@ pub struct SandboxPaths {
     pub python_dirs: Vec<PathBuf>,
     /// ipybox's data directory (`$IPYBOX_HOME`): not readable, except the python dirs in it.
     pub data_dir: Option<PathBuf>,
+    /// The workspace is read-only and its `images/` hidden ([`crate::sandbox::SandboxOptions`]).
+    pub isolate_workspace: bool,
     /// The srt settings file the policy came from (not writable, so the kernel cannot choose
     /// the policy of the next start).
     pub config_file: Option<PathBuf>,
+    /// The effective settings file srt reads (not readable: it may hold the host's upstream
+    /// proxy with its credentials, `network.parentProxy`).
+    pub settings_file: Option<PathBuf>,
 }
 
 impl SandboxPolicy {
@@ -435,6 +473,8 @@ mod tests {
             python_dirs: vec!["/opt/py".into()],
             data_dir: Some("/home/u/.local/share/ipybox".into()),
             config_file: Some("/w/policy.json".into()),
+            isolate_workspace: false,
+            settings_file: Some("/tmp/ipybox-1-abc/sandbox-settings.json".into()),
         };
         let s = serde_json::to_value(SandboxPolicy::default().effective(&paths)).unwrap();
         assert_eq!(s["network"]["allowAllUnixSockets"], json!(true));
@@ -449,9 +489,40 @@ mod tests {
         );
         let deny = s["filesystem"]["denyRead"].as_array().unwrap();
         assert!(deny.contains(&json!("/run")) && deny.contains(&json!("/tmp")));
-        for p in [".env", "~/.ssh", "~/.config", "/home/u/.local/share/ipybox"] {
+        for p in [
+            ".env",
+            "~/.ssh",
+            "~/.config",
+            "/home/u/.local/share/ipybox",
+            "/tmp/ipybox-1-abc/sandbox-settings.json",
+        ] {
             assert!(deny.contains(&json!(p)), "{p}: {deny:?}");
         }
+        // An isolated workspace: nothing in it writable (the policy's "." goes), images hidden.
+        let isolated = SandboxPaths {
+            isolate_workspace: true,
+            ..paths.clone()
+        };
+        let s = serde_json::to_value(SandboxPolicy::default().effective(&isolated)).unwrap();
+        assert_eq!(
+            s["filesystem"]["allowWrite"],
+            json!(["/tmp/ipybox-1-abc/box"])
+        );
+        let deny = s["filesystem"]["denyRead"].as_array().unwrap();
+        assert!(deny.contains(&json!("/w/images")), "{deny:?}");
+        // Runtime directories in /tmp: /tmp is hidden already (only the settings file is named);
+        // elsewhere, their base is.
+        assert!(!deny.iter().any(|p| {
+            let p = p.as_str().unwrap();
+            p.starts_with("/tmp/") && p != "/tmp/ipybox-1-abc/sandbox-settings.json"
+        }));
+        let elsewhere = SandboxPaths {
+            runtime_dir: "/srv/rt/ipybox-1-abc".into(),
+            ..paths.clone()
+        };
+        let s = serde_json::to_value(SandboxPolicy::default().effective(&elsewhere)).unwrap();
+        let deny = s["filesystem"]["denyRead"].as_array().unwrap();
+        assert!(deny.contains(&json!("/srv/rt")), "{deny:?}");
         assert_eq!(
             s["filesystem"]["denyWrite"],
             json!([

@@ -41,10 +41,13 @@ pub(crate) const ENV_FILE: &str = "kernel-env.sh";
 /// The wrapper that runs a kernel command under srt with the settings at `settings`. srt runs
 /// with `outer` as its whole environment ([`super::env::outer`]); the kernel's own environment,
 /// plus `inner_extra` (its private IPython and Jupyter directories), is written to
-/// [`ENV_FILE`] in the kernel's host-only directory and sourced inside the sandbox. The sweeper
-/// lives as long as the wrapper (the executor's running state).
+/// [`ENV_FILE`] in the kernel's host-only directory and sourced inside the sandbox. srt starts
+/// in `workspace` (it anchors the policy's relative paths there); a kernel that works elsewhere
+/// changes directory inside. The sweeper lives as long as the wrapper (the executor's running
+/// state).
 pub(crate) fn wrapper(
     srt: &Path,
+    workspace: &Path,
     settings: &Path,
     outer: Vec<(String, String)>,
     inner_extra: Vec<(String, String)>,
@@ -57,6 +60,7 @@ pub(crate) fn wrapper(
         "-c".into(),
     ];
     let sweeper = Arc::new(sweeper);
+    let workspace = workspace.to_path_buf();
     CommandWrapper(Arc::new(move |cmd: ChildCommand| {
         let _keep = &sweeper;
         let mut env = cmd.env;
@@ -72,14 +76,20 @@ pub(crate) fn wrapper(
         )?;
         let file = cmd.private_dir.join(ENV_FILE);
         let mut argv = prefix.clone();
+        let cd = if cmd.cwd == workspace {
+            String::new()
+        } else {
+            format!("cd {} && ", shell_quote(&cmd.cwd.display().to_string()))
+        };
         argv.push(format!(
-            ". {} && exec {}",
+            ". {} && {cd}exec {}",
             shell_quote(&file.display().to_string()),
             shell_join(&cmd.argv)
         ));
         Ok(ChildCommand {
             argv,
             env: outer.clone(),
+            cwd: workspace.clone(),
             private_dir: cmd.private_dir,
         })
     }))

@@ -22,6 +22,7 @@ mod cli_exec;
 mod codeact_example;
 #[cfg(target_os = "linux")]
 mod host_confinement;
+mod http_confinement;
 mod http_replicas;
 mod http_service;
 mod jupyter_servers;
@@ -33,11 +34,17 @@ mod mcp_client;
 mod mcp_modern;
 mod mcp_server;
 mod notebook;
+#[cfg(target_os = "linux")]
+mod pid_reuse;
 mod proc_tree;
 mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;
+#[cfg(target_os = "linux")]
+mod sandbox_environ;
 mod shell_approval;
+mod snapshot;
 mod tool_calls;
 mod tool_calls_async;
+mod tool_reach;
 mod tool_socket;

@@ -600,6 +600,20 @@ async fn http_sessions_never_see_each_others_notebook(era: Era) {
         assert_eq!(std::fs::metadata(file).unwrap().mode() & 0o777, 0o600);
     }
     assert!(!ws.path().join("notebooks").exists());
+    // Confined (the service's default): no kernel can read a notebook file, another session's
+    // or its own: the host's directory is not in its view.
+    for file in &files {
+        let probe = format!(
+            "try:\n    open({}).read()\n    print('read it')\nexcept OSError as e:\n    print('refused', type(e).__name__)",
+            serde_json::to_string(&file.display().to_string()).unwrap()
+        );
+        let (failed, text) = http_cell(&bob, &probe, None).await;
+        assert!(!failed, "{text}");
+        assert!(
+            split_note(&text).0.starts_with("refused FileNotFoundError"),
+            "{text}"
+        );
+    }
     alice.close().await;
     bob.close().await;
 }

@@ -1,0 +1,323 @@
+//! Confinement: a local kernel in a bubblewrap (`bwrap`) of its own, so that code in one
+//! executor's kernel cannot reach another executor's kernels, sockets or files, nor ipybox
+//! itself. The HTTP service confines every session this way by default (docs/http.md).
+//!
+//! What a confined kernel gets ([`wrapper`]):
+//! - its own pid namespace and `/proc` (no host pid: nothing to signal, ptrace or read in
+//!   `/proc/<pid>`), its own IPC and UTS namespaces, a new terminal session, and it dies with
+//!   ipybox (`--die-with-parent`; the host kills it by killing bwrap, whose death takes the
+//!   namespace's pid 1 and so every process in it); no capabilities (as root too);
+//! - a read-only view of `/`, in which every runtime directory (the base directory they live in,
+//!   `/tmp`, `$TMPDIR`, `/run`), `$HOME` and ipybox's data directory are empty, except: the
+//!   kernel's interpreter and its environment (read-only), its own runtime directory (read-only:
+//!   connection files, the tool socket, ipybox's kernel-side Python) with the kernel-writable
+//!   `box/` (its IPC sockets), the workspace (read-only), and its working directory (writable:
+//!   `<runtime>/work`, removed when the executor stops);
+//! - a private, empty `/tmp` and `$HOME` (in memory, gone with the kernel process);
+//! - paths the caller hides (`Confinement::hidden`: the workspace's `.env`, other sessions'
+//!   images) replaced by an empty directory or file.
+//!
+//! bwrap is started with exactly the kernel's environment (its pid 1, which the kernel can read
+//! in `/proc/1/environ`, keeps what it was started with).
+//!
+//! Not here: the srt sandbox (`sandbox/`, a policy of its own per kernel, which this does not
+//! stack on), which directories an executor has (`kernel::runtime_dir`), when a service
+//! confines (`http/`).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::child_process::{ChildCommand, CommandWrapper};
+use crate::host_env::HostEnv;
+
+/// The name of a confined kernel's working directory in its runtime directory.
+pub(crate) const WORK_DIR: &str = "work";
+
+/// What to confine a local kernel with (see the module comment).
+#[derive(Debug, Clone, Default)]
+pub struct Confinement {
+    /// Paths the kernel must not see, in addition to what is always hidden: a directory
+    /// becomes an empty one, a file an empty file. Paths that do not exist when a kernel starts
+    /// are left out.
+    pub hidden: Vec<PathBuf>,
+    /// The bubblewrap executable (default: `bwrap` on `PATH`).
+    pub bwrap: Option<PathBuf>,
+}
+
+/// Why confinement cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfineError {
+    /// bwrap is missing or does not work here.
+    #[error("cannot confine kernels: {reason}\n  help: {help}")]
+    Unavailable { reason: String, help: String },
+}
+
+/// The install hint for bubblewrap.
+pub const INSTALL_HINT: &str =
+    "install bubblewrap (`apt-get install bubblewrap`, `dnf install bubblewrap`)";
+
+/// The bwrap executable: `explicit`, else `bwrap` on `PATH`.
+pub fn find_bwrap(explicit: Option<&Path>, host: &HostEnv) -> Result<PathBuf, ConfineError> {
+    match explicit {
+        Some(path) if path.is_file() => Ok(path.to_path_buf()),
+        Some(path) => Err(ConfineError::Unavailable {
+            reason: format!("{} does not exist", path.display()),
+            help: INSTALL_HINT.into(),
+        }),
+        None => host
+            .find_on_path("bwrap")
+            .ok_or_else(|| ConfineError::Unavailable {
+                reason: "bubblewrap (`bwrap`) is not on PATH".into(),
+                help: INSTALL_HINT.into(),
+            }),
+    }
+}
+
+/// The namespace and process flags of every confined kernel.
+fn base_flags() -> Vec<String> {
+    let mut flags: Vec<String> = [
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+    ]
+    .map(String::from)
+    .into();
+    // As root bwrap keeps every capability unless told (the kernel could remount `/`
+    // read-write or unmount what hides other sessions); as another user it runs in a user
+    // namespace of its own and drops them itself.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        flags.extend(["--cap-drop", "ALL"].map(String::from));
+    }
+    flags
+}
+
+/// Checks that `bwrap` runs here with the namespaces a confined kernel needs (it may be
+/// installed but refused: no user namespaces in a container, an AppArmor rule).
+pub async fn probe(bwrap: &Path) -> Result<(), ConfineError> {
+    let mut cmd = crate::child_process::host_command(bwrap);
+    cmd.args(base_flags())
+        .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+        .args(["--", "true"])
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let output = match tokio::time::timeout(Duration::from_secs(10), cmd.output()).await {
+        Ok(Ok(output)) => output,
+        Ok(Err(e)) => {
+            return Err(ConfineError::Unavailable {
+                reason: format!("cannot run {}: {e}", bwrap.display()),
+                help: INSTALL_HINT.into(),
+            });
+        }
+        Err(_) => {
+            return Err(ConfineError::Unavailable {
+                reason: format!("{} did not finish a test run within 10 s", bwrap.display()),
+                help: "check that bubblewrap works here: `bwrap --ro-bind / / --unshare-pid true`"
+                    .into(),
+            });
+        }
+    };
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(ConfineError::Unavailable {
+        reason: format!(
+            "bubblewrap cannot create the namespaces a confined kernel needs ({}): {}",
+            crate::kernel::status::describe_exit(output.status),
+            crate::child_process::tail(&output.stderr)
+        ),
+        help: "bubblewrap needs user namespaces when ipybox does not run as root (sysctl kernel.unprivileged_userns_clone=1; in a container: a seccomp profile that allows unshare/clone, e.g. `--security-opt seccomp=unconfined`, or run ipybox as root in it)".into(),
+    })
+}
+
+/// Where a confined kernel's directories are on the host.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    /// The executor's runtime directory (read-only inside).
+    pub(crate) runtime_dir: PathBuf,
+    /// Its kernel-writable part (`box/`).
+    pub(crate) kernel_writable: PathBuf,
+    /// The working directory (`<runtime>/work`, writable).
+    pub(crate) work: PathBuf,
+    /// The shared workspace (read-only).
+    pub(crate) workspace: PathBuf,
+    /// Directories the interpreter needs (read-only).
+    pub(crate) python_dirs: Vec<PathBuf>,
+    /// Directories emptied: where runtime directories live, temp directories, `$HOME`, ipybox's
+    /// data directory, `/run`.
+    pub(crate) emptied: Vec<PathBuf>,
+    /// Shown read-only again inside an emptied directory (the resolver's configuration).
+    pub(crate) shown: Vec<PathBuf>,
+    /// The caller's hidden paths.
+    pub(crate) hidden: Vec<PathBuf>,
+}
+
+impl Layout {
+    /// The layout of an executor whose runtime directory is `runtime_dir`.
+    pub(crate) fn new(
+        host: &HostEnv,
+        runtime_dir: &Path,
+        kernel_writable: &Path,
+        workspace: &Path,
+        python: &Path,
+        confinement: &Confinement,
+    ) -> Self {
+        let mut emptied = vec![
+            crate::kernel::runtime_dir::RuntimeDir::base_dir(host),
+            crate::kernel::runtime_dir::temp_dir(host),
+            PathBuf::from("/tmp"),
+            PathBuf::from("/run"),
+        ];
+        // /var/run is usually a link to /run; a real directory is emptied too.
+        if std::fs::symlink_metadata("/var/run").is_ok_and(|m| m.is_dir()) {
+            emptied.push(PathBuf::from("/var/run"));
+        }
+        emptied.extend(host.get("HOME").map(PathBuf::from));
+        emptied.extend(host.data_dir());
+        emptied.retain(|p| p.is_absolute() && p.components().count() > 1);
+        // The resolver's configuration may be a link into /run (systemd-resolved).
+        let shown = std::fs::canonicalize("/etc/resolv.conf")
+            .ok()
+            .filter(|p| p.starts_with("/run"))
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .into_iter()
+            .collect();
+        Self {
+            runtime_dir: runtime_dir.to_path_buf(),
+            kernel_writable: kernel_writable.to_path_buf(),
+            work: runtime_dir.join(WORK_DIR),
+            workspace: workspace.to_path_buf(),
+            python_dirs: crate::sandbox::wrap::python_dirs(python, host),
+            emptied,
+            shown,
+            hidden: confinement.hidden.clone(),
+        }
+    }
+
+    /// bwrap's mount arguments: `/` read-only, then each path's mount, shallower paths first
+    /// (so a deeper one is mounted inside: the workspace inside an emptied `/tmp`, `box/` inside
+    /// the read-only runtime directory), and at one depth in this order: emptied, hidden,
+    /// read-only, writable.
+    pub(crate) fn mount_args(&self) -> Vec<String> {
+        enum Mount {
+            Empty,
+            EmptyFile,
+            ReadOnly,
+            Writable,
+        }
+        let mut mounts: Vec<(PathBuf, Mount)> = Vec::new();
+        for dir in &self.emptied {
+            mounts.push((dir.clone(), Mount::Empty));
+        }
+        for path in &self.hidden {
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.is_dir() => mounts.push((path.clone(), Mount::Empty)),
+                Ok(_) => mounts.push((path.clone(), Mount::EmptyFile)),
+                Err(_) => {}
+            }
+        }
+        let read_only = std::iter::once(&self.workspace)
+            .chain(&self.python_dirs)
+            .chain(&self.shown)
+            .chain(std::iter::once(&self.runtime_dir));
+        for dir in read_only {
+            mounts.push((dir.clone(), Mount::ReadOnly));
+        }
+        mounts.push((self.kernel_writable.clone(), Mount::Writable));
+        mounts.push((self.work.clone(), Mount::Writable));
+        // Stable: at one depth the order above holds.
+        mounts.sort_by_key(|(path, _)| path.components().count());
+        let mut args: Vec<String> = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+            .map(String::from)
+            .into();
+        let mut seen = std::collections::HashSet::new();
+        for (path, mount) in mounts {
+            let p = path.display().to_string();
+            if !seen.insert((p.clone(), std::mem::discriminant(&mount))) {
+                continue;
+            }
+            match mount {
+                Mount::Empty => args.extend(["--tmpfs".into(), p]),
+                Mount::EmptyFile => args.extend(["--ro-bind".into(), "/dev/null".into(), p]),
+                Mount::ReadOnly => args.extend(["--ro-bind".into(), p.clone(), p]),
+                Mount::Writable => args.extend(["--bind".into(), p.clone(), p]),
+            }
+        }
+        args
+    }
+}
+
+/// The wrapper that runs a kernel command (or the kernel factory's template) inside bwrap with
+/// `layout`, in the command's working directory (`layout.work`) inside, and with the command's
+/// own environment as bwrap's. bwrap itself starts in `/`.
+pub(crate) fn wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
+    let mut prefix = vec![bwrap.display().to_string()];
+    prefix.extend(base_flags());
+    let layout = Arc::new(layout);
+    CommandWrapper(Arc::new(move |cmd: ChildCommand| {
+        let mut argv = prefix.clone();
+        argv.extend(layout.mount_args());
+        argv.extend(["--chdir".into(), cmd.cwd.display().to_string(), "--".into()]);
+        argv.extend(cmd.argv);
+        Ok(ChildCommand {
+            argv,
+            env: cmd.env,
+            cwd: crate::child_process::SAFE_CWD.into(),
+            private_dir: cmd.private_dir,
+        })
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(emptied: &[&str], workspace: &str, runtime: &str) -> Layout {
+        Layout {
+            runtime_dir: runtime.into(),
+            kernel_writable: Path::new(runtime).join("box"),
+            work: Path::new(runtime).join("work"),
+            workspace: workspace.into(),
+            python_dirs: vec!["/home/u/.local/share/ipybox/kernel-env".into()],
+            emptied: emptied.iter().map(PathBuf::from).collect(),
+            shown: vec![],
+            hidden: vec![],
+        }
+    }
+
+    #[test]
+    fn deeper_mounts_come_after_the_directories_they_are_in() {
+        let l = layout(
+            &["/tmp", "/home/u", "/home/u/.local/share/ipybox"],
+            "/tmp/ws",
+            "/tmp/ipybox-1-abcdef",
+        );
+        let args = l.mount_args().join(" ");
+        assert_eq!(
+            args,
+            "--ro-bind / / --dev /dev --proc /proc \
+             --tmpfs /tmp --tmpfs /home/u \
+             --ro-bind /tmp/ws /tmp/ws --ro-bind /tmp/ipybox-1-abcdef /tmp/ipybox-1-abcdef \
+             --bind /tmp/ipybox-1-abcdef/box /tmp/ipybox-1-abcdef/box \
+             --bind /tmp/ipybox-1-abcdef/work /tmp/ipybox-1-abcdef/work \
+             --tmpfs /home/u/.local/share/ipybox \
+             --ro-bind /home/u/.local/share/ipybox/kernel-env /home/u/.local/share/ipybox/kernel-env"
+        );
+    }
+
+    #[test]
+    fn a_workspace_that_is_an_emptied_directory_stays_visible() {
+        let l = layout(&["/tmp", "/srv/ws"], "/srv/ws", "/tmp/ipybox-1-abcdef");
+        let args = l.mount_args().join(" ");
+        assert!(
+            args.contains("--tmpfs /srv/ws --ro-bind /srv/ws /srv/ws"),
+            "{args}"
+        );
+    }
+}

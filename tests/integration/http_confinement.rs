@@ -1,0 +1,585 @@
+//! Sessions of `ipybox serve --http` (local kernels) that cannot reach each other: hostile code
+//! in one session's real kernel tries what issue 27 found working — another session's
+//! connection file, IPC sockets and tool socket (with `jupyter_client`), poisoning a warm kernel
+//! that a later session gets, planting files in shared places (the workspace's `mcptools/` and
+//! `sitecustomize.py`, `.pth` files, IPython startup files, user site-packages, the kernel
+//! environment), signals and `/proc` of ipybox (its token and handle key) — between two
+//! sessions of one token and between tokens with `--trust-tenants`, with a client of each MCP
+//! era. The same attack succeeds with `--unconfined-sessions` (so the test can fail), which is
+//! refused without bubblewrap unless named.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::http_support::*;
+use crate::mcp_eras::Era;
+use crate::support::*;
+
+const SECRET: &str = "session-secret-0123456789abcdef";
+
+/// A Python string literal of `s` (JSON's is one).
+fn py(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+/// Runs `code` in `session`; the output, asserting it did not fail.
+async fn run_ok(
+    client: &impl crate::mcp_eras::CallTool,
+    code: &str,
+    session: Option<&str>,
+) -> String {
+    let (is_error, text) = cell(client, code, session).await;
+    assert!(!is_error, "{code}\n---\n{text}");
+    split_note(&text).0
+}
+
+/// The runtime directory of a session's executor, as its kernel sees it (the same path on the
+/// host): the directory of its tool socket.
+async fn runtime_of(client: &impl crate::mcp_eras::CallTool, session: Option<&str>) -> PathBuf {
+    let out = run_ok(
+        client,
+        "import os\nprint(os.path.dirname(os.environ['IPYBOX_TOOL_SOCKET']))",
+        session,
+    )
+    .await;
+    PathBuf::from(out.trim())
+}
+
+/// The connection file of the (one) kernel of the executor whose runtime directory is `runtime`.
+fn connection_file(runtime: &Path) -> PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = std::fs::read_dir(runtime.join("kernels"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().join("connection.json"))
+            .find(|p| p.exists());
+        if let Some(file) = found {
+            return file;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no kernel in {}",
+            runtime.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Hostile code: with the victim's runtime directory and connection file (read by the host: the
+/// attacker is even given the key), list the runtime directories, read the file, connect to the
+/// tool socket, and run `victim_code` in the victim's kernel over its IPC sockets. Prints one
+/// `key=value` line per attempt.
+fn attack(victim_runtime: &Path, victim_code: &str) -> String {
+    let conn = std::fs::read_to_string(connection_file(victim_runtime)).unwrap();
+    let runtime = victim_runtime.display().to_string();
+    format!(
+        r#"import json, os, socket
+R = {runtime}
+def attempt(name, f):
+    try:
+        print(f"{{name}}=" + str(f()))
+    except Exception as e:
+        print(f"{{name}}=" + type(e).__name__)
+attempt("listing", lambda: os.path.basename(R) in os.listdir(os.path.dirname(R)))
+attempt("conn", lambda: len(open(R + "/kernels/" + os.listdir(R + "/kernels")[0] + "/connection.json").read()) > 0)
+def tools():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(R + "/tools.sock")
+    return "connected"
+attempt("tools", tools)
+def kernel():
+    from jupyter_client import BlockingKernelClient
+    c = BlockingKernelClient()
+    c.load_connection_info(json.loads({conn}))
+    c.start_channels()
+    out = []
+    def hook(msg):
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+    try:
+        c.execute_interactive({code}, timeout=5, output_hook=hook)
+    except TimeoutError:
+        return "no answer"
+    finally:
+        c.stop_channels()
+    return "ran:" + "".join(out).strip()
+attempt("kernel", kernel)
+"#,
+        runtime = py(&runtime),
+        conn = py(&conn),
+        code = py(victim_code),
+    )
+}
+
+/// The `key=value` lines of an attack's output.
+fn outcome(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn expect(out: &str, want: &[(&str, &str)]) {
+    let got = outcome(out);
+    for (k, v) in want {
+        assert_eq!(got.get(*k).map(String::as_str), Some(*v), "{k} in:\n{out}");
+    }
+}
+
+/// Two sessions of one token (one client per era), and a session of another token: none
+/// reaches another's kernel, files or tool socket, nor a warm kernel, nor ipybox's secrets.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_cannot_reach_each_other() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[("IPYBOX_TOKEN", TOKEN_A), ("IPYBOX_SESSION_SECRET", SECRET)],
+        &[
+            "--token",
+            TOKEN_B,
+            "--trust-tenants",
+            "--warm-sessions",
+            "1",
+        ],
+    );
+    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let tenant = connect(&service.url(), Some(TOKEN_B), Era::Stateless).await;
+    let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
+    let (_, t) = new_session(&tenant, "pass").await;
+    let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    let attacker_runtime = runtime_of(&attacker, None).await;
+    let tenant_runtime = runtime_of(&tenant, Some(&t)).await;
+    assert_ne!(victim_runtime, attacker_runtime);
+
+    // (1) Another session's connection file, IPC sockets and tool socket: absent.
+    for (who, client, session) in [
+        ("the same token", &attacker as &dyn Client, None),
+        ("another token", &tenant as &dyn Client, Some(t.as_str())),
+    ] {
+        let out = client
+            .run(&attack(&victim_runtime, "print(secret_value)"), session)
+            .await;
+        expect(
+            &out,
+            &[
+                ("listing", "False"),
+                ("conn", "FileNotFoundError"),
+                ("tools", "FileNotFoundError"),
+                ("kernel", "no answer"),
+            ],
+        );
+        eprintln!("{who}: {out}");
+    }
+    assert_eq!(
+        run_ok(&victim, "print(secret_value)", Some(&v)).await,
+        "victim-42"
+    );
+
+    // (2) The warm kernel (the runtime directory that is neither session's): unreachable, so a
+    // hook planted in it cannot reach the session that takes it.
+    let base = victim_runtime.parent().unwrap();
+    let prefix = format!("ipybox-{}-", service.pid());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let warm = loop {
+        let others: Vec<PathBuf> = std::fs::read_dir(base)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .map(|e| e.path())
+            .filter(|p| ![&victim_runtime, &attacker_runtime, &tenant_runtime].contains(&p))
+            .collect();
+        if let [one] = &others[..]
+            && one
+                .join("kernels")
+                .read_dir()
+                .is_ok_and(|mut d| d.next().is_some())
+        {
+            break one.clone();
+        }
+        assert!(Instant::now() < deadline, "no warm kernel: {others:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let poison = "import builtins\nbuiltins.POISONED = True\nget_ipython().events.register('pre_run_cell', lambda info: open('/tmp/stolen', 'a').write(info.raw_cell))\nprint('planted')";
+    let out = run_ok(&attacker, &attack(&warm, poison), None).await;
+    expect(
+        &out,
+        &[("conn", "FileNotFoundError"), ("kernel", "no answer")],
+    );
+    let next = connect(&service.url(), Some(TOKEN_B), Era::Handshake).await;
+    let out = run_ok(
+        &next,
+        "import builtins\nprint(hasattr(builtins, 'POISONED'))",
+        None,
+    )
+    .await;
+    assert_eq!(out, "False");
+    assert_eq!(
+        runtime_of(&next, None).await,
+        warm,
+        "the new session took the warm kernel"
+    );
+
+    // (3) ipybox's process and its secrets: no host pid in the kernel's /proc, and none of
+    // the tokens or the handle key anywhere it can read.
+    let scan = format!(
+        r#"import os
+pid = {pid}
+try:
+    os.kill(pid, 0)
+    print("signal=sent")
+except Exception as e:
+    print("signal=" + type(e).__name__)
+print("proc=" + str(os.path.exists(f"/proc/{{pid}}")))
+hits = []
+for p in os.listdir("/proc"):
+    for f in ("environ", "cmdline"):
+        try:
+            data = open(f"/proc/{{p}}/{{f}}", "rb").read()
+        except Exception:
+            continue
+        for s in ({a}, {b}, {secret}):
+            if s.encode() in data:
+                hits.append(f"{{p}}/{{f}}")
+print("hits=" + ",".join(hits))
+print("pids=" + str(sorted(int(p) for p in os.listdir("/proc") if p.isdigit())[-1] < 100))"#,
+        pid = service.pid(),
+        a = py(TOKEN_A),
+        b = py(TOKEN_B),
+        secret = py(SECRET),
+    );
+    let out = run_ok(&attacker, &scan, None).await;
+    expect(
+        &out,
+        &[
+            ("signal", "ProcessLookupError"),
+            ("proc", "False"),
+            ("hits", ""),
+            ("pids", "True"),
+        ],
+    );
+
+    victim.close().await;
+    attacker.close().await;
+    tenant.close().await;
+    next.close().await;
+}
+
+/// Files a session writes in shared places: the workspace (`mcptools/`, `sitecustomize.py`, a
+/// `.pth`), IPython startup files, user site-packages, the kernel environment. Each write is
+/// refused or lands in the session's own view; the next session (another token) sees none of
+/// it, and runs none of it. A session's own files go to its working directory, which the host
+/// removes when the session closes.
+#[tokio::test(flavor = "multi_thread")]
+async fn planted_files_reach_no_other_session() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(
+        ws.path().join(".env"),
+        "KERNEL_ENV_SHARED=yes\nAPI_KEY=host-only-credential\n",
+    )
+    .unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[("IPYBOX_TOKEN", TOKEN_A)],
+        &[
+            "--token-file",
+            &token_file(TOKEN_B).display().to_string(),
+            "--trust-tenants",
+        ],
+    );
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let ws_lit = py(&ws.path().display().to_string());
+    let plant = format!(
+        r#"import os, site, sys, sysconfig
+ws = {ws_lit}
+targets = {{
+    "mcptools": os.path.join(ws, "mcptools", "evil", "__init__.py"),
+    "sitecustomize": os.path.join(ws, "sitecustomize.py"),
+    "ws_pth": os.path.join(ws, "evil.pth"),
+    "startup": os.path.expanduser("~/.ipython/profile_default/startup/00-evil.py"),
+    "user_site": os.path.join(site.getusersitepackages(), "evil.pth"),
+    "venv": os.path.join(sysconfig.get_paths()["purelib"], "evil.pth"),
+}}
+for name, path in targets.items():
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write("import builtins; builtins.PLANTED = True\n")
+        print(name + "=written")
+    except OSError as e:
+        print(name + "=" + type(e).__name__ + ":" + str(e.errno))
+try:
+    print("dotenv=" + open(os.path.join(ws, ".env")).read())
+except OSError as e:
+    print("dotenv=" + type(e).__name__)
+print("env=" + os.environ.get("SHARED", "") + os.environ.get("API_KEY", ""))
+open("mine.txt", "w").write("kept for this session")
+print("cwd=" + os.getcwd())"#
+    );
+    let (_, h) = new_session(&attacker, &plant).await;
+    let out = run_ok(&attacker, "print(open('mine.txt').read())", Some(&h)).await;
+    assert_eq!(out, "kept for this session");
+    let out = run_ok(&attacker, &plant, Some(&h)).await;
+    let got = outcome(&out);
+    let erofs = format!("OSError:{}", libc::EROFS);
+    for name in ["mcptools", "sitecustomize", "ws_pth", "venv"] {
+        assert_eq!(got[name], erofs, "{name}:\n{out}");
+    }
+    // Private to the kernel (its own HOME): written, seen by nobody else.
+    assert_eq!(got["startup"], "written", "{out}");
+    assert_eq!(got["user_site"], "written", "{out}");
+    // The workspace's `.env` cannot be read by kernels; KERNEL_ENV_ variables still reach them.
+    assert_eq!(got["dotenv"], "PermissionError", "{out}");
+    assert_eq!(got["env"], "yes", "{out}");
+    let cwd = PathBuf::from(&got["cwd"]);
+    assert!(cwd.ends_with("work"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(cwd.join("mine.txt")).unwrap(),
+        "kept for this session"
+    );
+    assert!(!ws.path().join("mine.txt").exists());
+    for planted in ["mcptools", "sitecustomize.py", "evil.pth"] {
+        assert!(!ws.path().join(planted).exists(), "{planted}");
+    }
+
+    // The next session (another token, the other era) runs none of it, and sees neither the
+    // planted files nor the first session's directory.
+    let next = connect(&service.url(), Some(TOKEN_B), Era::Handshake).await;
+    let check = format!(
+        r#"import builtins, os, site
+print("planted=" + str(hasattr(builtins, "PLANTED")))
+print("startup=" + str(os.path.exists(os.path.expanduser("~/.ipython/profile_default/startup/00-evil.py"))))
+print("user_site=" + str(os.path.exists(os.path.join(site.getusersitepackages(), "evil.pth"))))
+print("other=" + str(os.path.exists({other})))
+try:
+    import mcptools.evil
+    print("import=imported")
+except ImportError:
+    print("import=ImportError")"#,
+        other = py(&cwd.join("mine.txt").display().to_string())
+    );
+    let out = run_ok(&next, &check, None).await;
+    expect(
+        &out,
+        &[
+            ("planted", "False"),
+            ("startup", "False"),
+            ("user_site", "False"),
+            ("other", "False"),
+            ("import", "ImportError"),
+        ],
+    );
+    // The first session's directory goes when it closes (here: at shutdown).
+    next.close().await;
+    attacker.close().await;
+    let mut service = service;
+    let (status, _) = service.terminate(Duration::from_secs(20));
+    assert!(status.success(), "{status}");
+    assert!(
+        !cwd.exists(),
+        "{} left after the service stopped",
+        cwd.display()
+    );
+}
+
+/// The same attack with `--unconfined-sessions`: it works (what confinement prevents), though
+/// the secrets stay out of reach; and without bubblewrap `serve --http` refuses to start unless
+/// that flag is named.
+#[tokio::test(flavor = "multi_thread")]
+async fn unconfined_sessions_are_an_explicit_choice() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    // No bwrap on PATH: refused, with the install command and the flag.
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--http", &format!("127.0.0.1:{}", free_port())])
+        .arg("--workspace")
+        .arg(ws.path())
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("cannot confine kernels: bubblewrap (`bwrap`) is not on PATH")
+            && stderr.contains("apt-get install bubblewrap")
+            && stderr.contains("pass --unconfined-sessions"),
+        "{stderr}"
+    );
+
+    // An MCP server the sessions call (a host child of ipybox): it must not get the secrets.
+    let out = std::process::Command::new(BIN)
+        .args(["apigen", "fx", "--params"])
+        .arg(
+            serde_json::json!({"command": python(), "args": [fixture_script(), "stdio"]})
+                .to_string(),
+        )
+        .arg("--root")
+        .arg(ws.path().join("mcptools"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let service = Service::start(
+        ws.path(),
+        &[
+            ("PATH", "/nonexistent"),
+            ("IPYBOX_SESSION_SECRET", SECRET),
+            ("IPYBOX_TOKEN", TOKEN_B),
+        ],
+        &[
+            "--unconfined-sessions",
+            "--token",
+            TOKEN_A,
+            "--trust-tenants",
+        ],
+    );
+    assert!(
+        service
+            .log()
+            .contains("--unconfined-sessions: every session's code runs as this user"),
+        "{}",
+        service.log()
+    );
+    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
+    let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    let out = run_ok(
+        &attacker,
+        &attack(&victim_runtime, "print(secret_value)"),
+        None,
+    )
+    .await;
+    expect(
+        &out,
+        &[
+            ("listing", "True"),
+            ("conn", "True"),
+            ("tools", "connected"),
+            ("kernel", "ran:victim-42"),
+        ],
+    );
+    // Its /proc entries are readable here (root, same user), but hold no secret.
+    let scan = format!(
+        r#"pid = {pid}
+data = open(f"/proc/{{pid}}/cmdline", "rb").read() + open(f"/proc/{{pid}}/environ", "rb").read()
+print("cmdline=" + str(b"--token" in data))
+print("token=" + str({a}.encode() in data or {b}.encode() in data))
+print("secret=" + str({secret}.encode() in data))"#,
+        pid = service.pid(),
+        a = py(TOKEN_A),
+        b = py(TOKEN_B),
+        secret = py(SECRET),
+    );
+    let out = run_ok(&attacker, &scan, None).await;
+    expect(
+        &out,
+        &[("cmdline", "True"), ("token", "False"), ("secret", "False")],
+    );
+    let out = run_ok(
+        &attacker,
+        "from mcptools.fx import get_env\nfor name in ('IPYBOX_TOKEN', 'IPYBOX_SESSION_SECRET'):\n    print(name + '=' + get_env.run(get_env.Params(name=name)))",
+        None,
+    )
+    .await;
+    expect(
+        &out,
+        &[
+            ("IPYBOX_TOKEN", "<unset>"),
+            ("IPYBOX_SESSION_SECRET", "<unset>"),
+        ],
+    );
+    victim.close().await;
+    attacker.close().await;
+}
+
+/// A token file holding `token` (kept for the test's life).
+fn token_file(token: &str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap().keep();
+    let file = dir.join("tokens");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    file
+}
+
+/// A client of either era, for a loop over both.
+trait Client {
+    fn run<'a>(
+        &'a self,
+        code: &'a str,
+        session: Option<&'a str>,
+    ) -> futures::future::BoxFuture<'a, String>;
+}
+
+impl<H: rmcp::ClientHandler> Client for HttpClient<H> {
+    fn run<'a>(
+        &'a self,
+        code: &'a str,
+        session: Option<&'a str>,
+    ) -> futures::future::BoxFuture<'a, String> {
+        Box::pin(run_ok(self, code, session))
+    }
+}
+
+/// `--sandbox` over HTTP: srt confines each session's kernel (its own pid namespace, `/tmp` and
+/// `/run` hidden), and ipybox keeps the workspace from being a channel: read-only to every
+/// session, which works in a directory of its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxed_sessions_cannot_reach_each_other() {
+    require!(TestEnv, SandboxDeps);
+    let ws = tempfile::tempdir().unwrap();
+    let srt = root().join("target/sandbox-deps/node_modules/.bin/srt");
+    let service = Service::start(
+        ws.path(),
+        &[
+            ("IPYBOX_TOKEN", TOKEN_A),
+            ("IPYBOX_SRT", &srt.display().to_string()),
+        ],
+        &["--sandbox", "--warm-sessions", "0"],
+    );
+    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
+    let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    let out = run_ok(
+        &attacker,
+        &attack(&victim_runtime, "print(secret_value)"),
+        None,
+    )
+    .await;
+    expect(
+        &out,
+        &[
+            ("listing", "False"),
+            ("conn", "FileNotFoundError"),
+            ("tools", "FileNotFoundError"),
+            ("kernel", "no answer"),
+        ],
+    );
+    let plant = format!(
+        r#"import os
+try:
+    os.makedirs(os.path.join({ws}, "mcptools", "evil"))
+    print("mcptools=written")
+except OSError as e:
+    print("mcptools=" + type(e).__name__)
+open("mine.txt", "w").write("mine")
+print("cwd=" + os.getcwd())
+print("pid=" + str(os.getpid() < 100))"#,
+        ws = py(&ws.path().display().to_string())
+    );
+    let got = outcome(&run_ok(&attacker, &plant, None).await);
+    assert_ne!(got["mcptools"], "written");
+    assert!(!ws.path().join("mcptools").exists());
+    assert!(got["cwd"].ends_with("/box/work"), "{got:?}");
+    assert_eq!(got["pid"], "True");
+    assert!(!ws.path().join("mine.txt").exists());
+    victim.close().await;
+    attacker.close().await;
+}
