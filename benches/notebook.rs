@@ -4,7 +4,8 @@
 //! - the `print(1)` round trip (`execute`) without a notebook and with one, the two executors
 //!   taking turns so that load on the machine hits both alike;
 //! - the same round trip once the notebook file holds ~1, ~4 and ~15 MiB (cells of 100 kB of
-//!   output): every cell rewrites the whole file, so this is the cost that grows; past 16 MiB a
+//!   output): every cell rewrites the whole file, in the background (the figures say how much
+//!   of that still reaches the round trip, e.g. through CPU on a small machine); past 16 MiB a
 //!   session goes on in a new file, which bounds it.
 
 use std::time::{Duration, Instant};
