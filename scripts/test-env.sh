@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Provisions what the integration tests need beside ipybox's own kernel environment:
-#   target/test-env/venv           Python with the MCP SDK (fixture servers) and schema-testing tools
+#   target/test-env/venv           Python with the MCP SDK (fixture servers), schema-testing tools,
+#                                  and nbformat + nbconvert (the session notebooks validate and render)
 #   target/test-env/node_modules   @modelcontextprotocol/server-everything (pinned)
 #   target/mcp1/venv              Python `mcp` 1.x (a handshake-era client for the HTTP service)
 #   target/test-env/kernel-data    a kernel interpreter (--python) with numpy and pandas: the snapshot
@@ -16,7 +17,7 @@ mkdir -p "$dir"
 
 # hypothesis is pinned below 6.170: 6.170 changed the internal `many()` API that
 # hypothesis-jsonschema 0.23.1 drives.
-PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.169.4 hypothesis-jsonschema==0.23.1)
+PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.169.4 hypothesis-jsonschema==0.23.1 nbformat==5.11.1 nbconvert==7.17.2)
 # Remote-kernel servers (tests/integration/remote_kernels.rs), one venv each.
 JUPYTER_KG=(jupyter-kernel-gateway==3.0.1 ipykernel==7.4.0 pydantic==2.13.4 cloudpickle==3.1.2)
 JUPYTER_EG=(jupyter-enterprise-gateway==3.3.0 ipykernel==6.29.5 pydantic==2.13.4 cloudpickle==3.1.2)

@@ -36,6 +36,7 @@ use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::{
     Backend, ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
 };
+use crate::notebook::{CellRecord, Ending, Notebook, NotebookConfig, Section};
 use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::RegisterError;
@@ -46,7 +47,7 @@ use crate::snapshot::{
 use crate::tools::registry::{ImportRoots, Reach, Registry};
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
-    ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
+    ApprovalPolicy, ApprovalRequest, CallLog, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
     SessionCache,
 };
 
@@ -149,6 +150,7 @@ pub struct CodeExecutorBuilder {
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
     output: crate::kernel::OutputLimits,
+    notebook: Option<NotebookConfig>,
 }
 
 /// A kernel gateway URL as given, with a `Debug` that leaves out its query (it may hold a token).
@@ -385,11 +387,32 @@ impl CodeExecutorBuilder {
         self
     }
 
+    /// Records every execution in a Jupyter notebook in `dir` (relative: to the workspace),
+    /// rewritten after each cell so it can be watched in JupyterLab or VS Code: one file per
+    /// executor, `<UTC start time>-<tag>.ipynb` (see [`crate::notebook`] and
+    /// docs/notebook.md). Default: off.
+    pub fn notebook(self, dir: impl Into<PathBuf>) -> Self {
+        self.notebook_config(NotebookConfig::in_dir(dir))
+    }
+
+    /// [`Self::notebook`] with every option: the session's tag, private files, the size of a
+    /// file, or a notebook kept in memory only ([`CodeExecutor::notebook`] reads it).
+    pub fn notebook_config(mut self, config: NotebookConfig) -> Self {
+        self.notebook = Some(config);
+        self
+    }
+
     pub fn build(mut self) -> CodeExecutor {
         let host = self.host_env.take().unwrap_or_else(HostEnv::from_process);
+        let notebook = self.notebook.clone().map(|config| {
+            let base = self.workspace.clone().unwrap_or_else(|| PathBuf::from("."));
+            let base = std::path::absolute(&base).unwrap_or(base);
+            Arc::new(Notebook::new(config.resolved(&base)))
+        });
         CodeExecutor {
             inner: Arc::new(Inner {
                 host,
+                notebook,
                 builder: self,
                 state: Mutex::new(None),
                 stopping: tokio::sync::watch::channel(false).0,
@@ -429,6 +452,8 @@ struct Inner {
     live: std::sync::Mutex<Option<Live>>,
     /// The canceller of the execution that holds `state` (for [`CodeExecutor::cancel`]).
     current: std::sync::Mutex<Option<Canceller>>,
+    /// The session notebook, if recording.
+    notebook: Option<Arc<Notebook>>,
 }
 
 /// Read-only views of a started executor, shared with its [`Running`] parts.
@@ -791,6 +816,10 @@ impl CodeExecutor {
             pristine: true,
             snapshot_channel,
         });
+        // Started again after a stop: a new kernel for the cells that follow.
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.section(Section::Restarted);
+        }
         Ok(())
     }
 
@@ -1044,6 +1073,10 @@ impl CodeExecutor {
             tokio::join!(pool.shutdown(detach), tools.stop());
             drop(runtime);
         }
+        // The notebook's file holds every cell once stopped.
+        if let Some(notebook) = self.inner.notebook.clone() {
+            let _ = tokio::task::spawn_blocking(move || notebook.flush()).await;
+        }
     }
 
     /// Runs `code` and returns its output; its tool calls are all accepted. `timeout` of `None`
@@ -1052,6 +1085,17 @@ impl CodeExecutor {
         &self,
         code: &str,
         timeout: Option<Duration>,
+    ) -> Result<ExecutionResult, ExecutorError> {
+        self.execute_inner(code, timeout, true).await
+    }
+
+    /// [`Self::execute`]; `record`: whether the session notebook gets the cell (ipybox's own
+    /// housekeeping code is not the session's).
+    async fn execute_inner(
+        &self,
+        code: &str,
+        timeout: Option<Duration>,
+        record: bool,
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self
             .inner
@@ -1062,16 +1106,34 @@ impl CodeExecutor {
         running.pristine = false;
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let _current = CurrentExecution::register(&self.inner, Canceller(Arc::new(cancel)));
+        // Recorded when this future ends, also when its caller drops it (as cancelled).
+        let options = RunOptions {
+            timeout,
+            ..RunOptions::default()
+        };
+        let mut recording = record
+            .then(|| Recording::start(&self.inner, code, &options))
+            .flatten()
+            .map(|(recording, cell)| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                RecordOnDrop(Some((recording, cell, rx)), tx)
+            });
         // This execution's own clock: only its calls' approval waits pause it.
         let pause = TimeoutPause::default();
+        let log = recording
+            .as_ref()
+            .and_then(|r| r.0.as_ref())
+            .map(|(recording, ..)| recording.log.clone())
+            .unwrap_or_default();
         running
             .tools
             .state()
-            .set_policy(ApprovalPolicy::AcceptAll, pause.clone());
+            .set_policy(ApprovalPolicy::AcceptAll, pause.clone(), log);
         // If our caller drops this future mid-execution, interrupt the code right away instead
         // of letting it run on (the next execution would otherwise wait behind it).
         let mut settle = SettleOnDrop(Some(self.inner.clone()));
-        let run = running.pool.execute(code, timeout, None, &pause, None);
+        let events = recording.as_ref().map(|r| &r.1);
+        let run = running.pool.execute(code, timeout, events, &pause, None);
         let result = tokio::select! {
             result = self.inner.unless_stopping(run) => result.map_err(ExecutorError::from),
             true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
@@ -1080,6 +1142,9 @@ impl CodeExecutor {
             }
         };
         settle.0 = None;
+        if let Some(recording) = recording.as_mut() {
+            recording.finish(&result);
+        }
         result
     }
 
@@ -1132,15 +1197,13 @@ impl CodeExecutor {
         )
     }
 
-    /// [`CodeExecutor::stream`] (or, with `accept_all`, [`CodeExecutor::stream_accepting`])
-    /// with the options of one execution: its timeout and a lower cap on the text it keeps.
+    /// [`CodeExecutor::stream`] (or, with [`RunOptions::accept_all`],
+    /// [`CodeExecutor::stream_accepting`]) with every option of one execution: its timeout, a
+    /// lower cap on the text it keeps, what the session notebook keeps.
     pub fn stream_with_options(&self, code: &str, options: RunOptions) -> Execution {
-        let RunOptions {
-            timeout,
-            accept_all,
-            max_output_bytes,
-        } = options;
-        let ask = !accept_all;
+        let ask = !options.accept_all;
+        let timeout = options.timeout;
+        let max_output_bytes = options.max_output_bytes;
         let (tx, rx) = mpsc::unbounded_channel();
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let canceller = Canceller(Arc::new(cancel));
@@ -1148,16 +1211,25 @@ impl CodeExecutor {
         let code = code.to_string();
         let registered = canceller.clone();
         tokio::spawn(async move {
+            let (recording, mut cell) = Recording::start(&inner, &code, &options).unzip();
+            let log = recording
+                .as_ref()
+                .map(|r| r.log.clone())
+                .unwrap_or_default();
             let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<ExecEvent>();
             let forward = {
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     while let Some(ev) = ev_rx.recv().await {
+                        if let Some(cell) = cell.as_mut() {
+                            cell.observe(&ev);
+                        }
                         let _ = tx.send(match ev {
-                            ExecEvent::Output(s) => ExecutionEvent::Chunk(s),
-                            ExecEvent::Image(p) => ExecutionEvent::Image(p),
+                            ExecEvent::Output(_, s) => ExecutionEvent::Chunk(s),
+                            ExecEvent::Image(_, p, _) => ExecutionEvent::Image(p),
                         });
                     }
+                    cell
                 })
             };
             // Cancelled when the execution ends: waiting tool calls are then rejected, and the
@@ -1181,8 +1253,9 @@ impl CodeExecutor {
                     }
                 })
             };
+            // Held until the notebook has the cell: the next execution's cell comes after it.
+            let mut state = inner.lock_unless_stopping().await;
             let result = {
-                let mut state = inner.lock_unless_stopping().await;
                 let _current = CurrentExecution::register(&inner, registered);
                 match state.as_mut().and_then(|s| s.as_mut()) {
                     Some(running) => {
@@ -1203,7 +1276,7 @@ impl CodeExecutor {
                         running
                             .tools
                             .state()
-                            .set_policy(policy.clone(), pause.clone());
+                            .set_policy(policy.clone(), pause.clone(), log);
                         let run = running.pool.execute(
                             &code,
                             timeout,
@@ -1231,6 +1304,7 @@ impl CodeExecutor {
                                     CancellationToken::new(),
                                 ),
                                 TimeoutPause::default(),
+                                CallLog::default(),
                             );
                         }
                         result
@@ -1240,7 +1314,11 @@ impl CodeExecutor {
             };
             drop(ev_tx);
             ended.cancel();
-            let _ = tokio::join!(forward, approvals);
+            let (cell, _) = tokio::join!(forward, approvals);
+            if let (Some(recording), Ok(Some(cell))) = (recording, cell) {
+                recording.finish(cell, &result);
+            }
+            drop(state);
             let _ = tx.send(ExecutionEvent::Result(result));
         });
         Execution {
@@ -1256,7 +1334,11 @@ impl CodeExecutor {
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
-        Ok(Self::reset_running(running).await?)
+        Self::reset_running(running).await?;
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.section(Section::Reset);
+        }
+        Ok(())
     }
 
     async fn reset_running(running: &mut Running) -> Result<(), KernelError> {
@@ -1366,10 +1448,14 @@ impl CodeExecutor {
                 }
             }
         };
-        tokio::select! {
+        let restored = tokio::select! {
             result = work => result,
             _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        };
+        if let (Ok(_), Some(notebook)) = (&restored, &self.inner.notebook) {
+            notebook.section(Section::Restored);
         }
+        restored
     }
 
     fn live(&self) -> Option<Live> {
@@ -1466,10 +1552,21 @@ impl CodeExecutor {
         }
         // New distributions become importable once the import system's caches are fresh.
         let refresh = "import importlib as _i; _i.invalidate_caches(); del _i";
-        if let Err(e) = self.execute(refresh, Some(Duration::from_secs(30))).await {
+        if let Err(e) = self
+            .execute_inner(refresh, Some(Duration::from_secs(30)), false)
+            .await
+        {
             tracing::warn!("could not refresh the kernel's import caches: {e}");
         }
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.note_install(spec);
+        }
         Ok(summary)
+    }
+
+    /// The session notebook, when this executor records one ([`CodeExecutorBuilder::notebook`]).
+    pub fn notebook(&self) -> Option<&Notebook> {
+        self.inner.notebook.as_deref()
     }
 
     /// The private runtime directory (sockets, connection files), if started. Does not wait
@@ -1490,6 +1587,69 @@ pub struct RunOptions {
     /// Keep at most this many bytes of text output (below the executor's own
     /// [`CodeExecutorBuilder::max_output_bytes`], if any), its first and last halves.
     pub max_output_bytes: Option<usize>,
+    /// The session notebook keeps at most this many characters of the cell's text: a caller
+    /// that passes on only so much (the MCP tool's `max_output_chars`) says so here, and the
+    /// notebook holds what the caller got. Default: [`crate::notebook::MAX_CELL_TEXT_CHARS`].
+    pub notebook_output_chars: Option<usize>,
+}
+
+/// One execution's place in the session notebook: where its approval decisions are recorded,
+/// and the notebook that gets the cell when it ends.
+struct Recording {
+    notebook: Arc<Notebook>,
+    log: CallLog,
+}
+
+impl Recording {
+    /// `None` when the executor keeps no notebook.
+    fn start(inner: &Inner, code: &str, options: &RunOptions) -> Option<(Self, CellRecord)> {
+        let notebook = inner.notebook.clone()?;
+        let cell = CellRecord::new(code, options.timeout, options.notebook_output_chars);
+        Some((
+            Self {
+                notebook,
+                log: CallLog::recording(),
+            },
+            cell,
+        ))
+    }
+
+    /// Gives the notebook the cell (unless it never ran: the executor was stopped).
+    fn finish(self, cell: CellRecord, result: &Result<ExecutionResult, ExecutorError>) {
+        let ending = match result {
+            Ok(_) => Ending::Ok,
+            Err(ExecutorError::Kernel(KernelError::Stopped)) => return,
+            Err(ExecutorError::Kernel(e)) => Ending::Kernel(e),
+            Err(e @ ExecutorError::Cancelled) => Ending::Cancelled(e.to_string()),
+            Err(e) => Ending::Other(e.to_string()),
+        };
+        self.notebook.finish(cell, &ending, self.log.take());
+    }
+}
+
+/// An `execute()`'s recording: the execution's events arrive on the channel (its sender is the
+/// second field); recorded when finished, or as cancelled when dropped before (its caller went
+/// away).
+struct RecordOnDrop(
+    Option<(Recording, CellRecord, mpsc::UnboundedReceiver<ExecEvent>)>,
+    mpsc::UnboundedSender<ExecEvent>,
+);
+
+impl RecordOnDrop {
+    fn finish(&mut self, result: &Result<ExecutionResult, ExecutorError>) {
+        if let Some((recording, mut cell, mut events)) = self.0.take() {
+            while let Ok(event) = events.try_recv() {
+                cell.observe(&event);
+            }
+            recording.finish(cell, result);
+        }
+    }
+}
+
+impl Drop for RecordOnDrop {
+    fn drop(&mut self) {
+        self.finish(&Err(ExecutorError::Cancelled));
+    }
 }
 
 /// The items of one [`CodeExecutor::stream`] call. Use [`Execution::next`] or the `Stream` impl.

@@ -14,6 +14,7 @@ pub mod host_env;
 mod json_kind;
 pub mod kernel;
 pub mod log_text;
+pub mod notebook;
 pub(crate) mod pause;
 pub mod pyenv;
 pub mod register;

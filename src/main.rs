@@ -13,6 +13,7 @@ mod logging;
 mod mcp_server;
 mod metrics;
 mod own_secrets;
+mod replay;
 mod terminal_approval;
 
 use anyhow::Context;
@@ -108,6 +109,22 @@ struct ServeArgs {
     shell: ShellArgs,
     #[command(flatten)]
     gateway: GatewayArgs,
+    #[command(flatten)]
+    notebook: NotebookArgs,
+}
+
+/// The session notebooks of the MCP server (docs/notebook.md).
+#[derive(clap::Args, Debug, Clone)]
+struct NotebookArgs {
+    /// Where each session's notebook (every cell run, its outputs and approvals) is written,
+    /// rewritten after each cell: default `notebooks/` of the workspace on stdio (relative
+    /// paths are taken from the workspace); with --http a host directory, default
+    /// `$IPYBOX_HOME/notebooks` (files 0600 in a 0700 directory, never the shared workspace).
+    #[arg(long, value_name = "DIR", conflicts_with = "no_notebook")]
+    notebook_dir: Option<PathBuf>,
+    /// Record no session notebooks.
+    #[arg(long)]
+    no_notebook: bool,
 }
 
 /// Where kernels run, for the MCP server and `ipybox exec`.
@@ -308,6 +325,38 @@ enum Command {
         /// File with code to run, or `-` for stdin.
         file: Option<PathBuf>,
     },
+    /// Run a recorded session notebook's code cells again in a fresh kernel and say which
+    /// outputs differ from the recording.
+    ///
+    /// Cells run in order with their recorded timeouts, outputs printed as `ipybox exec` prints
+    /// them; the kernel is reset where the recording was (a reset, a replaced kernel). Tool calls
+    /// and shell commands are asked about on the terminal (--yes accepts all). Run it in the
+    /// session's workspace: cells import its `mcptools/` and call its registered servers.
+    Replay {
+        /// Notebooks to replay, in order (a long session goes on in `NAME-2.ipynb`, ...).
+        #[arg(required = true, value_name = "NOTEBOOK")]
+        notebooks: Vec<PathBuf>,
+        /// Kernel working directory (created if missing).
+        #[arg(long, default_value = ".")]
+        workspace: PathBuf,
+        /// Python interpreter with ipykernel and pydantic (default: the managed environment).
+        #[arg(long, env = "IPYBOX_PYTHON")]
+        python: Option<PathBuf>,
+        /// Give each cell this many seconds (default: the timeout it was recorded with, else
+        /// none).
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// Approve every MCP tool call (and shell command) without asking.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// Exit with status 1 when a cell's output differs from the recording.
+        #[arg(long)]
+        check: bool,
+        #[command(flatten)]
+        shell: ShellArgs,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
     /// Generate the typed Python package for an MCP server's tools (`<root>/<name>/`).
     ///
     /// Each tool becomes a module with `Params`, `Result` (given an output schema) and
@@ -471,6 +520,20 @@ async fn serve(
     }
     let gateway = args.gateway.kernel_gateway.is_some();
     builder = args.gateway.apply(builder, args.python);
+    // Session notebooks: stdio's in the workspace, the HTTP service's in a host directory.
+    let notebooks = match (&args.notebook.notebook_dir, args.notebook.no_notebook) {
+        (_, true) => None,
+        (Some(dir), false) => Some(workspace.join(dir)),
+        (None, false) if http.is_some() => Some(
+            ipybox::pyenv::data_dir(&HostEnv::from_process())
+                .context(
+                    "cannot find where to keep the HTTP sessions' notebooks
+  help: pass --notebook-dir DIR, or --no-notebook",
+                )?
+                .join("notebooks"),
+        ),
+        (None, false) => Some(workspace.join("notebooks")),
+    };
     // Over HTTP every session is its own executor, and a kernel factory template per session
     // would cost more memory (~15 MB PSS each) than it saves: sessions launch plain kernels
     // unless IPYBOX_KERNEL_FACTORY says otherwise (docs/http.md).
@@ -514,6 +577,9 @@ async fn serve(
     };
     match http {
         None => {
+            if let Some(dir) = notebooks {
+                builder = builder.notebook(dir);
+            }
             let executor = builder.build();
             // Said when the client connects (its server list shows the reason), not at the
             // first cell.
@@ -543,7 +609,8 @@ async fn serve(
                 );
             }
             let options = http_options(http, secrets, gateway, confined).await?;
-            let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone());
+            let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone())
+                .with_notebooks(notebooks);
             http::serve_http(options, config, factory).await?;
         }
     }
@@ -695,6 +762,36 @@ fn default_replica() -> String {
 async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Result<u8> {
     match command {
         Command::Serve { serve: args, http } => serve(*args, Some(*http), secrets).await,
+        Command::Replay {
+            notebooks,
+            workspace,
+            python,
+            timeout,
+            yes,
+            check,
+            shell,
+            gateway,
+        } => {
+            if let Some(t) = timeout.filter(|t| !(t.is_finite() && *t > 0.0)) {
+                anyhow::bail!("invalid --timeout {t}\n  help: pass a positive number of seconds");
+            }
+            let builder = gateway.apply(
+                shell.apply(
+                    CodeExecutor::builder()
+                        .workspace(workspace)
+                        .progress(print_progress())
+                        .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT),
+                ),
+                python,
+            );
+            let replay = replay::Replay {
+                notebooks,
+                timeout: timeout.map(|t| Duration::from_secs_f64(t.min(86_400.0 * 365.0))),
+                yes,
+                check,
+            };
+            replay::run(replay, builder).await
+        }
         Command::Setup { python } => {
             let host = HostEnv::from_process();
             let env = tokio::task::spawn_blocking(move || {

@@ -5,7 +5,8 @@
 //!   everything done inside it relative to that open descriptor (`openat`, `mkdirat`,
 //!   `renameat`, `unlinkat` with `O_NOFOLLOW` / `AT_SYMLINK_NOFOLLOW`). Swapping the directory
 //!   for a link after it was opened changes nothing: the host keeps working in the directory it
-//!   opened. Used for generated code (`mcptools/`) and images (`images/`) in the workspace, which
+//!   opened. Used for generated code (`mcptools/`), images (`images/`) and session notebooks
+//!   (`notebooks/`, rewritten atomically with [`NoFollowDir::replace`]) in the workspace, which
 //!   a sandboxed kernel can write.
 //! - [`write_private`], [`create_private_dir`]: ipybox's own state under its data directory
 //!   (`$IPYBOX_HOME`): files 0600, directories 0700, files replaced atomically and never through
@@ -140,6 +141,27 @@ impl NoFollowDir {
         )
         .map_err(io)?;
         std::fs::File::from(fd).write_all(bytes)
+    }
+
+    /// Replaces `name` with a file holding `bytes` (mode `mode`, narrowed by the umask),
+    /// atomically: a new file is written beside it and renamed over it, so a reader sees the
+    /// old or the new content, and a link at `name` is replaced, never followed.
+    pub(crate) fn rewrite(&self, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+        let tmp = loop {
+            let tmp = format!(".{name}.tmp-{:08x}", rand::random::<u32>());
+            match self.create_new(&tmp, bytes, mode) {
+                Ok(()) => break tmp,
+                // Something (a link, planted or left over) holds the name: another one.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    let _ = self.remove_tree(&tmp);
+                    return Err(e);
+                }
+            }
+        };
+        self.rename(&tmp, name).inspect_err(|_| {
+            let _ = self.remove_tree(&tmp);
+        })
     }
 
     /// Creates the new file `name` (mode `mode`, narrowed by the umask) for writing; fails if
@@ -329,24 +351,25 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .file_name()
         .and_then(OsStr::to_str)
         .ok_or_else(|| std::io::Error::other(format!("{}: not a file name", path.display())))?;
-    let tmp = format!(".{name}.tmp-{:08x}", rand::random::<u32>());
-    dir.create_new(&tmp, bytes, 0o600)?;
-    dir.rename(&tmp, name).inspect_err(|_| {
-        let _ = dir.remove_tree(&tmp);
-    })
+    dir.rewrite(name, bytes, 0o600)
 }
 
 /// Makes `path` a private directory (0700): its parents are created as usual, `path` itself
 /// with mode 0700, and an existing directory of ours that is wider is narrowed to 0700. A link
 /// at `path` is an error.
 pub(crate) fn create_private_dir(path: &Path) -> std::io::Result<()> {
+    open_private_dir(path).map(drop)
+}
+
+/// [`create_private_dir`], returning the directory opened.
+pub(crate) fn open_private_dir(path: &Path) -> std::io::Result<NoFollowDir> {
     let dir = NoFollowDir::open(path, Some(0o700))?;
     let st = rustix::fs::fstat(&dir.fd).map_err(io)?;
     let ours = st.st_uid == rustix::process::getuid().as_raw();
     if ours && st.st_mode as u32 & 0o077 != 0 {
         rustix::fs::fchmod(&dir.fd, Mode::from_raw_mode(0o700 as _)).map_err(io)?;
     }
-    Ok(())
+    Ok(dir)
 }
 
 #[cfg(test)]

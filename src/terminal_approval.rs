@@ -22,9 +22,9 @@ impl TerminalApprover {
         Self { yes, warned: false }
     }
 
-    pub(crate) async fn decide(&mut self, request: ApprovalRequest) {
+    pub(crate) async fn decide(&mut self, mut request: ApprovalRequest) {
         if self.yes {
-            request.accept();
+            request.accept_unasked();
             return;
         }
         let what = if request.is_shell_command() {
@@ -33,6 +33,8 @@ impl TerminalApprover {
             "tool call "
         };
         let prompt = prompt(what, &request);
+        // What the user saw (a session notebook records it with the answer).
+        request.shown_as(prompt.trim_end_matches(" [y/N] ").trim_end());
         let answer = tokio::task::spawn_blocking(move || ask_tty(&prompt))
             .await
             .ok()

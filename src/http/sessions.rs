@@ -54,23 +54,43 @@ pub(crate) struct SessionConfig {
 pub(crate) struct ExecutorFactory {
     builder: CodeExecutorBuilder,
     workspace: std::path::PathBuf,
+    /// Where sessions' notebooks go (host-side, private); `None`: not recorded.
+    notebooks: Option<std::path::PathBuf>,
 }
 
 impl ExecutorFactory {
     /// `builder` configures every session's executor (workspace, environment, gateway, sandbox,
     /// approvals); `workspace` is the shared workspace.
     pub(crate) fn new(builder: CodeExecutorBuilder, workspace: std::path::PathBuf) -> Self {
-        Self { builder, workspace }
+        Self {
+            builder,
+            workspace,
+            notebooks: None,
+        }
+    }
+
+    /// Every session records its notebook in `dir` (a host directory, not the shared
+    /// workspace: files 0600 in a 0700 directory, named after the session's tag).
+    pub(crate) fn with_notebooks(mut self, dir: Option<std::path::PathBuf>) -> Self {
+        self.notebooks = dir;
+        self
     }
 
     /// The executor of session `id` (not started): a new kernel, or with `attach`, kernel
     /// `attach` on the gateway. Its images go to `images/<session tag>/` of the workspace.
     pub(crate) fn executor(&self, id: &[u8; 16], attach: Option<&str>) -> CodeExecutor {
         let tag: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
-        let builder = self
+        let mut builder = self
             .builder
             .clone()
-            .images_dir(self.workspace.join("images").join(tag));
+            .images_dir(self.workspace.join("images").join(&tag));
+        if let Some(dir) = &self.notebooks {
+            builder = builder.notebook_config(
+                ipybox::notebook::NotebookConfig::in_dir(dir)
+                    .tag(tag)
+                    .private(true),
+            );
+        }
         match attach {
             Some(kernel) => builder.attach_kernel(kernel),
             None => builder,
@@ -576,6 +596,14 @@ impl SessionSource for Arc<Registry> {
 
     fn workspace_executor(&self) -> &CodeExecutor {
         &self.workspace
+    }
+
+    fn sessions_of(&self, caller: &Caller) -> Vec<Arc<KernelSession>> {
+        self.open()
+            .values()
+            .filter(|s| s.owner == *caller)
+            .cloned()
+            .collect()
     }
 
     fn install_allowed(&self) -> bool {

@@ -25,9 +25,21 @@ use crate::pause::TimeoutPause;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ExecEvent {
     /// Text output: stdout, stderr, or the text/plain of a result or display.
-    Output(String),
-    /// An image written to the images directory.
-    Image(PathBuf),
+    Output(Source, String),
+    /// An image written to the images directory, and its bytes (as the kernel sent them).
+    Image(Source, PathBuf, Vec<u8>),
+}
+
+/// Which kind of Jupyter output an [`ExecEvent`] came from (the session notebook keeps them
+/// apart; the text a caller gets does not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    Stdout,
+    Stderr,
+    /// An `execute_result` (the value of the cell's last expression).
+    Result,
+    /// A `display_data` or `update_display_data`.
+    Display,
 }
 
 /// The result of a successful execution.
@@ -225,12 +237,16 @@ async fn run_request(
                     JupyterMessageContent::StreamContent(s) => {
                         let chunk = out.push_stream(&s.text);
                         if !chunk.is_empty() {
-                            emit(ExecEvent::Output(chunk));
+                            let source = match s.name {
+                                jupyter_protocol::Stdio::Stdout => Source::Stdout,
+                                jupyter_protocol::Stdio::Stderr => Source::Stderr,
+                            };
+                            emit(ExecEvent::Output(source, chunk));
                         }
                     }
-                    JupyterMessageContent::ExecuteResult(r) => emit_media(&mut out, &r.data, &emit),
-                    JupyterMessageContent::DisplayData(d) => emit_media(&mut out, &d.data, &emit),
-                    JupyterMessageContent::UpdateDisplayData(d) => emit_media(&mut out, &d.data, &emit),
+                    JupyterMessageContent::ExecuteResult(r) => emit_media(&mut out, &r.data, Source::Result, &emit),
+                    JupyterMessageContent::DisplayData(d) => emit_media(&mut out, &d.data, Source::Display, &emit),
+                    JupyterMessageContent::UpdateDisplayData(d) => emit_media(&mut out, &d.data, Source::Display, &emit),
                     JupyterMessageContent::ErrorOutput(e) => error = Some((e.ename, e.evalue, e.traceback)),
                     _ => {}
                 }
@@ -389,14 +405,16 @@ pub(crate) async fn settle_abandoned(kernel: &mut Kernel, config: &KernelConfig)
 fn emit_media(
     out: &mut OutputCollector,
     media: &jupyter_protocol::Media,
+    source: Source,
     emit: &impl Fn(ExecEvent),
 ) {
     let (text, image) = out.push_media(media);
     if let Some(text) = text {
-        emit(ExecEvent::Output(text));
+        emit(ExecEvent::Output(source, text));
     }
     if let Some(path) = image {
-        emit(ExecEvent::Image(path));
+        let bytes = out.last_image_bytes().to_vec();
+        emit(ExecEvent::Image(source, path, bytes));
     }
 }
 

@@ -57,8 +57,8 @@ pub(crate) enum Backend {
     Gateway(Gateway),
 }
 
-pub(crate) use execute::ExecEvent;
 pub use execute::ExecutionOutput;
+pub(crate) use execute::{ExecEvent, Source};
 pub use output::{DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGES, OutputLimits};
 pub(crate) use pool::KernelPool;
 

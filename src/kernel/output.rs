@@ -272,6 +272,11 @@ impl OutputCollector {
         }
     }
 
+    /// The bytes of the last image saved (empty if none was).
+    pub(crate) fn last_image_bytes(&self) -> &[u8] {
+        self.image_data.last().map_or(&[], Vec::as_slice)
+    }
+
     /// The output so far, stripped of surrounding whitespace.
     pub(crate) fn text(&self) -> String {
         self.text.text().trim().to_string()

@@ -94,7 +94,7 @@ impl CellRun {
                         ExecutionEvent::Image(_) => continue,
                         ExecutionEvent::Approval(request) => {
                             if allowances.allows(&request) {
-                                request.accept();
+                                request.accept_remembered();
                                 continue;
                             }
                             state.unasked.push(request);

@@ -86,7 +86,7 @@ pub(crate) async fn decide(
     approval_timeout: Duration,
 ) {
     if allowances.allows(&request) {
-        return request.accept();
+        return request.accept_remembered();
     }
     if !peer
         .supported_elicitation_modes()
@@ -120,10 +120,13 @@ pub(super) const NO_ELICITATION: &str = "nobody could be asked: ipybox runs with
 /// response) to `request`: accept (with `remember`, for the rest of the session), decline or
 /// cancel.
 pub(super) fn answer(
-    request: ApprovalRequest,
+    mut request: ApprovalRequest,
     result: &ElicitResult,
     allowances: &SessionAllowances,
 ) {
+    // What the user saw (the session notebook records it with the answer).
+    let shown = question(&request);
+    request.shown_as(shown);
     match result.action {
         ElicitationAction::Accept => {
             let remember = result

@@ -21,6 +21,7 @@
 mod cell;
 mod elicit;
 mod mrtr;
+mod notebook;
 mod progress;
 mod request;
 pub(crate) mod session;
@@ -418,6 +419,14 @@ impl IpyboxServer {
         }
     }
 
+    /// The kernel sessions `caller` owns: the one over stdio; over HTTP its open sessions.
+    fn own_sessions(&self, caller: &Caller) -> Vec<Arc<KernelSession>> {
+        match &self.shared.scope {
+            Scope::Single(session) => vec![session.clone()],
+            Scope::Service(source) => source.sessions_of(caller),
+        }
+    }
+
     /// The kernel session of this request: the one over stdio; over HTTP the one `given`
     /// names, else (with `create`) a new one for 2026-07-28 requests, the MCP session's own for
     /// handshake-era ones. `Ok(None)`: there is none and `create` was false.
@@ -599,6 +608,8 @@ impl IpyboxServer {
                         timeout: Some(timeout),
                         accept_all: self.shared.config.approve != ApproveMode::Ask,
                         max_output_bytes: Some(kept_bytes(p.max_output_chars)),
+                        // The notebook holds what the result gets.
+                        notebook_output_chars: Some(p.max_output_chars),
                     },
                 );
                 let run = CellRun::start(
@@ -876,16 +887,31 @@ impl ServerHandler for IpyboxServer {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Ok(self.shared.skills.resources())
+        let mut listed = self.shared.skills.resources();
+        listed.resources.extend(
+            self.own_sessions(&caller(&context))
+                .iter()
+                .filter_map(|s| notebook::resource(s)),
+        );
+        Ok(listed)
     }
 
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        if let Some(tag) = notebook::tag(&request.uri) {
+            return self
+                .own_sessions(&caller(&context))
+                .iter()
+                .find(|s| notebook::is(s, tag))
+                .and_then(|s| notebook::read(s, &request.uri))
+                .map(Into::into)
+                .ok_or_else(|| notebook::unknown(&request.uri));
+        }
         self.shared
             .skills
             .read(&request.uri)
@@ -893,7 +919,7 @@ impl ServerHandler for IpyboxServer {
             .ok_or_else(|| {
                 ErrorData::resource_not_found(
                     format!(
-                        "no resource {}: ipybox serves the codeact skill's files (skill://codeact/...)",
+                        "no resource {}: ipybox serves the codeact skill's files (skill://codeact/...) and your sessions' notebooks (ipybox://notebook/...)",
                         request.uri
                     ),
                     Some(json!({"uri": request.uri})),

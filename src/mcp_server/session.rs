@@ -243,6 +243,9 @@ pub(crate) trait SessionSource: Send + Sync + 'static {
     /// (`register_mcp_server`).
     fn workspace_executor(&self) -> &CodeExecutor;
 
+    /// The open sessions `caller` owns (their notebooks are `caller`'s to read).
+    fn sessions_of(&self, caller: &Caller) -> Vec<Arc<KernelSession>>;
+
     /// Whether `install_package` may change the kernel environment every session shares.
     fn install_allowed(&self) -> bool;
 

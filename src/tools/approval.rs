@@ -87,34 +87,69 @@ pub struct ApprovalRequest {
     reply: Vec<oneshot::Sender<Verdict>>,
     /// Frees this request's place among the outstanding prompts when it is decided or dropped.
     slot: Option<Slot>,
+    /// What the decider showed, if it said ([`ApprovalRequest::shown_as`]).
+    question: Option<String>,
 }
 
 /// The answer sent back to the waiting call.
 #[derive(Debug, Clone)]
-enum Verdict {
-    Accept,
-    /// Rejected, with the reason the kernel's error carries (if any).
-    Reject(Option<String>),
+struct Verdict {
+    /// [`Answer::Accepted`], [`Answer::Remembered`], [`Answer::AutoAccepted`] (the call goes
+    /// ahead) or [`Answer::Declined`].
+    answer: Answer,
+    /// Why it was declined, carried by the kernel's error (if any).
+    reason: Option<String>,
+    /// What the decider showed (recorded with the answer).
+    question: Option<String>,
 }
 
 impl ApprovalRequest {
     /// Lets the call go ahead (every call of [`ApprovalRequest::calls`]).
     pub fn accept(self) {
-        self.send(Verdict::Accept);
+        self.send(Answer::Accepted, None);
+    }
+
+    /// [`ApprovalRequest::accept`] without asking anyone, because an earlier answer ("allow for
+    /// the rest of the session") covers this call. The session notebook records it as
+    /// remembered.
+    pub fn accept_remembered(self) {
+        self.send(Answer::Remembered, None);
+    }
+
+    /// [`ApprovalRequest::accept`] without asking anyone, because the application accepts
+    /// everything (`ipybox exec --yes`). The session notebook records it as auto-accepted.
+    pub fn accept_unasked(self) {
+        self.send(Answer::AutoAccepted, None);
     }
 
     /// Fails the call in the kernel with `ApprovalRejected`.
     pub fn reject(self) {
-        self.send(Verdict::Reject(None));
+        self.send(Answer::Declined, None);
     }
 
     /// [`ApprovalRequest::reject`], with a reason appended to the kernel's error message (e.g.
     /// why nobody could be asked).
     pub fn reject_with(self, reason: impl Into<String>) {
-        self.send(Verdict::Reject(Some(reason.into())));
+        self.send(Answer::Declined, Some(reason.into()));
     }
 
-    fn send(mut self, verdict: Verdict) {
+    /// Says what the person deciding was shown (an MCP client's question, a terminal prompt),
+    /// for the session notebook, which records it with the answer. Default:
+    /// [`ApprovalRequest::describe`]. Changes nothing about the call.
+    pub fn shown_as(&mut self, question: impl Into<String>) {
+        self.question = Some(question.into());
+    }
+
+    fn send(mut self, answer: Answer, reason: Option<String>) {
+        let question = self.question.take().or_else(|| match answer {
+            Answer::AutoAccepted | Answer::Remembered => None,
+            _ => Some(self.describe()),
+        });
+        let verdict = Verdict {
+            answer,
+            reason,
+            question,
+        };
         for reply in std::mem::take(&mut self.reply) {
             let _ = reply.send(verdict.clone());
         }
@@ -377,6 +412,7 @@ impl Asker {
             kind: queued.kind,
             reply: queued.waiters,
             slot: Some(Slot(Some(self.clone()))),
+            question: None,
         }
     }
 
@@ -483,35 +519,171 @@ pub(crate) fn unshowable(subject: &Subject<'_>, text_limit: Option<usize>) -> Op
 }
 
 /// Asks for a decision under `policy`, pausing the execution clock while waiting (in the queue
-/// too). `text_limit`: the longest rendering a person is shown (see [`unshowable`]).
+/// too), and records it in `log`. `text_limit`: the longest rendering a person is shown (see
+/// [`unshowable`]).
 pub(crate) async fn decide(
     policy: &ApprovalPolicy,
     subject: Subject<'_>,
     timeout: Duration,
     pause: &TimeoutPause,
     text_limit: Option<usize>,
+    log: &CallLog,
 ) -> Decision {
+    let started = std::time::Instant::now();
+    let (decision, answer, question) =
+        decide_unlogged(policy, &subject, timeout, pause, text_limit).await;
+    log.push(|| CallRecord {
+        shell: subject.kind == RequestKind::ShellCommand,
+        server_name: subject.server_name.to_string(),
+        tool_name: subject.tool_name.to_string(),
+        arguments: subject.arguments.clone(),
+        question: question.or_else(|| match answer {
+            // Nobody answered: what a decider was shown is not known here, the request's
+            // rendering is what every surface shows.
+            Answer::TimedOut | Answer::Cancelled | Answer::Unanswered => Some(render(
+                subject.server_name,
+                subject.tool_name,
+                subject.arguments,
+                subject.kind,
+                Syntax::Json,
+            )),
+            _ => None,
+        }),
+        answer,
+        reason: match &decision {
+            Decision::Rejected(reason) => reason.clone(),
+            _ => None,
+        },
+        waited: started.elapsed(),
+    });
+    decision
+}
+
+async fn decide_unlogged(
+    policy: &ApprovalPolicy,
+    subject: &Subject<'_>,
+    timeout: Duration,
+    pause: &TimeoutPause,
+    text_limit: Option<usize>,
+) -> (Decision, Answer, Option<String>) {
     let asker = match policy {
-        ApprovalPolicy::AcceptAll => return Decision::Accepted,
+        ApprovalPolicy::AcceptAll => return (Decision::Accepted, Answer::AutoAccepted, None),
         ApprovalPolicy::Ask(asker) => asker,
     };
     if asker.cancelled.is_cancelled() {
-        return Decision::Rejected(Some(CANCELLED.into()));
+        return (
+            Decision::Rejected(Some(CANCELLED.into())),
+            Answer::Cancelled,
+            None,
+        );
     }
-    if let Some(reason) = unshowable(&subject, text_limit) {
-        return Decision::Rejected(Some(format!("not shown to anyone: {reason}")));
+    if let Some(reason) = unshowable(subject, text_limit) {
+        return (
+            Decision::Rejected(Some(format!("not shown to anyone: {reason}"))),
+            Answer::Refused,
+            None,
+        );
     }
     let _paused = pause.pause();
-    let decision = asker.submit(&subject);
+    let decision = asker.submit(subject);
     tokio::select! {
         decided = tokio::time::timeout(timeout, decision) => match decided {
-            Ok(Ok(Verdict::Accept)) => Decision::Accepted,
-            Ok(Ok(Verdict::Reject(reason))) => Decision::Rejected(reason),
-            Ok(Err(_)) => Decision::Rejected(None),
-            Err(_) => Decision::TimedOut,
+            Ok(Ok(verdict)) => {
+                let decision = match verdict.answer {
+                    Answer::Accepted | Answer::Remembered | Answer::AutoAccepted => Decision::Accepted,
+                    _ => Decision::Rejected(verdict.reason),
+                };
+                (decision, verdict.answer, verdict.question)
+            }
+            Ok(Err(_)) => (Decision::Rejected(None), Answer::Unanswered, None),
+            Err(_) => (Decision::TimedOut, Answer::TimedOut, None),
         },
         // A late accept() finds the reply channel closed: the call never goes ahead.
-        () = asker.cancelled.cancelled() => Decision::Rejected(Some(CANCELLED.into())),
+        () = asker.cancelled.cancelled() => (Decision::Rejected(Some(CANCELLED.into())), Answer::Cancelled, None),
+    }
+}
+
+/// What became of a tool call or shell command, as the session notebook records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Asked, and accepted.
+    Accepted,
+    /// Accepted without asking: an earlier "allow for the rest of the session" covers it.
+    Remembered,
+    /// Accepted without asking anyone: the policy accepts every call (`execute()`, the MCP
+    /// server's `--approve auto`, `ipybox exec --yes`).
+    AutoAccepted,
+    /// Asked, and declined (rejected by the application).
+    Declined,
+    /// Asked, and not answered within the approval timeout.
+    TimedOut,
+    /// Its execution was cancelled while it waited (or before it was asked).
+    Cancelled,
+    /// Not shown to anyone: it could not be shown whole (see [`unshowable`]).
+    Refused,
+    /// The request was dropped without an answer (the stream that asked was gone).
+    Unanswered,
+}
+
+impl Answer {
+    /// The word the notebook records: `accepted`, `remembered`, `auto-accepted`, `declined`,
+    /// `timed out`, `cancelled`, `refused`, `unanswered`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Answer::Accepted => "accepted",
+            Answer::Remembered => "remembered",
+            Answer::AutoAccepted => "auto-accepted",
+            Answer::Declined => "declined",
+            Answer::TimedOut => "timed out",
+            Answer::Cancelled => "cancelled",
+            Answer::Refused => "refused",
+            Answer::Unanswered => "unanswered",
+        }
+    }
+}
+
+/// One decision about a tool call or a shell command, for the session notebook.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRecord {
+    /// A shell command (server [`SHELL_SERVER_NAME`]) rather than an MCP tool call.
+    pub shell: bool,
+    pub server_name: String,
+    pub tool_name: String,
+    /// The arguments as the kernel sent them (what goes to the server; never the server's
+    /// `${VAR}`-resolved params, which are not arguments).
+    pub arguments: Map<String, Value>,
+    /// What the decider was shown (`None`: nobody was asked).
+    pub question: Option<String>,
+    pub answer: Answer,
+    /// Why it was declined or not asked, if said.
+    pub reason: Option<String>,
+    /// How long the call waited for its answer.
+    pub waited: Duration,
+}
+
+/// Where the decisions of one execution are recorded (the session notebook's source); the
+/// default records nothing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CallLog(Option<Arc<Mutex<Vec<CallRecord>>>>);
+
+impl CallLog {
+    /// A log that keeps what it is given.
+    pub(crate) fn recording() -> Self {
+        Self(Some(Arc::default()))
+    }
+
+    fn push(&self, record: impl FnOnce() -> CallRecord) {
+        if let Some(log) = &self.0 {
+            log.lock().unwrap_or_else(|p| p.into_inner()).push(record());
+        }
+    }
+
+    /// The decisions recorded so far (in the order they were made), leaving the log empty.
+    pub(crate) fn take(&self) -> Vec<CallRecord> {
+        match &self.0 {
+            Some(log) => std::mem::take(&mut *log.lock().unwrap_or_else(|p| p.into_inner())),
+            None => Vec::new(),
+        }
     }
 }
 
@@ -560,6 +732,7 @@ pub mod testing {
             kind,
             reply: Vec::new(),
             slot: None,
+            question: None,
         }
     }
 }
@@ -586,7 +759,15 @@ mod tests {
                 kind: RequestKind::ToolCall,
                 server: None,
             };
-            decide(&policy, subject, timeout, &TimeoutPause::default(), None).await
+            decide(
+                &policy,
+                subject,
+                timeout,
+                &TimeoutPause::default(),
+                None,
+                &CallLog::default(),
+            )
+            .await
         })
     }
 

@@ -23,11 +23,12 @@ pub(crate) mod stdin_channel;
 use std::time::Duration;
 
 pub(crate) use approval::ApprovalPolicy;
+pub(crate) use approval::CallLog;
 #[doc(hidden)]
 pub use approval::testing;
 pub use approval::{
-    ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, MAX_OUTSTANDING_PROMPTS, SHELL_MAGIC_TOOL,
-    SHELL_SERVER_NAME, SHELL_TOOL, magic_line, shorten,
+    Answer, ApprovalRequest, CallRecord, DEFAULT_APPROVAL_TIMEOUT, MAX_OUTSTANDING_PROMPTS,
+    SHELL_MAGIC_TOOL, SHELL_SERVER_NAME, SHELL_TOOL, magic_line, shorten,
 };
 pub use client::{McpSession, STDIO_BASE_ENV, ToolOutput, tool_output};
 pub use env_subst::substitute;

@@ -46,8 +46,8 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 
 use super::approval::{
-    self, ApprovalPolicy, Decision, RequestKind, SHELL_MAGIC_TOOL, SHELL_SERVER_NAME, SHELL_TOOL,
-    Subject, shorten,
+    self, ApprovalPolicy, CallLog, Decision, RequestKind, SHELL_MAGIC_TOOL, SHELL_SERVER_NAME,
+    SHELL_TOOL, Subject, shorten,
 };
 use super::protocol::{ApproveRequest, ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
 use super::registry::{NotRegistered, Reach};
@@ -70,10 +70,11 @@ pub(crate) const MAX_CONNECTIONS: usize = 512;
 /// Shared state of the tool server; the executor keeps a handle to change the policy.
 pub(crate) struct ToolServerState {
     sessions: SessionCache,
-    /// Who approves calls, and the clock of the execution they belong to (paused while a call
-    /// waits): a call keeps the pair it found when it began, so a leftover call of an earlier
-    /// execution never pauses a later one.
-    policy: Mutex<(ApprovalPolicy, TimeoutPause)>,
+    /// Who approves calls, the clock of the execution they belong to (paused while a call
+    /// waits) and where its decisions are recorded: a call keeps what it found when it began,
+    /// so a leftover call of an earlier execution never pauses (or lands in the record of) a
+    /// later one.
+    policy: Mutex<(ApprovalPolicy, TimeoutPause, CallLog)>,
     approval_timeout: Duration,
     /// The servers this executor's kernels may call, with their recorded params (the trust
     /// rule, [`super::registry`]): what a kernel sends is never used.
@@ -88,7 +89,11 @@ impl ToolServerState {
     pub(crate) fn new(sessions: SessionCache, approval_timeout: Duration, reach: Reach) -> Self {
         Self {
             sessions,
-            policy: Mutex::new((ApprovalPolicy::AcceptAll, TimeoutPause::default())),
+            policy: Mutex::new((
+                ApprovalPolicy::AcceptAll,
+                TimeoutPause::default(),
+                CallLog::default(),
+            )),
             approval_timeout,
             reach,
             text_limit: None,
@@ -102,13 +107,13 @@ impl ToolServerState {
         self
     }
 
-    /// Sets who approves the next tool calls, and the execution clock their approval waits
-    /// pause.
-    pub(crate) fn set_policy(&self, policy: ApprovalPolicy, pause: TimeoutPause) {
-        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = (policy, pause);
+    /// Sets who approves the next tool calls, the execution clock their approval waits pause,
+    /// and where their decisions are recorded.
+    pub(crate) fn set_policy(&self, policy: ApprovalPolicy, pause: TimeoutPause, log: CallLog) {
+        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = (policy, pause, log);
     }
 
-    fn policy(&self) -> (ApprovalPolicy, TimeoutPause) {
+    fn policy(&self) -> (ApprovalPolicy, TimeoutPause, CallLog) {
         self.policy
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -562,7 +567,7 @@ async fn approve(
     what: &str,
     done: &str,
 ) -> Option<RunReply> {
-    let (policy, pause) = state.policy();
+    let (policy, pause, log) = state.policy();
     // Python ipybox 0.9.2's sentence first ("Approval request for fx.add rejected" / "expired"):
     // code and prompts written for it match on these words. Then what ipybox adds.
     let request = format!(
@@ -571,7 +576,7 @@ async fn approve(
         shorten(&shown::name(subject.tool_name, Syntax::Json), 200)
     );
     let timeout = state.approval_timeout;
-    match approval::decide(&policy, subject, timeout, &pause, state.text_limit).await {
+    match approval::decide(&policy, subject, timeout, &pause, state.text_limit, &log).await {
         Decision::Accepted => None,
         Decision::Rejected(reason) => Some(RunReply::error(
             ErrorKind::Rejected,

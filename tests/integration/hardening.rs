@@ -340,6 +340,7 @@ async fn the_sdk_caps_text_and_images_per_execution() {
             timeout,
             accept_all: true,
             max_output_bytes: Some(20),
+            ..RunOptions::default()
         },
     );
     let mut result = None;

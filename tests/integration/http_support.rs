@@ -43,8 +43,17 @@ impl Service {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("ipybox.log");
         let file = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
-            .args(["serve", "--http", &format!("127.0.0.1:{port}")])
+        // The sessions' notebooks go to the test's directory, not the user's data directory.
+        let notebooks = dir.path().join("notebooks");
+        let own_notebooks = !flags
+            .iter()
+            .any(|f| *f == "--notebook-dir" || *f == "--no-notebook");
+        let mut command = Command::new(BIN);
+        command.args(["serve", "--http", &format!("127.0.0.1:{port}")]);
+        if own_notebooks {
+            command.arg("--notebook-dir").arg(&notebooks);
+        }
+        let child = command
             .arg("--workspace")
             .arg(ws)
             .args(flags)
@@ -88,6 +97,11 @@ impl Service {
 
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Where the sessions' notebooks go (unless the flags said otherwise).
+    pub(crate) fn notebooks(&self) -> PathBuf {
+        self._dir.path().join("notebooks")
     }
 
     pub(crate) fn pid(&self) -> u32 {

@@ -34,6 +34,7 @@ mod mcp_approvals;
 mod mcp_client;
 mod mcp_modern;
 mod mcp_server;
+mod notebook;
 #[cfg(target_os = "linux")]
 mod pid_reuse;
 mod proc_tree;

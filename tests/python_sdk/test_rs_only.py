@@ -198,3 +198,26 @@ async def test_str_of_a_request_shows_names_escaped_and_nothing_cut(workspace):
     request = ApprovalRequest("s\x1b[2J", "t", {"k": "v\u200b"}, respond)
     assert str(request) == "'s\\x1b[2J'.t(k='v\\u200b')"
     assert repr(request) == "ApprovalRequest('s\\x1b[2J'.t(k='v\\u200b'))"
+
+
+async def test_notebook_records_the_session_when_asked(workspace):
+    """`notebook=True` writes `notebooks/<UTC start>-<tag>.ipynb` of the working directory, a
+    cell per execution; the default writes none (0.9.2 wrote none)."""
+    import json
+
+    async with CodeExecutor() as executor:
+        await executor.execute("print(1)")
+        assert executor.notebook_path is None
+    assert not (workspace / "notebooks").exists()
+
+    async with CodeExecutor(notebook=True) as executor:
+        await executor.execute("x = 6 * 7\nprint(x)")
+        path = executor.notebook_path
+        assert path is not None and path.parent == workspace / "notebooks"
+    # Written in the background; stop() (the end of `async with`) waits for it.
+    notebook = json.loads(path.read_text())
+    cells = [c for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert notebook["nbformat"] == 4 and notebook["nbformat_minor"] == 5
+    assert [c["source"] for c in cells] == ["x = 6 * 7\nprint(x)"]
+    assert cells[0]["outputs"] == [{"output_type": "stream", "name": "stdout", "text": "42\n"}]
+    assert cells[0]["metadata"]["ipybox"]["status"] == "ok"

@@ -51,7 +51,7 @@ struct Executor {
 #[pymethods]
 impl Executor {
     #[new]
-    #[pyo3(signature = (*, python, working_dir, restore_working_dir, images_dir, kernel_env, approval_timeout, connect_timeout, kernel_start_timeout, sandbox, sandbox_config, spare_kernels, approve_shell_cmds, require_shell_escape, kernel_gateway=None))]
+    #[pyo3(signature = (*, python, working_dir, restore_working_dir, images_dir, kernel_env, approval_timeout, connect_timeout, kernel_start_timeout, sandbox, sandbox_config, spare_kernels, approve_shell_cmds, require_shell_escape, kernel_gateway=None, notebook_dir=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         python: PathBuf,
@@ -68,6 +68,7 @@ impl Executor {
         approve_shell_cmds: bool,
         require_shell_escape: bool,
         kernel_gateway: Option<String>,
+        notebook_dir: Option<PathBuf>,
     ) -> PyResult<Self> {
         let approval_timeout = match approval_timeout {
             Some(t) => secs(t, "approval_timeout")?,
@@ -89,6 +90,9 @@ impl Executor {
             .spare_kernels(spare_kernels)
             .approve_shell_cmds(approve_shell_cmds)
             .require_shell_escape(require_shell_escape);
+        if let Some(dir) = notebook_dir {
+            builder = builder.notebook(dir);
+        }
         if sandbox {
             builder = builder.sandbox(SandboxOptions {
                 config_file: sandbox_config,
@@ -150,6 +154,11 @@ impl Executor {
         let ex = self.inner.clone();
         pyo3_async_runtimes::tokio::future_into_py(py, async move { Ok(ex.kernel_pid().await) })
     }
+
+    /// The session notebook's file, if one is recorded.
+    fn notebook_path(&self) -> Option<PathBuf> {
+        self.inner.notebook().and_then(|n| n.path())
+    }
 }
 
 /// The items of one execution, as tuples:
@@ -192,7 +201,7 @@ impl Stream {
                             if (request.is_shell_command() && accept_shell)
                                 || (!request.is_shell_command() && auto_accept) =>
                         {
-                            request.accept()
+                            request.accept_unasked()
                         }
                         Some(ExecutionEvent::Approval(request)) => break Item::Approval(request),
                         Some(ExecutionEvent::Result(result)) => break Item::Done(result),

@@ -104,6 +104,7 @@ class CodeExecutor:
         approve_shell_cmds: bool = False,
         require_shell_escape: bool = False,
         kernel_gateway_url: str | None = None,
+        notebook: bool | str | Path = False,
     ):
         """Configure a code executor with optional sandboxing.
 
@@ -154,6 +155,13 @@ class CodeExecutor:
                 `pty.spawn`) with a `PermissionError` that says to use `!cmd`. Requires
                 `approve_shell_cmds=True`. A guard against accidents, not a security boundary
                 (use `sandbox=True` for that).
+            notebook: Record every execution in a Jupyter notebook, rewritten in the background
+                after each cell (`stop()` waits until the file holds every cell; open it in
+                JupyterLab or VS Code to watch; `ipybox replay` runs it again):
+                `True` writes `notebooks/` of the working directory, a path writes there
+                (relative: to the working directory). One file per `start()`'s executor,
+                `<UTC start time>-<tag>.ipynb`. Default `False` (as Python ipybox 0.9.2).
+                ipybox-rs only; see the `notebook_path` property.
         """
         if require_shell_escape and not approve_shell_cmds:
             raise ValueError("require_shell_escape=True requires approve_shell_cmds=True")
@@ -176,6 +184,7 @@ class CodeExecutor:
         if kernel_gateway_url is None and kernel_gateway_port is not None:
             kernel_gateway_url = f"http://{kernel_gateway_host}:{int(kernel_gateway_port)}"
         self.kernel_gateway_url = kernel_gateway_url
+        self.notebook = notebook
 
         _ipybox.init_logging(_LOG_LEVELS.get(str(log_level).upper(), "warn"))
         self._rs: _ipybox.Executor | None = None
@@ -210,9 +219,26 @@ class CodeExecutor:
             approve_shell_cmds=self.approve_shell_cmds,
             require_shell_escape=self.require_shell_escape,
             kernel_gateway=self.kernel_gateway_url,
+            notebook_dir=self._notebook_dir(working_dir),
         )
         await rs.start()
         self._rs = rs
+
+    def _notebook_dir(self, working_dir: Path) -> str | None:
+        if self.notebook is False or self.notebook is None:
+            return None
+        if self.notebook is True:
+            return str(working_dir / "notebooks")
+        return str(working_dir / Path(self.notebook))
+
+    @property
+    def notebook_path(self) -> Path | None:
+        """The session notebook being written (`notebook=...`), once started; it exists just after
+        the first cell has ended (written in the background; complete once stopped). `None` without a notebook."""
+        if self._rs is None:
+            return None
+        path = self._rs.notebook_path()
+        return Path(path) if path is not None else None
 
     async def stop(self) -> None:
         """Stop the executor: the kernels and the MCP servers started by tool calls. A running
