@@ -13,7 +13,8 @@
 #      it accepts calls of `fx` and declines the rest.
 # Checks the exact tool_result texts Claude Code sent back to the stand-in (so, what a model
 # reads), that the accepted call ran once and the declined one not at all (the counter file), that
-# the hook was asked twice, and that Claude Code ended the turn with the stand-in's last words.
+# the hook was asked twice, that Claude Code ended the turn with the stand-in's last words, and
+# that no process of the run outlives Claude Code.
 # Needs: npm (first run only), target/test-env (scripts/test-env.sh: the `mcp` package for the
 # counter server), python3. Prints each check; exits non-zero if any fails.
 # Usage: scripts/claude-e2e.sh [path/to/ipybox]   (default: target/debug/ipybox, built if missing)
@@ -24,6 +25,7 @@ ipybox="${1:-$root/target/debug/ipybox}"
 TIMEOUT=${CLAUDE_E2E_TIMEOUT:-150}
 
 source "$root/scripts/clients.sh" || { echo "claude-e2e: installing the clients failed" >&2; exit 1; }
+set +e   # clients.sh turns errexit on; this script reports each failure itself
 [ -x "$ipybox" ] || cargo build -q --bin ipybox || { echo "claude-e2e: cargo build failed" >&2; exit 1; }
 venv_python="$root/target/test-env/venv/bin/python"
 [ -x "$venv_python" ] || { echo "claude-e2e: $venv_python is missing: run scripts/test-env.sh" >&2; exit 1; }
@@ -33,7 +35,7 @@ kernel_home="$(dirname "$("$ipybox" setup | sed -n 's/^kernel environment: //p')
 work=$(mktemp -d "${TMPDIR:-/tmp}/ipybox-claude-e2e.XXXXXX")
 standin_pid=""
 cleanup() {
-  [ -n "$standin_pid" ] && kill "$standin_pid" 2>/dev/null && wait "$standin_pid" 2>/dev/null
+  if [ -n "$standin_pid" ]; then kill "$standin_pid" 2>/dev/null; wait "$standin_pid" 2>/dev/null; fi
   if [ -n "${CLAUDE_E2E_KEEP:-}" ]; then echo "claude-e2e: kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
@@ -43,8 +45,10 @@ mkdir -p "$home" "$project/.claude"
 counter="$work/counter.txt"
 : >"$counter"
 
-# The Elicitation hook exactly as docs/plugins.md shows it: the settings block and approve.py.
-python3 - "$root/docs/plugins.md" "$project/.claude" <<'EOF' || { echo "claude-e2e: docs/plugins.md no longer shows the Elicitation hook (a json block with \"Elicitation\" and a python block reading the event)" >&2; exit 1; }
+# The Elicitation hook exactly as docs/plugins.md shows it: the settings block (it runs
+# $CLAUDE_PROJECT_DIR/.claude/approve.py) and the script, saved unchanged as documented-approve.py;
+# approve.py runs that on the same input and logs what it was asked and what it answered.
+python3 - "$root/docs/plugins.md" "$project/.claude" <<'EOF' || { echo "claude-e2e: docs/plugins.md no longer shows the Elicitation hook (a json block with \"Elicitation\" and a python block with hookSpecificOutput)" >&2; exit 1; }
 import pathlib, re, sys
 text = pathlib.Path(sys.argv[1]).read_text()
 blocks = re.findall(r"^ *```(\w+)\n(.*?)^ *```", text, re.S | re.M)
@@ -53,14 +57,23 @@ hook = next(b for lang, b in blocks if lang == "python" and "hookSpecificOutput"
 dedent = lambda b: "\n".join(line[2:] if line.startswith("  ") else line for line in b.splitlines()) + "\n"
 out = pathlib.Path(sys.argv[2])
 (out / "settings.json").write_text(dedent(settings))
-# The documented hook, plus one line at its end that logs what it was asked and answered.
-(out / "approve.py").write_text(dedent(hook))
+(out / "documented-approve.py").write_text(dedent(hook))
 EOF
-# Log each question the hook answers (appended after the documented script; it does not change
-# the answer).
-cat >>"$project/.claude/approve.py" <<EOF
-with open("$work/hook.log", "a") as _log:
-    _log.write(json.dumps({"message": message.split("\n", 1)[0], "action": "accept" if allowed else "decline"}) + "\n")
+cat >"$project/.claude/approve.py" <<EOF
+import json, subprocess, sys
+event = sys.stdin.read()
+answer = subprocess.run([sys.executable, "$project/.claude/documented-approve.py"], input=event,
+                        capture_output=True, text=True)
+sys.stdout.write(answer.stdout)
+sys.stderr.write(answer.stderr)
+try:
+    action = json.loads(answer.stdout)["hookSpecificOutput"]["action"]
+except Exception:
+    action = "unreadable: " + answer.stdout + answer.stderr
+question = json.loads(event).get("message", "").split(chr(10), 1)[0]
+with open("$work/hook.log", "a") as log:
+    log.write(json.dumps({"message": question, "action": action}) + chr(10))
+sys.exit(answer.returncode)
 EOF
 
 cat >"$work/mcp.json" <<EOF
@@ -104,6 +117,21 @@ start=$EPOCHREALTIME
 code=$?
 seconds=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
 echo "claude-e2e: claude -p exited $code after ${seconds}s"
+
+# Nothing of the run may outlive Claude Code: ipybox, its kernels and the counter servers (every
+# process whose command line, environment or working directory names this run's directory).
+leftovers() {
+  local p pid
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [ "$pid" = "$standin_pid" ] && continue
+    if grep -qsF -- "$work" "$p/cmdline" "$p/environ" || [[ "$(readlink "$p/cwd" 2>/dev/null)" == "$work"* ]]; then
+      echo "$pid $(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)"
+    fi
+  done
+}
+for _ in $(seq 30); do left=$(leftovers); [ -z "$left" ] && break; sleep 0.1; done
+printf '%s' "$left" >"$work/leftovers.txt"
 
 # The checks read what Claude Code sent the stand-in (the main conversation's last request holds
 # every tool_use and its tool_result), its stream-json output, the hook's log and the counter file.
@@ -188,6 +216,8 @@ check("the Elicitation hook of docs/plugins.md was asked twice and answered acce
     {"message": "ipybox: Allow executed code to call the tool `record` of the MCP server `fx`?", "action": "accept"},
     {"message": "ipybox: Allow executed code to call the tool `record` of the MCP server `notes`?", "action": "decline"},
 ])
+with open(os.path.join(work, "leftovers.txt")) as f:
+    check("no process of the run (ipybox, kernels, MCP servers) is left 3 s after claude -p exits", f.read(), "")
 final = None
 with open(os.path.join(work, "claude.jsonl")) as f:
     for line in f:
