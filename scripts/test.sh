@@ -8,6 +8,7 @@
 #   scripts/plugin-check.sh  the Claude Code marketplace and its four plugins, ✔ Connected
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
 #   tests/python/mcp_approval_check.py  --approve ask and progress with the Python `mcp` client
+#   scripts/claude-e2e.sh    one whole Claude Code turn (claude -p) offline, a stand-in for the model
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh kernel::` for one module).
 # Plain `cargo test` skips tests whose components are missing (one line each); here nothing is
 # skipped: IPYBOX_TEST_STRICT=1 turns a missing component into a failure.
@@ -28,5 +29,6 @@ IPYBOX_TEST_STRICT=1 bash scripts/plugin-check.sh
 bash scripts/smoke-clients.sh
 bash scripts/conformance.sh          # the MCP conformance runner against `ipybox serve --http`
 target/test-env/venv/bin/python tests/python/mcp_approval_check.py target/debug/ipybox  # --approve ask, progress
+bash scripts/claude-e2e.sh           # claude -p with a stand-in Messages API: state, approvals by hook
 # 2 test threads on 2 cores: each test starts real kernels and servers.
 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2
