@@ -650,6 +650,8 @@ async fn links_planted_by_sandboxed_code_do_not_redirect_the_notebook() {
     let notebook = ex.notebook().unwrap();
     let path = notebook.path().unwrap();
     assert!(path.starts_with(ws.join("notebooks")));
+    // The file is written in the background: wait for it before the kernel looks for it.
+    notebook.flush();
     // The kernel swaps the file for a link to a file it cannot write.
     let target = outside.join("precious.txt");
     run(
