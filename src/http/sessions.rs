@@ -23,6 +23,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use ipybox::CodeExecutor;
 use ipybox::executor::{CodeExecutorBuilder, ExecutorError};
+use ipybox::kernel::SharedKernelFactory;
+use ipybox::tools::SharedMcpServers;
 use tokio::sync::mpsc;
 
 use super::super::mcp_server::session::{Caller, KernelSession, SessionSource};
@@ -54,13 +56,49 @@ pub(crate) struct SessionConfig {
 pub(crate) struct ExecutorFactory {
     builder: CodeExecutorBuilder,
     workspace: std::path::PathBuf,
+    /// The kernel template every session's kernels are forked from, if `builder` shares one.
+    shared_factory: Option<SharedKernelFactory>,
+    /// The stdio MCP servers every session calls, if `builder` shares them.
+    shared_servers: Option<SharedMcpServers>,
 }
 
 impl ExecutorFactory {
     /// `builder` configures every session's executor (workspace, environment, gateway, sandbox,
     /// approvals); `workspace` is the shared workspace.
     pub(crate) fn new(builder: CodeExecutorBuilder, workspace: std::path::PathBuf) -> Self {
-        Self { builder, workspace }
+        Self {
+            builder,
+            workspace,
+            shared_factory: None,
+            shared_servers: None,
+        }
+    }
+
+    /// What `builder` shares between sessions (given to it already): stopped when the service
+    /// stops, after every session.
+    pub(crate) fn shared(
+        mut self,
+        factory: Option<SharedKernelFactory>,
+        servers: Option<SharedMcpServers>,
+    ) -> Self {
+        self.shared_factory = factory;
+        self.shared_servers = servers;
+        self
+    }
+
+    /// Stops what sessions share: the kernel template and the stdio MCP servers.
+    async fn shutdown_shared(&self) {
+        let factory = async {
+            if let Some(factory) = &self.shared_factory {
+                factory.shutdown().await;
+            }
+        };
+        let servers = async {
+            if let Some(servers) = &self.shared_servers {
+                servers.close_all().await;
+            }
+        };
+        tokio::join!(factory, servers);
     }
 
     /// The executor of session `id` (not started): a new kernel, or with `attach`, kernel
@@ -435,6 +473,8 @@ impl Registry {
         while let Some((_, executor)) = warm.recv().await {
             executor.stop().await;
         }
+        drop(warm);
+        self.factory.shutdown_shared().await;
     }
 }
 

@@ -4,7 +4,8 @@
 //!
 //! - `template`: one template process, its fork requests and the kernels it forks;
 //! - `listener`: the socket the template and its kernels connect back to;
-//! - `exit_watch`: noticing that a forked kernel (the template's child, not ours) ended.
+//! - `exit_watch`: noticing that a forked kernel (the template's child, not ours) ended;
+//! - `shared`: one factory shared by the pools of several executors.
 //!
 //! This module decides *which* template forks: it builds one when the first kernel is needed,
 //! builds a new one when it breaks (its process ended, a fork failed) or when the environment's
@@ -17,6 +18,7 @@
 
 mod exit_watch;
 mod listener;
+mod shared;
 mod template;
 
 use std::sync::{Arc, Mutex, Weak};
@@ -29,6 +31,8 @@ use tokio::task::AbortHandle;
 use super::runtime_dir::RuntimeDir;
 use super::{KernelConfig, KernelError};
 use listener::Listener;
+pub use shared::SharedKernelFactory;
+pub(crate) use shared::{SharedFactoryError, SharedFork, StartedFactory};
 pub(crate) use template::Template;
 
 /// Failed template starts or forks in a row after which the factory turns itself off (until
