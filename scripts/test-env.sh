@@ -3,9 +3,11 @@
 #   target/test-env/venv           Python with the MCP SDK (fixture servers) and schema-testing tools
 #   target/test-env/node_modules   @modelcontextprotocol/server-everything (pinned)
 #   target/mcp1/venv              Python `mcp` 1.x (a handshake-era client for the HTTP service)
+#   target/test-env/kernel-data    a kernel interpreter (--python) with numpy and pandas: the snapshot
+#                                  tests (tests/integration/snapshot.rs) and benches/snapshot.rs
 #   target/test-env/jupyter/{kg,eg,js}  Jupyter Kernel Gateway, Enterprise Gateway and Jupyter Server
 #                                  (separate venvs: EG pins jupyter-server 1.x), each with the
-#                                  kernel image ipybox needs on a server: ipykernel + pydantic
+#                                  kernel image ipybox needs on a server: ipykernel + pydantic (+ cloudpickle for snapshots)
 # Idempotent: a stamp file records what was installed; rerun after changing the pins below.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,9 +18,11 @@ mkdir -p "$dir"
 # hypothesis-jsonschema 0.23.1 drives.
 PY_PKGS=(mcp==2.3.0 pydantic==2.13.4 jsonschema==4.26.0 hypothesis==6.169.4 hypothesis-jsonschema==0.23.1)
 # Remote-kernel servers (tests/integration/remote_kernels.rs), one venv each.
-JUPYTER_KG=(jupyter-kernel-gateway==3.0.1 ipykernel==7.4.0 pydantic==2.13.4)
-JUPYTER_EG=(jupyter-enterprise-gateway==3.3.0 ipykernel==6.29.5 pydantic==2.13.4)
-JUPYTER_JS=(jupyter-server==2.21.1 ipykernel==7.4.0 pydantic==2.13.4)
+JUPYTER_KG=(jupyter-kernel-gateway==3.0.1 ipykernel==7.4.0 pydantic==2.13.4 cloudpickle==3.1.2)
+JUPYTER_EG=(jupyter-enterprise-gateway==3.3.0 ipykernel==6.29.5 pydantic==2.13.4 cloudpickle==3.1.2)
+JUPYTER_JS=(jupyter-server==2.21.1 ipykernel==7.4.0 pydantic==2.13.4 cloudpickle==3.1.2)
+# A kernel environment with data libraries, for session snapshots of numpy/pandas objects.
+KERNEL_DATA=(ipykernel==7.4.0 pydantic==2.13.4 cloudpickle==3.1.2 numpy==2.4.6 pandas==3.1.1)
 NPM_PKGS=(@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/server-memory@2026.8.31)
 
 # The handshake-era Python client for the HTTP service tests (tests/python/http_clients_check.py):
@@ -37,7 +41,7 @@ if [ ! -f "$mcp1/.stamp" ] || [ "$(cat "$mcp1/.stamp")" != "${MCP1_PKGS[*]}" ]; 
 fi
 
 stamp="$dir/.stamp"
-want="${PY_PKGS[*]} | ${NPM_PKGS[*]} | ${JUPYTER_KG[*]} | ${JUPYTER_EG[*]} | ${JUPYTER_JS[*]}"
+want="${PY_PKGS[*]} | ${NPM_PKGS[*]} | ${JUPYTER_KG[*]} | ${JUPYTER_EG[*]} | ${JUPYTER_JS[*]} | ${KERNEL_DATA[*]}"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -51,6 +55,11 @@ echo "test-env: creating $dir/venv" >&2
 rm -rf "$dir/venv"
 uv venv -q --python "$(command -v python3)" "$dir/venv"
 uv pip install -q --python "$dir/venv/bin/python" "${PY_PKGS[@]}"
+
+echo "test-env: creating $dir/kernel-data (numpy, pandas)" >&2
+rm -rf "$dir/kernel-data"
+uv venv -q --python "$(command -v python3)" "$dir/kernel-data"
+uv pip install -q --python "$dir/kernel-data/bin/python" "${KERNEL_DATA[@]}"
 
 for server in kg eg js; do
   case $server in

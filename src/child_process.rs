@@ -6,9 +6,11 @@
 //! disallowed elsewhere (clippy.toml), so this cannot be forgotten.
 //!
 //! Long-running children lead their own process group (so what they start dies with them), keep
-//! a bounded stderr tail for error messages, and are signalled as a group. Kernels
-//! (`kernel/local.rs`) and stdio MCP servers (`tools/client.rs`) are started this way;
-//! short-lived commands (installers, probes) only use [`tail`] on their collected output.
+//! a bounded stderr tail for error messages, and are signalled as a group, only while ipybox
+//! still owns the group (`group_leader.rs`). Kernels (`kernel/local.rs`) and stdio MCP servers
+//! (`tools/client.rs`) are started this way; short-lived commands (installers, probes) only use
+//! [`tail`] on their collected output. Processes that are not ipybox's children (a forked
+//! kernel) are held by a [`PidFd`] and never signalled by pid.
 //!
 //! Not here: how each kind of child is started, watched and stopped.
 
@@ -83,7 +85,9 @@ pub(crate) fn own_group(cmd: &mut tokio::process::Command) -> &mut tokio::proces
 }
 
 /// Sends `sig` to the process group `pgid` (a child started with [`own_group`]; its pid).
-/// Errors (the group is gone: ESRCH) are ignored.
+/// Errors (the group is gone: ESRCH) are ignored. Only [`crate::group_leader::GroupLeader`]
+/// calls it, while it has not reaped the group's leader: once reaped, `pgid` may name another
+/// process's group.
 pub(crate) fn signal_group(pgid: u32, sig: i32) {
     let Ok(pgid) = i32::try_from(pgid) else {
         return;
@@ -92,7 +96,7 @@ pub(crate) fn signal_group(pgid: u32, sig: i32) {
         return;
     }
     // SAFETY: killpg has no memory-safety preconditions. The group id cannot be reused while
-    // any member lives, and callers stop signalling once they have reaped the whole group.
+    // its leader is unreaped or any member lives; callers signal only before they reap it.
     unsafe {
         libc::killpg(pgid, sig);
     }
@@ -134,9 +138,8 @@ impl PidFd {
         self.pid
     }
 
-    /// Whether the process still runs: a pidfd becomes readable when its process exits. While
-    /// it is alive its pid names it and nothing else, so a pid (or process group id) checked
-    /// right after this is still its own.
+    /// Whether the process still runs: a pidfd becomes readable when its process exits (it may
+    /// still be an unreaped zombie then, or its pid may already be free).
     pub(crate) fn alive(&self) -> bool {
         use std::os::fd::AsRawFd;
         let mut poll = libc::pollfd {
@@ -150,19 +153,119 @@ impl PidFd {
     }
 }
 
+impl PidFd {
+    /// Sends `sig` to this very process (`pidfd_send_signal`, Linux 5.1): never to another one
+    /// that took its pid (an ended process gets nothing: a zombie ignores it, a reaped one is
+    /// not found). False if it could not be sent (reaped, or no pidfd support).
+    pub(crate) fn send_signal(&self, sig: i32) -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: pidfd_send_signal takes a descriptor, a signal number, a null siginfo and
+            // flags; it touches no memory of ours.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    self.fd.as_raw_fd(),
+                    sig,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            rc == 0
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = sig;
+            false
+        }
+    }
+
+    /// Returns once the process has exited (whoever its parent is, reaped or not). The pidfd is
+    /// watched by the event loop; if it cannot be registered there, it is polled every 20 ms.
+    pub(crate) async fn exited(self: Arc<Self>) {
+        // SAFETY: the AsyncFd holds an Arc of the PidFd, whose descriptor stays open and the
+        // same for the AsyncFd's lifetime.
+        let registered = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(
+                self.clone(),
+                tokio::io::Interest::READABLE,
+            )
+        };
+        match registered {
+            Ok(fd) => {
+                // Readable = exited; an error means the fd is unusable: poll instead.
+                if fd.readable().await.is_ok() {
+                    return;
+                }
+            }
+            Err(e) => tracing::debug!(
+                "cannot watch the pidfd of {}: {}",
+                self.pid,
+                e.into_parts().1
+            ),
+        }
+        while self.alive() {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+}
+
 impl std::os::fd::AsRawFd for PidFd {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.fd.as_raw_fd()
     }
 }
 
+/// Field `n` after the command name of `/proc/<pid>/stat` (0: state, 1: parent, 2: process
+/// group, 3: session), in ipybox's pid namespace; None if it is gone or unreadable.
+fn stat_field(pid: u32, n: usize) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid pgrp session ...`: comm may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(n)?.parse().ok()
+}
+
 /// The parent of process `pid` (field 4 of `/proc/<pid>/stat`, in ipybox's pid namespace);
 /// None if it is gone or unreadable.
 pub(crate) fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid ...`: comm may hold spaces and parentheses.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    stat_field(pid, 1)
+}
+
+/// SIGKILLs the other members of the process group that `leader` leads (a process that is not
+/// ipybox's child, so ipybox cannot keep its pid from being reused), found in /proc. Each
+/// member is pinned with a pidfd, then its group is read again, then `leader` is checked to
+/// still run: a group id read while its leader runs is that leader's group, so the signal (sent
+/// through the member's pidfd) reaches a member of it and nothing else. Once `leader` has
+/// ended nothing is sent. Not atomic like `killpg`: a member that forks meanwhile may leave a
+/// child behind. Linux only (pidfds and /proc); elsewhere it does nothing.
+pub(crate) fn kill_group_members(leader: &PidFd) {
+    let pgid = leader.pid();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == pgid || stat_field(pid, 2) != Some(pgid) {
+            continue;
+        }
+        let Some(member) = PidFd::open(pid) else {
+            continue;
+        };
+        if stat_field(pid, 2) != Some(pgid) {
+            continue;
+        }
+        if !leader.alive() {
+            return;
+        }
+        member.send_signal(libc::SIGKILL);
+    }
 }
 
 /// Whether process `pid` has ended: gone, or a zombie waiting to be reaped (it runs nothing).
@@ -267,6 +370,89 @@ mod tests {
         let last = tail.last_lines();
         assert_eq!(last.lines().count(), 15);
         assert!(last.starts_with("line 2985\n"));
+    }
+
+    #[tokio::test]
+    async fn notices_the_end_of_a_process_it_did_not_start() {
+        // `sh` starts `sleep` and exits: `sleep` is not our child.
+        let out = host_command_blocking("sh")
+            .args(["-c", "sleep 0.5 >/dev/null 2>&1 & echo $!"])
+            .output()
+            .unwrap();
+        let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(!process_ended(pid));
+        let fd = Arc::new(PidFd::open(pid).expect("pidfd"));
+        assert!(fd.alive());
+        let start = std::time::Instant::now();
+        tokio::time::timeout(std::time::Duration::from_secs(5), fd.clone().exited())
+            .await
+            .expect("noticed");
+        let took = start.elapsed();
+        assert!(
+            took >= std::time::Duration::from_millis(150),
+            "too early: {took:?}"
+        );
+        assert!(process_ended(pid));
+        assert!(!fd.alive());
+        // A process that is gone already.
+        tokio::time::timeout(std::time::Duration::from_secs(1), fd.clone().exited())
+            .await
+            .expect("gone at once");
+    }
+
+    /// `sh` leading its own group starts `sleep 30` in it and then waits for it (`stay`) or
+    /// exits; returns sh, sh's pidfd and sleep's pid.
+    fn group(stay: bool) -> (std::process::Child, PidFd, u32) {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let script = if stay {
+            "sleep 30 >/dev/null 2>&1 & echo $!; wait"
+        } else {
+            "sleep 30 >/dev/null 2>&1 & echo $!"
+        };
+        let mut child = host_command_blocking("sh")
+            .args(["-c", script])
+            .stdout(std::process::Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let fd = PidFd::open(child.id()).unwrap();
+        (child, fd, line.trim().parse().unwrap())
+    }
+
+    fn ends_within_5s(pid: u32) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !process_ended(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        process_ended(pid)
+    }
+
+    #[test]
+    fn the_members_of_a_running_leaders_group_are_killed_one_by_one() {
+        let (mut sh, fd, sleep) = group(true);
+        kill_group_members(&fd);
+        assert!(ends_within_5s(sleep), "the member lives");
+        // The leader itself is not signalled: it ends because its `wait` returned.
+        assert_eq!(sh.wait().unwrap().code(), Some(0));
+    }
+
+    #[test]
+    fn nothing_is_killed_once_the_leader_has_ended() {
+        let (mut sh, fd, sleep) = group(false);
+        sh.wait().unwrap();
+        assert!(!fd.alive());
+        // The group id may be another's by now (not here: `sleep` still holds it).
+        kill_group_members(&fd);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!process_ended(sleep), "killed after its leader ended");
+        // SAFETY: `sleep` runs (checked just above), a process of this test.
+        unsafe { libc::kill(sleep as i32, libc::SIGKILL) };
+        assert!(ends_within_5s(sleep));
     }
 
     #[tokio::test]

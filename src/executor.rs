@@ -41,6 +41,9 @@ use crate::pause::TimeoutPause;
 use crate::pyenv::{self, Progress, PyEnvError};
 use crate::register::RegisterError;
 use crate::sandbox::{SandboxError, SandboxOptions};
+use crate::snapshot::{
+    RestoreReport, SnapshotBinding, SnapshotError, SnapshotReport, SnapshotStore,
+};
 use crate::tools::registry::Registry;
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
@@ -404,6 +407,11 @@ struct Running {
     pool: KernelPool,
     tools: ToolServer,
     runtime: Arc<RuntimeDir>,
+    /// No code has run in the current kernel since it started (or since a reset): a restore
+    /// loads into it instead of replacing it first.
+    pristine: bool,
+    /// Snapshot transfers over the stdin channel (kernels on a Jupyter server).
+    snapshot_channel: Option<Arc<crate::snapshot::remote::SnapshotChannel>>,
 }
 
 struct Inner {
@@ -625,6 +633,7 @@ impl CodeExecutor {
             }
         })?;
         config.env = b.kernel_env.clone();
+        let mut snapshot_channel = None;
         match gateway {
             None => {
                 // Remote kernels get the runtime in their bootstrap cell instead.
@@ -641,13 +650,20 @@ impl CodeExecutor {
                     .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
             }
             Some(gateway) => {
-                // Tool calls come over the kernel's stdin channel (no route to the socket).
+                // Tool calls come over the kernel's stdin channel (no route to the socket), and
+                // so do snapshots.
                 let state = tools.state().clone();
                 let ws = workspace.clone();
+                let channel = crate::snapshot::remote::SnapshotChannel::new();
+                snapshot_channel = Some(channel.clone());
                 config.input_handler = Some(Arc::new(move |payload: String| {
                     let state = state.clone();
                     let ws = ws.clone();
+                    let channel = channel.clone();
                     Box::pin(async move {
+                        if let Some(reply) = channel.answer(&payload) {
+                            return reply;
+                        }
                         crate::tools::stdin_channel::answer(&state, &ws, &payload).await
                     })
                 }));
@@ -761,6 +777,8 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            pristine: true,
+            snapshot_channel,
         });
         Ok(())
     }
@@ -968,6 +986,7 @@ impl CodeExecutor {
             pool,
             tools,
             runtime,
+            ..
         }) = running
         {
             tokio::join!(pool.shutdown(detach), tools.stop());
@@ -984,6 +1003,7 @@ impl CodeExecutor {
     ) -> Result<ExecutionResult, ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        running.pristine = false;
         let (cancel, mut cancelled) = tokio::sync::watch::channel(false);
         let _current = CurrentExecution::register(&self.inner, Canceller(Arc::new(cancel)));
         // This execution's own clock: only its calls' approval waits pause it.
@@ -1089,6 +1109,7 @@ impl CodeExecutor {
                 let _current = CurrentExecution::register(&inner, registered);
                 match state.as_mut() {
                     Some(running) => {
+                        running.pristine = false;
                         // This execution's own clock: only its calls' approval waits pause it.
                         let pause = TimeoutPause::default();
                         // Waits end (rejected) when this execution is cancelled, not when it
@@ -1152,6 +1173,10 @@ impl CodeExecutor {
     pub async fn reset(&self) -> Result<(), ExecutorError> {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        Ok(Self::reset_running(running).await?)
+    }
+
+    async fn reset_running(running: &mut Running) -> Result<(), KernelError> {
         let sessions = running.tools.state().sessions();
         // Closed in the background: the new epoch already keeps the old sessions from being
         // used, and stop() waits for the closes.
@@ -1160,7 +1185,108 @@ impl CodeExecutor {
         // The old kernel is gone now; a leftover thread of it may have called a tool while it
         // was being replaced. Close what that opened, and void such calls still in flight.
         sessions.close_all_in_background();
-        Ok(kernel?)
+        kernel?;
+        running.pristine = true;
+        Ok(())
+    }
+
+    /// Saves what the model built in the kernel (variables, functions and classes defined in
+    /// cells, modules by name, the working directory) into `store` for `binding`, replacing the
+    /// snapshot stored for it before, and reports what was saved and what could not be (open
+    /// files, sockets, threads, generators, objects that refuse to be pickled), by name with the
+    /// reason. The kernel keeps running with its state. Waits for a running execution; `timeout`
+    /// bounds the kernel's part (`None`: as long as it takes). See docs/snapshots.md.
+    /// A local kernel writes the snapshot into the runtime directory, a kernel on a Jupyter
+    /// server sends it over its stdin channel.
+    pub async fn snapshot(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<SnapshotReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            match &running.snapshot_channel {
+                Some(channel) => {
+                    crate::snapshot::remote::snapshot(
+                        &mut running.pool,
+                        channel,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+                None => {
+                    crate::snapshot::local::snapshot(
+                        &mut running.pool,
+                        &runtime,
+                        store,
+                        binding,
+                        timeout,
+                    )
+                    .await
+                }
+            }
+        };
+        tokio::select! {
+            result = work => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        }
+    }
+
+    /// Restores `binding`'s snapshot from `store`: the kernel is replaced by a fresh one (unless
+    /// no code has run in it since it started), then modules are imported again, names loaded
+    /// one by one (one that fails is reported, the others load) and the working directory
+    /// restored. The report says exactly what came back and what did not;
+    /// [`RestoreReport::text`] is that for the model.
+    ///
+    /// A snapshot whose seal does not verify for `binding` (another session's or owner's, or
+    /// changed by a single byte) is refused with [`SnapshotError::Refused`] before anything of it
+    /// reaches a kernel, and the current kernel keeps its state. Waits for a running execution.
+    pub async fn restore(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+        timeout: Option<Duration>,
+    ) -> Result<RestoreReport, SnapshotError> {
+        let mut state = self.inner.state.lock().await;
+        let running = state.as_mut().ok_or(KernelError::Stopped)?;
+        let runtime = running.runtime.clone();
+        let mut stopping = self.inner.stopping.subscribe();
+        let work = async {
+            use crate::snapshot::{local, remote};
+            enum Prepared {
+                Local(local::Prepared),
+                Remote(remote::Prepared, Arc<remote::SnapshotChannel>),
+            }
+            // Verified (and copied for the kernel) before the kernel is touched.
+            let prepared = match &running.snapshot_channel {
+                Some(channel) => Prepared::Remote(
+                    remote::prepare(&runtime, store, binding).await?,
+                    channel.clone(),
+                ),
+                None => Prepared::Local(local::prepare(&runtime, store, binding).await?),
+            };
+            if !running.pristine {
+                Self::reset_running(running).await?;
+            }
+            running.pristine = false;
+            match prepared {
+                Prepared::Local(p) => local::load(&mut running.pool, p, timeout).await,
+                Prepared::Remote(p, channel) => {
+                    remote::load(&mut running.pool, &channel, p, timeout).await
+                }
+            }
+        };
+        tokio::select! {
+            result = work => result,
+            _ = stopping.wait_for(|s| *s) => Err(KernelError::Stopped.into()),
+        }
     }
 
     fn live(&self) -> Option<Live> {

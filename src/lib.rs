@@ -9,6 +9,7 @@ pub mod apigen;
 mod child_process;
 pub mod confine;
 pub mod executor;
+mod group_leader;
 pub mod host_env;
 mod json_kind;
 pub mod kernel;
@@ -17,6 +18,7 @@ pub mod pyenv;
 pub mod register;
 pub(crate) mod safe_fs;
 pub mod sandbox;
+pub mod snapshot;
 pub mod tools;
 
 pub use executor::CodeExecutor;

@@ -28,7 +28,9 @@ use crate::child_process::{host_command_blocking, tail};
 use crate::host_env::HostEnv;
 
 /// Packages the kernel environment must hold (what is installed into a managed environment).
-pub const KERNEL_PACKAGES: &[&str] = &["ipykernel>=6.29", "pydantic>=2.7"];
+/// cloudpickle saves functions and classes defined in cells in a session snapshot
+/// (docs/snapshots.md); a kernel without it still runs, and its snapshots name such code as not saved.
+pub const KERNEL_PACKAGES: &[&str] = &["ipykernel>=6.29", "pydantic>=2.7", "cloudpickle>=3,<4"];
 /// Modules checked for in an explicit interpreter.
 const REQUIRED_MODULES: &[&str] = &["ipykernel", "pydantic"];
 const MARKER: &str = ".ipybox-ready";
@@ -168,6 +170,64 @@ pub fn check_interpreter(python: &Path) -> Result<(), PyEnvError> {
     }
 }
 
+/// Completes an environment an older ipybox made (its marker names fewer packages): installs
+/// [`KERNEL_PACKAGES`] into it, keeping what the user installed there (`install_package`).
+/// False when there is no such environment or the install fails (the caller recreates it).
+fn upgrade(dir: &Path, host: &HostEnv, progress: &Progress) -> bool {
+    let python = env_python(dir);
+    if !dir.join(MARKER).is_file() || check_interpreter(&python).is_err() {
+        return false;
+    }
+    progress(&format!(
+        "adding {} to the kernel environment at {}",
+        KERNEL_PACKAGES.join(" "),
+        dir.display()
+    ));
+    let packages = KERNEL_PACKAGES.iter().map(|s| s.to_string());
+    let (program, args): (PathBuf, Vec<String>) = match host.find_on_path("uv") {
+        Some(uv) => {
+            let mut args = vec![
+                "pip".to_string(),
+                "install".into(),
+                "--python".into(),
+                python.display().to_string(),
+            ];
+            args.extend(packages);
+            (uv, args)
+        }
+        None => {
+            let mut args = vec![
+                "-I".to_string(),
+                "-m".into(),
+                "pip".into(),
+                "install".into(),
+                "--disable-pip-version-check".into(),
+            ];
+            args.extend(packages);
+            (python.clone(), args)
+        }
+    };
+    match run_reporting(&program, &args, progress) {
+        Ok(out) if out.status.success() && check_interpreter(&python).is_ok() => {
+            let marker = dir.join(MARKER);
+            crate::safe_fs::write_private(&marker, marker_contents().as_bytes()).is_ok()
+        }
+        Ok(out) => {
+            progress(&format!(
+                "could not complete the kernel environment ({}); creating it anew",
+                out.status
+            ));
+            false
+        }
+        Err(e) => {
+            progress(&format!(
+                "could not complete the kernel environment ({e}); creating it anew"
+            ));
+            false
+        }
+    }
+}
+
 fn env_python(dir: &Path) -> PathBuf {
     dir.join("bin/python")
 }
@@ -226,6 +286,9 @@ pub fn ensure_managed(
 
 fn provision(dir: &Path, host: &HostEnv, progress: &Progress) -> Result<(), PyEnvError> {
     let started = Instant::now();
+    if upgrade(dir, host, progress) {
+        return Ok(());
+    }
     if dir.exists() {
         progress(&format!(
             "removing incomplete kernel environment at {}",

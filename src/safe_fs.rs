@@ -11,11 +11,14 @@
 //!   (`$IPYBOX_HOME`): files 0600, directories 0700, files replaced atomically and never through
 //!   a link.
 //!
+//! - [`NoFollowDir::open_regular`]: reading back a file a kernel wrote (a session snapshot in the
+//!   kernel-writable runtime directory): never through a link, only a regular file (not a FIFO
+//!   that would block the host, not a device), no larger than the caller's limit.
+//!
 //! The parents of the path handed in are trusted as given (the caller chose them: the canonical
 //! workspace, the data directory); only what lies below can have been planted.
 //!
-//! Not here: deciding which directories are trusted (the callers), reading files back (the host
-//! keeps what it needs in memory instead).
+//! Not here: deciding which directories are trusted (the callers).
 
 use std::ffi::OsStr;
 use std::io::Write;
@@ -137,6 +140,113 @@ impl NoFollowDir {
         )
         .map_err(io)?;
         std::fs::File::from(fd).write_all(bytes)
+    }
+
+    /// Creates the new file `name` (mode `mode`, narrowed by the umask) for writing; fails if
+    /// anything, a link included, is already there.
+    pub(crate) fn create_file(&self, name: &str, mode: u32) -> std::io::Result<std::fs::File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode as _),
+        )
+        .map_err(io)?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Opens `name` for reading if it is a regular file of at most `limit` bytes, and returns it
+    /// with its length. A link, a directory, a FIFO or a device is an error (opened without
+    /// following a link, and without blocking on a FIFO), and so is a larger file. The length is
+    /// the one at open time: a reader that must not read past it reads exactly that many bytes.
+    pub(crate) fn open_regular(
+        &self,
+        name: &str,
+        limit: u64,
+    ) -> std::io::Result<(std::fs::File, u64)> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => std::io::Error::other(format!(
+                "{}: it is a symbolic link, which ipybox does not follow here",
+                self.path.join(name).display()
+            )),
+            e => io(e),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(io)?;
+        if FileType::from_raw_mode(st.st_mode as _) != FileType::RegularFile {
+            return Err(std::io::Error::other(format!(
+                "{}: not a regular file",
+                self.path.join(name).display()
+            )));
+        }
+        let len = st.st_size as u64;
+        if len > limit {
+            return Err(std::io::Error::other(format!(
+                "{}: {len} bytes, over the limit of {limit}",
+                self.path.join(name).display()
+            )));
+        }
+        // Reads block as usual (O_NONBLOCK only kept the open from waiting on a FIFO).
+        rustix::fs::fcntl_setfl(&fd, OFlags::empty()).map_err(io)?;
+        Ok((std::fs::File::from(fd), len))
+    }
+
+    /// Renames `from` to `to` inside this directory, or, when `to` exists, swaps the two
+    /// atomically (Linux; elsewhere `to` is removed first): whoever looks sees the old or the new,
+    /// never neither.
+    pub(crate) fn replace(&self, from: &str, to: &str) -> std::io::Result<()> {
+        if self.kind(to)?.is_none() {
+            return self.rename(from, to);
+        }
+        #[cfg(target_os = "linux")]
+        {
+            rustix::fs::renameat_with(
+                &self.fd,
+                from,
+                &self.fd,
+                to,
+                rustix::fs::RenameFlags::EXCHANGE,
+            )
+            .map_err(io)?;
+            self.remove_tree(from)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            self.remove_tree(to)?;
+            self.rename(from, to)
+        }
+    }
+
+    /// Renames `from` to `to` unless `to` exists (then `AlreadyExists`, and `from` stays).
+    pub(crate) fn rename_new(&self, from: &str, to: &str) -> std::io::Result<()> {
+        #[cfg(target_os = "linux")]
+        {
+            rustix::fs::renameat_with(
+                &self.fd,
+                from,
+                &self.fd,
+                to,
+                rustix::fs::RenameFlags::NOREPLACE,
+            )
+            .map_err(io)
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            if self.kind(to)?.is_some() {
+                return Err(std::io::ErrorKind::AlreadyExists.into());
+            }
+            self.rename(from, to)
+        }
+    }
+
+    /// Flushes the directory's entries to disk (after renames that must survive a crash).
+    pub(crate) fn sync(&self) -> std::io::Result<()> {
+        rustix::fs::fsync(&self.fd).map_err(io)
     }
 
     /// Renames `from` to `to` inside this directory (neither is followed if it is a link).

@@ -16,8 +16,8 @@ EOF (the host is gone) it kills the kernels it forked that still run, and exits.
               environment} and, for confined executors, "confine": PLAN: the child confines
               itself first, see ``confine_child`` and ``_become_confined_kernel``)
               {"op": "kill", "id": ID}                     (a kernel the host gave up on before
-                                                            it connected, or the process group
-                                                            of one that has exited)
+                                                            it connected, with its process group,
+                                                            if not reaped yet)
     template: {"op": "forked", "id": ID, "pid": PID}      (PID in the template's pid namespace)
               {"op": "refused", "id": ID, "reason": TEXT}  (nothing was forked)
               {"op": "exit", "id": ID, "code": N}          (os.waitstatus_to_exitcode: -9 = SIGKILL)
@@ -42,6 +42,12 @@ wakeup pipe for SIGCHLD, so it holds no lock when it forks. ``_unsafe_to_fork`` 
 an import could break (threads, also those of C extensions; a zmq Context; an event loop; an
 IPython shell) before every fork and refuses with the reason; the host then starts that kernel
 plainly and builds a new template.
+
+The template is the only process that can tell when a forked kernel's pid (and process group id)
+becomes free: when it reaps the kernel. So it never signals a kernel it has reaped. When a kernel
+exits, the template sees it with ``waitid(WNOWAIT)`` (the kernel stays a zombie, its pid and group id
+still its own), SIGKILLs what is left of the kernel's process group, and only then reaps it and
+reports its status. The host kills a kernel through a pidfd and leaves its group to this.
 
 Shared by every kernel of one template: the imported modules (copy-on-write pages; ``gc.freeze``
 keeps the collector from writing to them) and Python's string-hash seed (``PYTHONHASHSEED`` is
@@ -130,10 +136,9 @@ class _Template:
         self.wake = wake
         self.socket_path = socket_path
         self.env = env
-        self.children: dict[int, str] = {}  # pid -> request id
-        # Request id -> pid (= process group id) of a kernel reaped but whose group the host has
-        # not had killed yet: what the kernel started may live on in that group.
-        self.reaped: dict[str, int] = {}
+        # pid -> request id of every kernel forked and not reaped yet: only these pids (and
+        # process group ids) are certainly still the kernels'.
+        self.children: dict[int, str] = {}
 
     def send(self, msg: dict) -> None:
         try:
@@ -171,17 +176,28 @@ class _Template:
 
     def reap(self) -> None:
         while True:
+            # Look without reaping: the kernel stays a zombie, so its pid and process group id
+            # cannot have gone to another process yet.
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
                 return
-            if pid == 0:
+            if info is None or info.si_pid == 0:
                 return
+            pid = info.si_pid
             kid = self.children.pop(pid, None)
             if kid is not None:
-                self.reaped[kid] = pid
-                if len(self.reaped) > 256:  # the host asks for few; most groups ended with it
-                    del self.reaped[next(iter(self.reaped))]
+                # What the kernel started and left in its group dies with it, now, while the
+                # group id is certainly its own.
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            try:
+                _, status = os.waitpid(pid, 0)
+            except ChildProcessError:
+                continue
+            if kid is not None:
                 self.send({"op": "exit", "id": kid, "code": os.waitstatus_to_exitcode(status)})
 
     def host_gone(self) -> None:
@@ -196,15 +212,11 @@ class _Template:
             return
         kid = str(req.get("id", ""))
         if req.get("op") == "kill":
+            # Only a kernel not reaped yet: a reaped one's group was killed when it was reaped,
+            # and its pid may be another process's by now.
             for pid, child in self.children.items():
                 if child == kid:
                     _kill(pid)
-            group = self.reaped.pop(kid, None)
-            if group is not None:
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except OSError:
-                    pass
             return
         if req.get("op") != "fork":
             return
@@ -229,7 +241,8 @@ class _Template:
 
 
 def _kill(pid: int) -> None:
-    """SIGKILL to a forked kernel's process group (and to it, if it has not called setsid yet)."""
+    """SIGKILL to a forked kernel's process group (and to it, if it has not called setsid yet).
+    Only for a kernel not reaped yet (in ``children``): its pid and group id are its own."""
     for kill in (os.killpg, os.kill):
         try:
             kill(pid, signal.SIGKILL)

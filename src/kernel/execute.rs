@@ -106,6 +106,26 @@ pub(crate) async fn run(
     run_request(kernel, config, request, timeout, events, pause).await
 }
 
+/// Runs ipybox's own `code` (a snapshot or a restore) silently: not in the history, no execution
+/// count, no post-cell hooks; otherwise like [`run`].
+pub(crate) async fn run_hidden(
+    kernel: &mut Kernel,
+    config: &KernelConfig,
+    code: &str,
+    timeout: Option<Duration>,
+    pause: &TimeoutPause,
+) -> Outcome {
+    let request = ExecuteRequest {
+        code: code.to_string(),
+        silent: true,
+        store_history: false,
+        user_expressions: None,
+        allow_stdin: false,
+        stop_on_error: true,
+    };
+    run_request(kernel, config, request, timeout, None, pause).await
+}
+
 /// Runs ipybox's own setup `code` on a new kernel (silently, outside the history); its failure
 /// is a start error.
 pub(crate) async fn bootstrap(
@@ -155,6 +175,16 @@ async fn run_request(
     };
     if let Err(e) = kernel.send_shell(request).await {
         guard.msg_id = None;
+        // A kernel that has just died refuses messages before its end is known (a forked
+        // kernel's status comes from its template, a moment later): report the death, not the
+        // refused message.
+        let mut exit = kernel.exit_watch();
+        let ended = tokio::time::timeout(Duration::from_secs(1), exit.wait_for(Option::is_some));
+        if matches!(ended.await, Ok(Ok(_))) {
+            let status = kernel.exited().unwrap_or_else(|| "exited".into());
+            log_death(kernel, &status);
+            return died(status, out, false);
+        }
         return Outcome {
             result: Err(e),
             replace_kernel: true,

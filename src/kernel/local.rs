@@ -25,9 +25,8 @@ use tokio::task::JoinHandle;
 use super::runtime_dir::KernelDirs;
 use super::status::{ExitInfo, describe_exit, start_err, start_err_help};
 use super::{KernelConfig, KernelError, ShellApproval, proto};
-use crate::child_process::{
-    ChildCommand, PidFd, StderrTail, host_command, own_group, signal_group,
-};
+use crate::child_process::{ChildCommand, StderrTail, host_command, own_group};
+use crate::group_leader::GroupLeader;
 
 /// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
 /// ipykernel patch (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
@@ -47,11 +46,14 @@ kernelapp.launch_new_instance()
 "#;
 
 /// The kernel process and what watches it, however it was started (a child of ipybox, or forked
-/// by the kernel factory's template, [`super::factory`]). Dropping it kills the process group,
-/// stops the watcher tasks, lets go of what kept the kernel alive (the pipe or socket it watches
-/// for EOF) and removes the kernel's directory (connection file and IPC socket files).
+/// by the kernel factory's template, [`super::factory`]). Dropping it kills the process group
+/// (while ipybox still owns the kernel's pid: see [`Owner`]), stops the watcher tasks, lets go
+/// of what kept the kernel alive (the pipe or socket it watches for EOF) and removes the
+/// kernel's directory (connection file and IPC socket files).
 pub(super) struct Process {
+    /// For diagnostics: once the process has ended it may name another one.
     pid: u32,
+    owner: Owner,
     exit: watch::Receiver<Option<ExitInfo>>,
     stderr_tail: StderrTail,
     tasks: Vec<JoinHandle<()>>,
@@ -59,20 +61,27 @@ pub(super) struct Process {
     /// pipe on its stdin; for a forked kernel, its socket to ipybox and its template.
     _lifeline: Box<dyn Send + Sync>,
     dir: KernelDirs,
-    /// For a process that is not ipybox's child (a forked kernel): a pidfd for it, checked
-    /// before its group is signalled (its pid may be reused once it has exited and been reaped
-    /// by its parent, possibly by a host process leading a group of its own).
-    leader: Option<Arc<PidFd>>,
-    /// For such a process: what kills its group once it has exited (its parent, which can
-    /// still tell that group's id from another process's).
-    orphaned: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+/// Who may signal the kernel, and how: never by a pid that may have been reused.
+pub(super) enum Owner {
+    /// ipybox's child (a launched kernel, or the sandbox wrapper around it), leading its own
+    /// process group: signalled as a group until ipybox reaps it, and when it is reaped what
+    /// is left of its group is killed ([`GroupLeader`]).
+    Child(Arc<GroupLeader>),
+    /// A forked kernel, the template's child (ipybox cannot reap it, so cannot hold its pid):
+    /// what kills it through its pidfd, never by pid, and has its group killed by whoever can
+    /// still tell that group from another's (see `factory/template.rs`).
+    Forked(Box<dyn Fn() + Send + Sync>),
 }
 
 impl Process {
-    /// A running kernel process: `pid` leads its own process group; `exit` changes when it ends;
-    /// `tasks` (its watchers) are aborted when it is dropped.
+    /// A running kernel process: `pid` leads its own process group, `owner` says how it is
+    /// signalled; `exit` changes when it ends; `tasks` (its watchers) are aborted when it is
+    /// dropped.
     pub(super) fn new(
         pid: u32,
+        owner: Owner,
         dir: KernelDirs,
         exit: watch::Receiver<Option<ExitInfo>>,
         stderr_tail: StderrTail,
@@ -81,27 +90,13 @@ impl Process {
     ) -> Self {
         Self {
             pid,
+            owner,
             exit,
             stderr_tail,
             tasks,
             _lifeline: lifeline,
             dir,
-            leader: None,
-            orphaned: None,
         }
-    }
-
-    /// The process is not ipybox's child: `pidfd` (opened for `pid` while it was known to be
-    /// the kernel) says whether `pid` still names it.
-    /// `orphaned` is called to kill its group instead once it has exited.
-    pub(super) fn with_leader(
-        mut self,
-        pidfd: Arc<PidFd>,
-        orphaned: Box<dyn Fn() + Send + Sync>,
-    ) -> Self {
-        self.leader = Some(pidfd);
-        self.orphaned = Some(orphaned);
-        self
     }
 
     pub(super) fn exited(&self) -> Option<String> {
@@ -126,38 +121,14 @@ impl Process {
     }
 
     fn kill(&self) {
-        // A launched kernel's group is killed even after the kernel itself died (segfault, OOM):
-        // what its code started lives on in the group (whose id is not reused while a member
-        // lives). (A sandboxed kernel's group is led by the sandbox wrapper, which is our child;
-        // the kernel is in it.) A forked kernel leads a group of its own, inside the
-        // sandbox under `--sandbox`; its group is killed only while it is alive (see
-        // [`kill_group`]); once it has exited, its template (its parent, which under
-        // `--sandbox` reaches nothing outside the sandbox) is asked to kill the group.
-        if !kill_group(self.pid, self.leader.as_deref())
-            && let Some(orphaned) = &self.orphaned
-        {
-            orphaned();
-        }
-    }
-}
-
-/// SIGKILLs process group `pid`; for a process that is not ipybox's child (`leader` is its
-/// pidfd), only while it is alive. Once such a process has exited, its parent (for a forked
-/// kernel, the template, which may be hostile code under `--sandbox`) can reap it and its pid be
-/// reused, also by a host process leading a group: so nothing is signalled then. (A live
-/// process's pid names it alone, and a group with its id can only be one it created.)
-fn kill_group(pid: u32, leader: Option<&PidFd>) -> bool {
-    if pid == 0 {
-        return false;
-    }
-    match leader {
-        Some(fd) if !fd.alive() => {
-            tracing::debug!("kernel {pid} has exited: its process group is not signalled");
-            false
-        }
-        _ => {
-            signal_group(pid, libc::SIGKILL);
-            true
+        match &self.owner {
+            // Until ipybox reaps it, the group is the kernel's (under `--sandbox`, the sandbox
+            // wrapper's, which holds the kernel); once reaped, its group was killed already and
+            // nothing more is sent.
+            Owner::Child(leader) => {
+                leader.signal(libc::SIGKILL);
+            }
+            Owner::Forked(kill) => kill(),
         }
     }
 }
@@ -271,8 +242,6 @@ pub(super) fn spawn(
 ) -> Result<(ConnectionInfo, Process), KernelError> {
     let (info, conn_file) = write_connection(&dir)?;
     let mut child = spawn_process(config, &conn_file, &dir.host)?;
-    let child_pid = child.id().unwrap_or(0);
-    pid.store(child_pid, Ordering::SeqCst);
     let mut tasks = Vec::new();
     let mut stderr_tail = StderrTail::default();
     if let Some(stderr) = child.stderr.take() {
@@ -281,15 +250,27 @@ pub(super) fn spawn(
         tasks.push(reader);
     }
     let stdin = child.stdin.take();
+    let leader = GroupLeader::adopt(child);
+    let child_pid = leader.pid();
+    pid.store(child_pid, Ordering::SeqCst);
     let (exit_tx, exit_rx) = watch::channel(None);
+    let watched = leader.clone();
     tasks.push(tokio::spawn(async move {
-        let desc = match child.wait().await {
-            Ok(s) => describe_exit(s),
-            Err(e) => format!("unknown exit: {e}"),
+        let desc = match watched.wait().await {
+            Some(s) => describe_exit(s),
+            None => "unknown exit status".to_string(),
         };
         let _ = exit_tx.send(Some(ExitInfo(desc)));
     }));
-    let process = Process::new(child_pid, dir, exit_rx, stderr_tail, tasks, Box::new(stdin));
+    let process = Process::new(
+        child_pid,
+        Owner::Child(leader),
+        dir,
+        exit_rx,
+        stderr_tail,
+        tasks,
+        Box::new(stdin),
+    );
     Ok((info, process))
 }
 
@@ -415,7 +396,8 @@ pub(super) fn kernel_args(config: &KernelConfig, conn_file: &Path) -> Vec<String
 /// starts: wrapped by `config.wrapper` (the sandbox), the kernel environment and nothing else
 /// of the host, the workspace as cwd, stdin a pipe from ipybox (held by the caller: the process
 /// exits on its EOF), stdout discarded, stderr piped, leader of its own process group, and on
-/// Linux `PR_SET_PDEATHSIG`. `private_dir` is a host-only directory of this process's own,
+/// Linux `PR_SET_PDEATHSIG`. The caller takes its stdio and hands it to a [`GroupLeader`] at
+/// once (the one place it is reaped). `private_dir` is a host-only directory of this process's own,
 /// where the sandbox wrapper leaves the environment file it hands the sandbox.
 pub(super) fn spawn_kernel_command(
     config: &KernelConfig,
@@ -478,62 +460,4 @@ fn spawn_process(
     ];
     argv.extend(kernel_args(config, conn_file));
     spawn_kernel_command(config, argv, private_dir)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::process::CommandExt;
-
-    /// `sh` (its own group) starts `sleep` in its group and exits: returns sh's pidfd (opened
-    /// before it is reaped), its pid and sleep's pid.
-    fn group_whose_leader_exited() -> (PidFd, u32, u32) {
-        use std::io::BufRead;
-        let mut child = crate::child_process::host_command_blocking("sh")
-            .args(["-c", "sleep 30 >/dev/null 2>&1 & echo $!"])
-            .stdout(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let member: u32 = line.trim().parse().unwrap();
-        let leader = child.id();
-        let fd = PidFd::open(leader).expect("pidfd (a zombie still has one)");
-        child.wait().unwrap();
-        (fd, leader, member)
-    }
-
-    #[test]
-    fn the_group_of_an_exited_forked_kernel_is_not_signalled() {
-        let (fd, leader, member) = group_whose_leader_exited();
-        assert!(!fd.alive());
-        // Its pid may name another process by now: nothing is sent to the group.
-        assert!(!kill_group(leader, Some(&fd)));
-        std::thread::sleep(Duration::from_millis(100));
-        assert!(!crate::child_process::process_ended(member));
-        // A launched kernel's group is killed even after its leader died (ipybox reaped it).
-        assert!(kill_group(leader, None));
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !crate::child_process::process_ended(member) && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert!(crate::child_process::process_ended(member));
-    }
-
-    #[test]
-    fn the_group_of_a_live_forked_kernel_is_killed() {
-        let mut child = crate::child_process::host_command_blocking("sleep")
-            .arg("30")
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        let fd = PidFd::open(child.id()).unwrap();
-        assert!(fd.alive());
-        assert!(kill_group(child.id(), Some(&fd)));
-        child.wait().unwrap();
-        assert!(!fd.alive());
-    }
 }

@@ -249,6 +249,28 @@ impl KernelPool {
         events: Option<&mpsc::UnboundedSender<ExecEvent>>,
         pause: &TimeoutPause,
     ) -> Result<ExecutionOutput, KernelError> {
+        self.execute_as(code, timeout, events, pause, false).await
+    }
+
+    /// [`Self::execute`] of ipybox's own `code`, silently (no history, no execution count, no
+    /// post-cell hooks): snapshots and restores.
+    pub(crate) async fn execute_hidden(
+        &mut self,
+        code: &str,
+        timeout: Option<Duration>,
+    ) -> Result<ExecutionOutput, KernelError> {
+        self.execute_as(code, timeout, None, &TimeoutPause::default(), true)
+            .await
+    }
+
+    async fn execute_as(
+        &mut self,
+        code: &str,
+        timeout: Option<Duration>,
+        events: Option<&mpsc::UnboundedSender<ExecEvent>>,
+        pause: &TimeoutPause,
+        hidden: bool,
+    ) -> Result<ExecutionOutput, KernelError> {
         self.settle().await;
         if self.current.is_none() {
             // A previous replacement failed; try again now.
@@ -258,7 +280,10 @@ impl KernelPool {
         let Some(kernel) = self.current.as_mut() else {
             return Err(KernelError::Stopped);
         };
-        let outcome = execute::run(kernel, &self.config, code, timeout, events, pause).await;
+        let outcome = match hidden {
+            false => execute::run(kernel, &self.config, code, timeout, events, pause).await,
+            true => execute::run_hidden(kernel, &self.config, code, timeout, pause).await,
+        };
         if outcome.replace_kernel
             && let Err(e) = self.reset().await
         {

@@ -3,8 +3,12 @@
 //! socat).
 //!
 //! - srt gets [`outer`]: ipybox's own minimal environment, built from the host (`PATH` without
-//!   relative entries, identity, locale, proxy and CA variables, its temp directories). Never a
-//!   value of the caller's `kernel_env` or of `KERNEL_ENV_*` in the workspace `.env`.
+//!   relative entries, `HOME`, the CA-bundle variables, its temp directories): nothing a kernel
+//!   is not given anyway, because everything in it is readable inside the sandbox (bubblewrap's
+//!   pid 1 keeps srt's environment, `/proc/1/environ`). Never a value of the caller's
+//!   `kernel_env` or of `KERNEL_ENV_*` in the workspace `.env`, and no proxy variable: the
+//!   host's upstream proxy, credentials and all, reaches srt through its settings file instead
+//!   ([`parent_proxy`], srt's `network.parentProxy`), which the sandbox cannot read.
 //! - The kernel's variables are written by the host to a private file in the kernel's host-only
 //!   directory ([`write_file`]) and sourced by the shell inside the sandbox, right before it
 //!   `exec`s the kernel. Values never appear in a command line (which any local user can read).
@@ -16,6 +20,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+
+use serde_json::{Map, Value};
 
 use super::SandboxError;
 use super::wrap::shell_quote;
@@ -105,9 +111,23 @@ pub(crate) fn check_kernel_env(kernel_env: &BTreeMap<String, String>) -> Result<
     Ok(())
 }
 
-/// srt's own environment: what it needs to run, from the host. `tmp` is srt's temp directory
-/// (its proxy bridge sockets; only the host writes it), `kernel_tmp` the kernel's (srt passes it
-/// on as the kernel's `TMPDIR`).
+/// What srt takes from the host's environment besides `PATH`: `HOME` (srt expands `~` in the
+/// policy with it) and where the CA bundles are (its proxy's TLS to an upstream proxy). The
+/// kernel is given all of these anyway.
+const OUTER_FROM_HOST: &[&str] = &[
+    "HOME",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+];
+
+/// srt's own environment: what it needs to run, from the host. Everything in it can be read
+/// inside the sandbox (`/proc/1/environ`, bubblewrap's pid 1), so it holds nothing a kernel is
+/// not given anyway: no proxy variables (see [`parent_proxy`]), no identity or locale (the
+/// kernel gets those from its own environment file). `tmp` is srt's temp directory (its proxy
+/// bridge sockets; only the host writes it), `kernel_tmp` the kernel's (srt passes it on as the
+/// kernel's `TMPDIR`).
 pub(crate) fn outer(host: &HostEnv, tmp: &Path, kernel_tmp: &Path) -> Vec<(String, String)> {
     let mut env = BTreeMap::new();
     env.insert(
@@ -115,10 +135,7 @@ pub(crate) fn outer(host: &HostEnv, tmp: &Path, kernel_tmp: &Path) -> Vec<(Strin
         host.absolute_path()
             .unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
     );
-    for k in crate::host_env::IDENTITY
-        .iter()
-        .chain(crate::host_env::NETWORK)
-    {
+    for k in OUTER_FROM_HOST {
         if let Some(v) = host.get(k) {
             env.insert(k.to_string(), v.to_string());
         }
@@ -129,6 +146,52 @@ pub(crate) fn outer(host: &HostEnv, tmp: &Path, kernel_tmp: &Path) -> Vec<(Strin
         kernel_tmp.display().to_string(),
     );
     env.into_iter().collect()
+}
+
+/// The host's upstream proxy as srt's `network.parentProxy` (`http`, `https`, `noProxy`), read
+/// as srt itself would read it from its environment (`HTTP_PROXY`, else `http_proxy`;
+/// `HTTPS_PROXY`, else `https_proxy`; `NO_PROXY`, else `no_proxy`), so that srt's proxy still
+/// goes through it for allowed domains. Given in the settings file rather than srt's
+/// environment, whose values the sandbox can read: a proxy URL may carry a password. A value
+/// without a scheme gets `http://` (as curl and srt read it); one that is not an http(s) URL
+/// with a host is left out, with a warning. None without any proxy variable.
+pub(crate) fn parent_proxy(host: &HostEnv) -> Option<Value> {
+    let var = |upper: &str, lower: &str| host.get(upper).or_else(|| host.get(lower));
+    let url = |name: &str, value: &str| -> Option<String> {
+        let value = value.trim();
+        let with_scheme = if value.contains("://") {
+            value.to_string()
+        } else {
+            format!("http://{value}")
+        };
+        let (scheme, rest) = with_scheme.split_once("://")?;
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        let host_part = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let ok = matches!(scheme.to_ascii_lowercase().as_str(), "http" | "https")
+            && !host_part.is_empty()
+            && !host_part.starts_with(':')
+            && !with_scheme.chars().any(char::is_whitespace);
+        if !ok {
+            tracing::warn!(
+                "ignoring {name} for the sandbox's upstream proxy: not an http(s) URL with a host"
+            );
+        }
+        ok.then_some(with_scheme)
+    };
+    let mut proxy = Map::new();
+    if let Some(v) = var("HTTP_PROXY", "http_proxy").and_then(|v| url("HTTP_PROXY", v)) {
+        proxy.insert("http".into(), Value::String(v));
+    }
+    if let Some(v) = var("HTTPS_PROXY", "https_proxy").and_then(|v| url("HTTPS_PROXY", v)) {
+        proxy.insert("https".into(), Value::String(v));
+    }
+    if proxy.is_empty() {
+        return None;
+    }
+    if let Some(v) = var("NO_PROXY", "no_proxy") {
+        proxy.insert("noProxy".into(), Value::String(v.to_string()));
+    }
+    Some(Value::Object(proxy))
 }
 
 /// The shell text that sets `env` (the kernel's whole environment) inside the sandbox: one
@@ -222,22 +285,67 @@ mod tests {
         );
     }
 
+    fn host(vars: &[(&str, &str)]) -> HostEnv {
+        HostEnv::from_vars(
+            vars.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
     #[test]
-    fn srt_gets_host_variables_only() {
-        let host = HostEnv::from_vars(
-            [
-                ("PATH", ".:/usr/bin::bin:/bin"),
-                ("HOME", "/home/u"),
-                ("SECRET", "s"),
-                ("NODE_OPTIONS", "--require x"),
-            ]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        );
+    fn srt_gets_nothing_a_kernel_should_not_see() {
+        let host = host(&[
+            ("PATH", ".:/usr/bin::bin:/bin"),
+            ("HOME", "/home/u"),
+            ("USER", "u"),
+            ("LANG", "de_DE.UTF-8"),
+            ("SECRET", "s"),
+            ("AWS_SECRET_ACCESS_KEY", "k"),
+            ("NODE_OPTIONS", "--require x"),
+            ("HTTPS_PROXY", "http://user:pass@proxy:3128"),
+            ("http_proxy", "http://user:pass@proxy:3128"),
+            ("NO_PROXY", "internal"),
+            ("SSL_CERT_FILE", "/etc/ca.pem"),
+        ]);
         let env = outer(&host, Path::new("/rt/srt"), Path::new("/rt/box/tmp"));
-        let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(names, ["CLAUDE_CODE_TMPDIR", "HOME", "PATH", "TMPDIR"]);
-        assert_eq!(env[2].1, "/usr/bin:/bin");
+        assert_eq!(
+            env,
+            [
+                ("CLAUDE_CODE_TMPDIR", "/rt/box/tmp"),
+                ("HOME", "/home/u"),
+                ("PATH", "/usr/bin:/bin"),
+                ("SSL_CERT_FILE", "/etc/ca.pem"),
+                ("TMPDIR", "/rt/srt"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        );
+    }
+
+    #[test]
+    fn the_hosts_proxy_reaches_srt_through_its_settings() {
+        assert_eq!(parent_proxy(&host(&[("PATH", "/bin")])), None);
+        // Upper case first, as srt reads its environment; HTTPS_PROXY is not taken from
+        // HTTP_PROXY (srt falls back to `http` itself).
+        let p = parent_proxy(&host(&[
+            ("HTTP_PROXY", "http://user:pa%3Ass@proxy:3128"),
+            ("http_proxy", "http://other:1"),
+            ("no_proxy", "localhost,.internal"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            p,
+            serde_json::json!({"http": "http://user:pa%3Ass@proxy:3128", "noProxy": "localhost,.internal"})
+        );
+        let p = parent_proxy(&host(&[
+            ("https_proxy", "proxy.corp:8080"),
+            ("HTTP_PROXY", "socks5://proxy:1080"),
+        ]))
+        .unwrap();
+        assert_eq!(p, serde_json::json!({"https": "http://proxy.corp:8080"}));
+        assert_eq!(
+            parent_proxy(&host(&[("HTTPS_PROXY", "http://:3128")])),
+            None
+        );
     }
 }

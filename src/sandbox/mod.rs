@@ -234,15 +234,23 @@ pub(crate) async fn prepare(
         data_dir: host.data_dir(),
         config_file,
         isolate_workspace: options.isolate_workspace,
+        settings_file: Some(runtime_dir.join(SETTINGS_FILE)),
     };
-    let settings = serde_json::to_string_pretty(&policy.effective(&paths)).map_err(|source| {
-        SandboxError::Config {
+    let mut effective = policy.effective(&paths);
+    if let Some(proxy) = env::parent_proxy(host) {
+        let net = effective
+            .network
+            .get_or_insert_with(policy::NetworkPolicy::default);
+        // A policy's own `parentProxy` wins.
+        net.parent_proxy.get_or_insert(proxy);
+    }
+    let settings =
+        serde_json::to_string_pretty(&effective).map_err(|source| SandboxError::Config {
             path: runtime_dir.join(SETTINGS_FILE),
             reason: "cannot serialize the effective settings".into(),
             help: "report this as a bug".into(),
             source: Some(source),
-        }
-    })?;
+        })?;
     let settings_path = runtime_dir.join(SETTINGS_FILE);
     crate::safe_fs::write_private(&settings_path, settings.as_bytes()).map_err(|source| {
         SandboxError::Io {

@@ -226,7 +226,8 @@ impl SandboxPolicy {
     ///   the runtime directory, the settings of the next kernel included, stays read-only);
     ///   The directory runtime directories live in is hidden too when it is not one of them.
     /// - `filesystem.denyRead += [ipybox's data directory]` (registrations, kernel ledger; the
-    ///   kernel environment inside it stays readable through the python dirs);
+    ///   kernel environment inside it stays readable through the python dirs) and the effective
+    ///   settings file itself (it may hold the host's upstream proxy credentials);
     /// - `filesystem.denyWrite += [<workspace>/.env, the policy file, DENY_WRITE_HOME]`: what
     ///   the host reads or runs at its next start (srt keeps an absent path from being created).
     pub fn effective(&self, paths: &SandboxPaths) -> Self {
@@ -243,6 +244,9 @@ impl SandboxPolicy {
         push(&mut fs.allow_write, disp(&paths.kernel_writable));
         if let Some(data) = &paths.data_dir {
             push(&mut fs.deny_read, disp(data));
+        }
+        if let Some(file) = &paths.settings_file {
+            push(&mut fs.deny_read, disp(file));
         }
         push(&mut fs.deny_write, disp(&paths.workspace.join(".env")));
         if let Some(file) = &paths.config_file {
@@ -330,6 +334,9 @@ pub struct SandboxPaths {
     /// The srt settings file the policy came from (not writable, so the kernel cannot choose
     /// the policy of the next start).
     pub config_file: Option<PathBuf>,
+    /// The effective settings file srt reads (not readable: it may hold the host's upstream
+    /// proxy with its credentials, `network.parentProxy`).
+    pub settings_file: Option<PathBuf>,
 }
 
 impl SandboxPolicy {
@@ -467,6 +474,7 @@ mod tests {
             data_dir: Some("/home/u/.local/share/ipybox".into()),
             config_file: Some("/w/policy.json".into()),
             isolate_workspace: false,
+            settings_file: Some("/tmp/ipybox-1-abc/sandbox-settings.json".into()),
         };
         let s = serde_json::to_value(SandboxPolicy::default().effective(&paths)).unwrap();
         assert_eq!(s["network"]["allowAllUnixSockets"], json!(true));
@@ -481,7 +489,13 @@ mod tests {
         );
         let deny = s["filesystem"]["denyRead"].as_array().unwrap();
         assert!(deny.contains(&json!("/run")) && deny.contains(&json!("/tmp")));
-        for p in [".env", "~/.ssh", "~/.config", "/home/u/.local/share/ipybox"] {
+        for p in [
+            ".env",
+            "~/.ssh",
+            "~/.config",
+            "/home/u/.local/share/ipybox",
+            "/tmp/ipybox-1-abc/sandbox-settings.json",
+        ] {
             assert!(deny.contains(&json!(p)), "{p}: {deny:?}");
         }
         // An isolated workspace: nothing in it writable (the policy's "." goes), images hidden.
@@ -496,11 +510,13 @@ mod tests {
         );
         let deny = s["filesystem"]["denyRead"].as_array().unwrap();
         assert!(deny.contains(&json!("/w/images")), "{deny:?}");
-        // Runtime directories in /tmp: /tmp is hidden already; elsewhere, their base is.
+        // Runtime directories in /tmp: /tmp is hidden already (only the settings file is named);
+        // elsewhere, their base is.
         assert!(
-            !deny
-                .iter()
-                .any(|p| p.as_str().unwrap().starts_with("/tmp/"))
+            !deny.iter().any(|p| {
+                let p = p.as_str().unwrap();
+                p.starts_with("/tmp/") && p != "/tmp/ipybox-1-abc/sandbox-settings.json"
+            })
         );
         let elsewhere = SandboxPaths {
             runtime_dir: "/srv/rt/ipybox-1-abc".into(),

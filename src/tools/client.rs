@@ -27,13 +27,13 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{RoleClient, serve_client};
 use serde_json::{Map, Value};
-use tokio::process::Child;
 
 use super::ToolsError;
 use super::env_subst::{Redactor, substitute_str};
 use super::params::{ServerParams, TransportKind, TransportParams};
 use super::sse_transport::SseClientTransport;
-use crate::child_process::{StderrTail, host_command, own_group, signal_group};
+use crate::child_process::{StderrTail, host_command, own_group};
+use crate::group_leader::GroupLeader;
 
 /// Environment variables passed from the caller's env map to stdio servers (when set), with
 /// [`crate::host_env::NETWORK`], before the params' own `env`. Everything else (API keys, cloud credentials, ...) stays out unless the
@@ -232,38 +232,30 @@ impl McpSession {
 // ---------------------------------------------------------------------------------------------
 // stdio
 
-/// A spawned stdio server, leader of its own process group.
+/// A spawned stdio server, leader of its own process group; signalled only until it is reaped
+/// (when what is left of its group is killed), and killed with its group when dropped unreaped
+/// ([`GroupLeader`]).
 struct ChildProc {
-    child: Child,
-    /// The group to signal; None once the group was killed and the leader reaped.
-    pgid: Option<u32>,
+    leader: Arc<GroupLeader>,
     reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ChildProc {
-    fn signal(&self, sig: i32) {
-        if let Some(pgid) = self.pgid {
-            signal_group(pgid, sig);
-        }
-    }
-
-    /// Waits up to `d` for the child to exit.
-    async fn wait_for(&mut self, d: Duration) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(d, self.child.wait()).await.ok()?.ok()
+    /// Waits up to `d` for the child to exit (then reaps it; the rest of its group is killed).
+    async fn wait_for(&self, d: Duration) -> Option<std::process::ExitStatus> {
+        self.leader.wait_for(d).await
     }
 
     /// Graceful-then-forceful termination of the whole group; reaps the child.
     async fn terminate(&mut self) {
         if self.wait_for(Duration::from_millis(500)).await.is_none() {
-            self.signal(libc::SIGTERM);
+            self.leader.signal(libc::SIGTERM);
             if self.wait_for(Duration::from_secs(1)).await.is_none() {
-                self.signal(libc::SIGKILL);
-                let _ = self.child.kill().await;
+                self.leader.signal(libc::SIGKILL);
+                let _ = self.wait_for(Duration::from_secs(2)).await;
             }
         }
-        // Grandchildren that outlived the leader.
-        self.signal(libc::SIGKILL);
-        self.pgid = None;
+        // Grandchildren that outlived the leader were killed when it was reaped.
         if let Some(r) = self.reader.take() {
             let _ = tokio::time::timeout(Duration::from_secs(1), r).await;
         }
@@ -273,20 +265,14 @@ impl ChildProc {
     async fn kill_and_collect(&mut self) -> Option<std::process::ExitStatus> {
         // Give a crashing server a moment to finish exiting so its status is known.
         let status = self.wait_for(Duration::from_millis(200)).await;
-        self.signal(libc::SIGKILL);
-        let _ = self.child.kill().await;
-        self.pgid = None;
+        if status.is_none() {
+            self.leader.signal(libc::SIGKILL);
+            let _ = self.wait_for(Duration::from_secs(2)).await;
+        }
         if let Some(r) = self.reader.take() {
             let _ = tokio::time::timeout(Duration::from_secs(1), r).await;
         }
         status
-    }
-}
-
-impl Drop for ChildProc {
-    fn drop(&mut self) {
-        // `kill_on_drop` covers the leader; this covers the rest of its group.
-        self.signal(libc::SIGKILL);
     }
 }
 
@@ -374,8 +360,7 @@ async fn connect_stdio(
     };
     let (tail, reader) = StderrTail::capture(stderr);
     let mut proc = ChildProc {
-        child,
-        pgid: pid,
+        leader: GroupLeader::adopt(child),
         reader: Some(reader),
     };
     tracing::debug!(pid, "spawned stdio MCP server");

@@ -167,10 +167,69 @@ fn setup_provisions_once_under_a_lock() {
     let out = ipybox()
         .env("IPYBOX_HOME", home.path())
         .env_remove("IPYBOX_PYTHON")
-        .args(["exec", "-c", "import ipykernel, pydantic; print('ok')"])
+        .args([
+            "exec",
+            "-c",
+            "import ipykernel, pydantic, cloudpickle; print('ok')",
+        ])
         .output()
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+
+    // An environment an older ipybox made (its marker names fewer packages, cloudpickle is
+    // missing) is completed in place: what the user installed there stays.
+    let python = env_dir.join("bin/python");
+    let site = Command::new(&python)
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+        ])
+        .output()
+        .unwrap();
+    let site = std::path::PathBuf::from(String::from_utf8_lossy(&site.stdout).trim());
+    for entry in std::fs::read_dir(&site).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if name.starts_with("cloudpickle") {
+            std::fs::remove_dir_all(&path).unwrap();
+        }
+    }
+    std::fs::write(site.join("users_own.py"), "VALUE = 7\n").unwrap();
+    std::fs::write(
+        env_dir.join(".ipybox-ready"),
+        "ipykernel>=6.29 pydantic>=2.7",
+    )
+    .unwrap();
+    let out = ipybox()
+        .arg("setup")
+        .env("IPYBOX_HOME", home.path())
+        .env_remove("IPYBOX_PYTHON")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "adding ipykernel>=6.29 pydantic>=2.7 cloudpickle>=3,<4 to the kernel environment at {}",
+            env_dir.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("creating the kernel environment"),
+        "{stderr}"
+    );
+    let out = ipybox()
+        .env("IPYBOX_HOME", home.path())
+        .env_remove("IPYBOX_PYTHON")
+        .args([
+            "exec",
+            "-c",
+            "import cloudpickle, users_own; print(users_own.VALUE)",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "7\n");
 }
 
 #[test]

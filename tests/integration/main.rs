@@ -33,11 +33,16 @@ mod mcp_approvals;
 mod mcp_client;
 mod mcp_modern;
 mod mcp_server;
+#[cfg(target_os = "linux")]
+mod pid_reuse;
 mod proc_tree;
 mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;
+#[cfg(target_os = "linux")]
+mod sandbox_environ;
 mod shell_approval;
+mod snapshot;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_socket;

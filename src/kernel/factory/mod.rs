@@ -4,11 +4,11 @@
 //!
 //! - `template`: one template process, its fork requests and the kernels it forks;
 //! - `listener`: the socket the template and its kernels connect back to;
-//! - `exit_watch`: noticing that a forked kernel (the template's child, not ours) ended;
 //! - `shared`: one factory shared by the pools of several executors.
 //!
 //! This module decides *which* template forks: it builds one when the first kernel is needed,
-//! builds a new one when it breaks (its process ended, a fork failed) or when the environment's
+//! lets go of it as soon as its process ended (the next kernel gets a new one), builds a new
+//! one when it breaks (its channel closed, a fork failed) or when the environment's
 //! packages changed ([`Factory::invalidate`], after `install_package`), and turns itself off
 //! after [`MAX_FAILURES`] failures in a row. Each kernel whose fork fails is started plainly
 //! instead, with a log line ([`super::launch`]); nothing waits on a broken template.
@@ -16,7 +16,6 @@
 //! Not here: starting kernels up to ready ([`super::launch`]) and when kernels are started
 //! ([`super::pool`]).
 
-mod exit_watch;
 mod listener;
 mod shared;
 mod template;
@@ -26,9 +25,11 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use super::runtime_dir::RuntimeDir;
+use super::status::ExitInfo;
 use super::{KernelConfig, KernelError};
 use listener::Listener;
 pub use shared::SharedKernelFactory;
@@ -63,8 +64,8 @@ struct State {
     failures: u32,
     /// Bumped by every build: a build that finds another number when it ends was superseded.
     generation: u64,
-    /// Every template process started, to wait for at shutdown.
-    started: Vec<u32>,
+    /// The end of every template process started, to wait for at shutdown.
+    started: Vec<watch::Receiver<Option<ExitInfo>>>,
     shut: bool,
 }
 
@@ -173,7 +174,7 @@ impl Factory {
             };
             let mut state = lock(&state);
             if let Ok(t) = &result {
-                state.started.push(t.pid());
+                state.started.push(t.exit_watch());
             }
             if state.generation != generation || state.shut {
                 return Built::Superseded;
@@ -187,6 +188,7 @@ impl Factory {
                     );
                     let t = Arc::new(t);
                     state.slot = Slot::Ready(t.clone());
+                    forget_when_it_ends(&t, shared);
                     Built::Ready(t)
                 }
                 Err(e) => {
@@ -283,12 +285,42 @@ impl Factory {
             Slot::Building { task, .. } => task.abort(),
             Slot::Empty | Slot::Off => {}
         }
-        for pid in started {
-            if !crate::child_process::wait_ended(pid, Duration::from_secs(2)).await {
-                tracing::warn!("kernel factory: template {pid} still running after SIGKILL");
+        for mut exit in started {
+            let ended =
+                tokio::time::timeout(Duration::from_secs(2), exit.wait_for(Option::is_some)).await;
+            // Err inside: the template's handle is gone, and its watcher with it (its group
+            // was killed then).
+            if ended.is_err() {
+                tracing::warn!("kernel factory: a template still runs 2 s after SIGKILL");
             }
         }
     }
+}
+
+/// Lets go of `template` as soon as its process has ended (and ipybox reaped it): the factory
+/// then holds no handle on a dead template, and the next kernel gets a new one. Kernels forked
+/// from it may still hold it (unsandboxed, they outlive it); a reaped template's handle signals
+/// nothing.
+fn forget_when_it_ends(template: &Arc<Template>, state: Weak<Mutex<State>>) {
+    let mut exit = template.exit_watch();
+    let weak = Arc::downgrade(template);
+    tokio::spawn(async move {
+        // Err: the template's handle was dropped (its watcher with it): nothing to forget.
+        if exit.wait_for(Option::is_some).await.is_err() {
+            return;
+        }
+        let (Some(state), Some(template)) = (state.upgrade(), weak.upgrade()) else {
+            return;
+        };
+        let mut state = lock(&state);
+        if matches!(&state.slot, Slot::Ready(t) if Arc::ptr_eq(t, &template)) {
+            state.slot = Slot::Empty;
+            let why = template.broken().unwrap_or_default();
+            tracing::warn!(
+                "kernel factory: {why}\n  a new template is built for the next kernel (the kernel starts without it if that fails)"
+            );
+        }
+    });
 }
 
 impl Drop for Factory {

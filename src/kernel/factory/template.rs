@@ -3,16 +3,21 @@
 //!
 //! The template is started like a kernel ([`local::spawn_kernel_command`]: the kernel
 //! environment, the sandbox wrapper, its own process group, `PR_SET_PDEATHSIG`), so it is
-//! ipybox's child and tokio waits for it. It connects to the factory socket once its imports
-//! are done: that connection carries fork requests and the template's replies (`forked` with the
-//! child's pid, `refused` with a reason, `exit` with a child's status once it has reaped it).
+//! ipybox's child, held by a [`GroupLeader`]: its group is signalled only until it is reaped.
+//! It connects to the factory socket once its imports are done: that connection carries fork
+//! requests and the template's replies (`forked` with the child's pid, `refused` with a reason,
+//! `exit` with a child's status once it has reaped it).
 //!
 //! A forked kernel is the template's child, not ours. It connects to the factory socket itself;
 //! from that connection ipybox learns its pid (`SO_PEERCRED`, valid in ipybox's pid namespace
 //! also for a sandboxed kernel) and keeps its write end as the kernel's lifeline (the kernel
 //! exits on EOF) and its read end as the kernel's stderr. Its end is noticed with a pidfd
-//! ([`super::exit_watch`]); its status is the one the template reports (or "unknown" if the
-//! template is gone by then). Each kernel holds its template (`Arc`): a template is killed when
+//! ([`PidFd::exited`]); its status is the one the template reports (or "unknown" if the
+//! template is gone by then). ipybox never signals a forked kernel by pid or group id: it kills
+//! the kernel through its pidfd, and the template, its parent, kills what is left of its group
+//! when it reaps it, while the kernel is still a zombie (`factory.py`); only when the template
+//! is gone does ipybox kill the group's members itself, one pidfd each
+//! ([`kill_group_members`]). Each kernel holds its template (`Arc`): a template is killed when
 //! it is neither the factory's current one nor the template of a running kernel, because under
 //! `--sandbox` its kernels live in its sandbox and would die with it.
 //!
@@ -31,9 +36,9 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::exit_watch;
 use super::listener::Listener;
-use crate::child_process::{PidFd, StderrTail, parent_of, signal_group};
+use crate::child_process::{PidFd, StderrTail, kill_group_members, parent_of};
+use crate::group_leader::GroupLeader;
 use crate::kernel::local::{self, Process};
 use crate::kernel::runtime_dir::KernelDirs;
 use crate::kernel::status::{ExitInfo, describe_code, describe_exit, start_err_help};
@@ -76,8 +81,8 @@ enum Request<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         confine: Option<&'a serde_json::Value>,
     },
-    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected), or
-    /// the process group it left behind (once it has exited).
+    /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected),
+    /// with its process group, if the template has not reaped it.
     Kill { id: &'a str },
 }
 
@@ -104,9 +109,11 @@ struct Routes {
     exits: HashMap<String, watch::Sender<Option<i32>>>,
 }
 
-/// A running template. Dropping it kills its process group.
+/// A running template. Dropping it kills its process group (unless ipybox has reaped it, when
+/// what was left of the group was killed already).
 pub(crate) struct Template {
-    pid: u32,
+    /// The process ipybox started (the template, or under `--sandbox` srt around it).
+    leader: Arc<GroupLeader>,
     /// The template's Python process, the one that connected (`SO_PEERCRED`): the parent of
     /// every kernel it forks. (Under `--sandbox`, a descendant of `pid`, the sandbox wrapper.)
     python: PidFd,
@@ -147,7 +154,9 @@ impl Drop for TemplateDir {
 
 impl std::fmt::Debug for Template {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Template").field("pid", &self.pid).finish()
+        f.debug_struct("Template")
+            .field("pid", &self.leader.pid())
+            .finish()
     }
 }
 
@@ -155,13 +164,13 @@ fn lock(routes: &Mutex<Routes>) -> std::sync::MutexGuard<'_, Routes> {
     routes.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Kills a template's process group if its start is abandoned or fails.
-struct GroupGuard(u32);
+/// Kills a template's process group if its start is abandoned or fails (unless it was reaped).
+struct GroupGuard(Option<Arc<GroupLeader>>);
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if self.0 != 0 {
-            signal_group(self.0, libc::SIGKILL);
+        if let Some(leader) = &self.0 {
+            leader.signal(libc::SIGKILL);
         }
     }
 }
@@ -186,8 +195,6 @@ impl Template {
         ];
         let dir = TemplateDir::create(dir)?;
         let mut child = local::spawn_kernel_command(config, argv, &dir.0)?;
-        let pid = child.id().unwrap_or(0);
-        let mut guard = GroupGuard(pid);
         let mut tasks = Vec::new();
         let mut stderr = StderrTail::default();
         if let Some(err) = child.stderr.take() {
@@ -196,11 +203,15 @@ impl Template {
             tasks.push(reader);
         }
         let stdin = child.stdin.take();
+        let leader = GroupLeader::adopt(child);
+        let pid = leader.pid();
+        let mut guard = GroupGuard(Some(leader.clone()));
         let (exit_tx, mut exit) = watch::channel(None);
+        let watched = leader.clone();
         tasks.push(tokio::spawn(async move {
-            let desc = match child.wait().await {
-                Ok(s) => describe_exit(s),
-                Err(e) => format!("unknown exit: {e}"),
+            let desc = match watched.wait().await {
+                Some(s) => describe_exit(s),
+                None => "unknown exit status".to_string(),
             };
             let _ = exit_tx.send(Some(ExitInfo(desc)));
         }));
@@ -238,7 +249,7 @@ impl Template {
                 return Err(start_err_help(why, HELP));
             }
         };
-        guard.0 = 0;
+        guard.0 = None;
         let routes: Arc<Mutex<Routes>> = Arc::default();
         let (closed_tx, closed) = watch::channel(false);
         let reader_routes = routes.clone();
@@ -292,7 +303,7 @@ impl Template {
             let _ = closed_tx.send(true);
         }));
         Ok(Template {
-            pid,
+            leader,
             python,
             exit,
             stderr,
@@ -307,9 +318,16 @@ impl Template {
         })
     }
 
-    /// The template's process id (its sandbox wrapper's under `--sandbox`).
+    /// The template's process id (its sandbox wrapper's under `--sandbox`), for logs: once the
+    /// template has ended it may name another process.
     pub(crate) fn pid(&self) -> u32 {
-        self.pid
+        self.leader.pid()
+    }
+
+    /// A receiver that changes when the template's process (the one ipybox started) has ended
+    /// and been reaped.
+    pub(super) fn exit_watch(&self) -> watch::Receiver<Option<ExitInfo>> {
+        self.exit.clone()
     }
 
     /// Why the template can no longer fork, if it cannot.
@@ -449,9 +467,8 @@ impl Template {
         let (exit_tx, exit_rx) = watch::channel(None);
         let routes = self.routes.clone();
         let watched = pidfd.clone();
-        let kill_id = id.clone();
         let watcher = tokio::spawn(async move {
-            exit_watch::ended(watched).await;
+            watched.exited().await;
             let reported = tokio::time::timeout(STATUS_GRACE, status.wait_for(Option::is_some))
                 .await
                 .ok()
@@ -470,30 +487,37 @@ impl Template {
             info,
             Process::new(
                 kernel_pid,
+                local::Owner::Forked(self.kill_forked(pidfd)),
                 dir,
                 exit_rx,
                 stderr_tail,
                 vec![reader, watcher],
                 lifeline,
-            )
-            .with_leader(pidfd, self.kill_request(kill_id)),
+            ),
         ))
     }
 
-    /// What asks the template to kill the process group of the kernel forked for request `id`
-    /// (once the kernel has exited: its parent can still tell that group from another's).
-    fn kill_request(self: &Arc<Self>, id: String) -> Box<dyn Fn() + Send + Sync> {
+    /// What kills a kernel this template forked (`kernel`, its pidfd) with its process group,
+    /// never by a pid that may have been reused. The kernel is not ipybox's child, so ipybox
+    /// cannot hold it as a zombie: once it has exited, its parent may reap it at any moment and
+    /// its pid (its group id) may go to any process. So:
+    /// - the kernel itself is killed through its pidfd (`pidfd_send_signal`: that process or
+    ///   none);
+    /// - its group is killed by the template, its parent, when it reaps the kernel, while the
+    ///   kernel is still a zombie (`factory.py`): the group id is certainly the kernel's then;
+    /// - if the template's process is gone (an unsandboxed template killed while its kernels run:
+    ///   they now belong to init, which reaps without killing groups), ipybox kills the group's
+    ///   other members itself, each through a pidfd and only while the kernel runs
+    ///   ([`kill_group_members`]), before the kernel. (Under `--sandbox` the kernel and its
+    ///   group died with the template: the sandbox's pid namespace ended.)
+    fn kill_forked(self: &Arc<Self>, kernel: Arc<PidFd>) -> Box<dyn Fn() + Send + Sync> {
         let template = Arc::downgrade(self);
         Box::new(move || {
-            let Some(template) = template.upgrade() else {
-                return;
-            };
-            let id = id.clone();
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = template.send(&Request::Kill { id: &id }).await;
-                });
+            let template_gone = template.upgrade().is_none_or(|t| !t.python.alive());
+            if template_gone {
+                kill_group_members(&kernel);
             }
+            kernel.send_signal(libc::SIGKILL);
         })
     }
 
@@ -535,15 +559,16 @@ impl Template {
         }
         let mut exit = self.exit.clone();
         let _ = tokio::time::timeout(within, exit.wait_for(|e| e.is_some())).await;
-        signal_group(self.pid, libc::SIGKILL);
+        self.leader.signal(libc::SIGKILL);
     }
 }
 
 impl Drop for Template {
     fn drop(&mut self) {
         // Its kernels are gone (each held it); what is left is the template and, under
-        // --sandbox, the sandbox wrapper around it.
-        signal_group(self.pid, libc::SIGKILL);
+        // --sandbox, the sandbox wrapper around it (unless it ended and was reaped: then its
+        // group was killed when it was, and nothing is sent now).
+        self.leader.signal(libc::SIGKILL);
         for t in &self.tasks {
             t.abort();
         }

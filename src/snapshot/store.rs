@@ -1,0 +1,443 @@
+//! Where sealed snapshots live on the host: `$IPYBOX_HOME/snapshots/<id>/` (0700) holding `data`,
+//! `manifest.json` and `seal.json` (0600), `<id>` derived from the session and owner under the
+//! seal key (see `seal`).
+//!
+//! A snapshot is written into a fresh `.tmp-*` directory and swapped in whole (an atomic rename
+//! exchange on Linux), so a reader sees the old snapshot or the new one, never a mix; files and
+//! directory entries are flushed to disk before the swap. Reading verifies the seal and the
+//! manifest's digest before anything else; the data's digest is checked by whoever streams it
+//! ([`Verified::data`]) before a kernel is told to load it.
+//!
+//! Not here: talking to kernels (`local`), what a manifest may say (`manifest`).
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::SnapshotError;
+use super::manifest::{MAX_MANIFEST_BYTES, Manifest};
+use super::seal::{self, Contents, SealKey, SnapshotBinding, hex, unhex};
+use crate::host_env::HostEnv;
+use crate::safe_fs::NoFollowDir;
+
+/// The largest snapshot (data) a store takes unless [`SnapshotStore::with_limit`] says otherwise.
+pub const DEFAULT_SNAPSHOT_LIMIT: u64 = 2 << 30;
+
+const DATA: &str = "data";
+const MANIFEST: &str = "manifest.json";
+const SEAL: &str = "seal.json";
+
+#[derive(Serialize, Deserialize)]
+struct SealFile {
+    format: u32,
+    data_sha256: String,
+    data_bytes: u64,
+    manifest_sha256: String,
+    seal: String,
+}
+
+/// Sealed snapshots under a host-only directory.
+#[derive(Debug, Clone)]
+pub struct SnapshotStore {
+    root: PathBuf,
+    key: SealKey,
+    limit: u64,
+}
+
+/// A stored snapshot whose seal and manifest verified; its data is verified while it is read.
+pub(crate) struct Verified {
+    pub(crate) manifest: Manifest,
+    pub(crate) manifest_bytes: Vec<u8>,
+    pub(crate) data: std::fs::File,
+    pub(crate) contents: Contents,
+}
+
+fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
+    move |source| SnapshotError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Copies exactly `len` bytes from `from` to `to` and returns their SHA-256.
+pub(crate) fn copy_hashing(
+    from: &mut impl Read,
+    to: &mut impl Write,
+    len: u64,
+) -> std::io::Result<[u8; 32]> {
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut left = len;
+    while left > 0 {
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = from.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("{} of {len} bytes were there", len - left),
+            ));
+        }
+        hasher.update(&buf[..n]);
+        to.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    Ok(hasher.finalize().into())
+}
+
+impl SnapshotStore {
+    /// The store at `root`, sealing with the key in `key_file` (created if missing). Both are
+    /// host-only: directories 0700, files 0600.
+    pub fn open(root: impl Into<PathBuf>, key_file: &Path) -> Result<Self, SnapshotError> {
+        let root = root.into();
+        crate::safe_fs::create_private_dir(&root).map_err(io_at(&root))?;
+        let key = SealKey::load_or_create(key_file).map_err(io_at(key_file))?;
+        Ok(Self {
+            root,
+            key,
+            limit: DEFAULT_SNAPSHOT_LIMIT,
+        })
+    }
+
+    /// The default store of this host: `<data dir>/snapshots`, key `<data dir>/keys/snapshot.key`
+    /// (the data directory is `$IPYBOX_HOME`, else `~/.local/share/ipybox`).
+    pub fn for_host(host: &HostEnv) -> Result<Self, SnapshotError> {
+        let data = host.data_dir().ok_or(SnapshotError::NoHome)?;
+        Self::open(data.join("snapshots"), &seal::default_key_path(&data))
+    }
+
+    /// The largest snapshot data this store takes (default [`DEFAULT_SNAPSHOT_LIMIT`]); a kernel
+    /// leaves out the names that do not fit, saying so.
+    pub fn with_limit(mut self, bytes: u64) -> Self {
+        self.limit = bytes;
+        self
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The directory holding `binding`'s snapshot (whether or not there is one).
+    pub fn path(&self, binding: &SnapshotBinding) -> PathBuf {
+        self.root.join(self.key.dir_name(binding))
+    }
+
+    fn root_dir(&self) -> Result<NoFollowDir, SnapshotError> {
+        NoFollowDir::open(&self.root, Some(0o700)).map_err(io_at(&self.root))
+    }
+
+    /// Whether a snapshot is stored for `binding` (not whether it verifies).
+    pub fn contains(&self, binding: &SnapshotBinding) -> bool {
+        self.path(binding).join(SEAL).is_file()
+    }
+
+    /// Removes `binding`'s snapshot; none is not an error.
+    pub fn delete(&self, binding: &SnapshotBinding) -> Result<(), SnapshotError> {
+        self.root_dir()?
+            .remove_tree(&self.key.dir_name(binding))
+            .map_err(io_at(&self.path(binding)))
+    }
+
+    /// The manifest of `binding`'s snapshot, once its seal verifies (what it holds, without
+    /// loading it).
+    pub fn manifest(&self, binding: &SnapshotBinding) -> Result<Manifest, SnapshotError> {
+        Ok(self.open_verified(binding)?.manifest)
+    }
+
+    /// Stores a snapshot for `binding`: `data_len` bytes read from `data`, described by
+    /// `manifest`; replaces the one stored before. Returns the data's length.
+    pub(crate) fn write(
+        &self,
+        binding: &SnapshotBinding,
+        manifest: &Manifest,
+        data: &mut impl Read,
+        data_len: u64,
+    ) -> Result<u64, SnapshotError> {
+        let root = self.root_dir()?;
+        let tmp = format!(".tmp-{:016x}", rand::random::<u64>());
+        let result = self.write_into(&root, &tmp, binding, manifest, data, data_len);
+        if result.is_err() {
+            let _ = root.remove_tree(&tmp);
+        }
+        result
+    }
+
+    fn write_into(
+        &self,
+        root: &NoFollowDir,
+        tmp: &str,
+        binding: &SnapshotBinding,
+        manifest: &Manifest,
+        data: &mut impl Read,
+        data_len: u64,
+    ) -> Result<u64, SnapshotError> {
+        let path = self.root.join(tmp);
+        let dir = root.subdir(tmp, Some(0o700)).map_err(io_at(&path))?;
+        let mut file = dir.create_file(DATA, 0o600).map_err(io_at(&path))?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut file);
+        let data_sha256 =
+            copy_hashing(data, &mut out, data_len).map_err(|source| SnapshotError::Invalid {
+                what: "the snapshot data".into(),
+                reason: format!("cannot copy it: {source}"),
+            })?;
+        out.flush().map_err(io_at(&path))?;
+        drop(out);
+        file.sync_all().map_err(io_at(&path))?;
+        let manifest_bytes = serde_json::to_vec(manifest).map_err(|e| SnapshotError::Invalid {
+            what: "the snapshot manifest".into(),
+            reason: e.to_string(),
+        })?;
+        let contents = Contents {
+            data_sha256,
+            data_bytes: data_len,
+            manifest_sha256: seal::sha256(&manifest_bytes),
+        };
+        let seal = SealFile {
+            format: super::manifest::FORMAT,
+            data_sha256: hex(&contents.data_sha256),
+            data_bytes: data_len,
+            manifest_sha256: hex(&contents.manifest_sha256),
+            seal: hex(&self.key.seal(binding, &contents)),
+        };
+        for (name, bytes) in [
+            (MANIFEST, manifest_bytes),
+            (SEAL, serde_json::to_vec(&seal).unwrap_or_default()),
+        ] {
+            let mut f = dir.create_file(name, 0o600).map_err(io_at(&path))?;
+            f.write_all(&bytes).map_err(io_at(&path))?;
+            f.sync_all().map_err(io_at(&path))?;
+        }
+        dir.sync().map_err(io_at(&path))?;
+        root.replace(tmp, &self.key.dir_name(binding))
+            .map_err(io_at(&self.path(binding)))?;
+        root.sync().map_err(io_at(&self.root))?;
+        Ok(data_len)
+    }
+
+    /// Opens `binding`'s snapshot: its seal must verify for `binding` and its manifest must match
+    /// the seal, else nothing of it is used.
+    pub(crate) fn open_verified(
+        &self,
+        binding: &SnapshotBinding,
+    ) -> Result<Verified, SnapshotError> {
+        let path = self.path(binding);
+        let dir = match self.root_dir()?.subdir(&self.key.dir_name(binding), None) {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(SnapshotError::NotFound {
+                    session: binding.session().to_string(),
+                });
+            }
+            Err(e) => return Err(io_at(&path)(e)),
+        };
+        let refused = |reason: &str| SnapshotError::Refused {
+            reason: reason.to_string(),
+        };
+        let seal_bytes = read_small(&dir, SEAL, 4096).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => SnapshotError::NotFound {
+                session: binding.session().to_string(),
+            },
+            _ => refused(&format!("its seal cannot be read ({e})")),
+        })?;
+        let seal: SealFile =
+            serde_json::from_slice(&seal_bytes).map_err(|_| refused("its seal is not a seal"))?;
+        let digest = |s: &str| {
+            unhex(s)
+                .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                .ok_or_else(|| refused("its seal is not a seal"))
+        };
+        let contents = Contents {
+            data_sha256: digest(&seal.data_sha256)?,
+            data_bytes: seal.data_bytes,
+            manifest_sha256: digest(&seal.manifest_sha256)?,
+        };
+        let mac = unhex(&seal.seal).ok_or_else(|| refused("its seal is not a seal"))?;
+        if !self.key.verify(binding, &contents, &mac) {
+            return Err(refused(
+                "its seal does not verify for this session and owner: it was made for another session or owner, or changed since",
+            ));
+        }
+        let manifest_bytes = read_small(&dir, MANIFEST, MAX_MANIFEST_BYTES)
+            .map_err(|e| refused(&format!("its manifest cannot be read ({e})")))?;
+        if seal::sha256(&manifest_bytes) != contents.manifest_sha256 {
+            return Err(refused("its manifest changed since it was sealed"));
+        }
+        let manifest = Manifest::parse(&manifest_bytes, contents.data_bytes)
+            .map_err(|e| refused(&format!("its manifest is invalid ({e})")))?;
+        let (data, len) = dir
+            .open_regular(DATA, u64::MAX)
+            .map_err(|e| refused(&format!("its data cannot be read ({e})")))?;
+        if len != contents.data_bytes {
+            return Err(refused("its data changed since it was sealed"));
+        }
+        Ok(Verified {
+            manifest,
+            manifest_bytes,
+            data,
+            contents,
+        })
+    }
+}
+
+/// Copies a verified snapshot's data to `to` while hashing it; a digest that differs from the
+/// seal's is [`SnapshotError::Refused`] (the caller must then discard what was written).
+pub(crate) fn copy_verified(
+    data: &mut std::fs::File,
+    contents: &Contents,
+    to: &mut impl Write,
+    path: &Path,
+) -> Result<(), SnapshotError> {
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, to);
+    let digest = copy_hashing(data, &mut out, contents.data_bytes).map_err(io_at(path))?;
+    out.flush().map_err(io_at(path))?;
+    if digest != contents.data_sha256 {
+        return Err(SnapshotError::Refused {
+            reason: "its data changed since it was sealed".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the manifest a kernel sent for `data_len` bytes of data, stamps it with the host's
+/// time and stores both for `binding` (off the async runtime: the data may be large).
+pub(crate) async fn store_from_kernel(
+    store: &SnapshotStore,
+    binding: &SnapshotBinding,
+    manifest_bytes: &[u8],
+    mut data: std::fs::File,
+    data_len: u64,
+) -> Result<super::SnapshotReport, SnapshotError> {
+    let mut manifest =
+        Manifest::parse(manifest_bytes, data_len).map_err(|e| SnapshotError::Invalid {
+            what: "the kernel's snapshot manifest".into(),
+            reason: e.0,
+        })?;
+    manifest.created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (store, binding, stored) = (store.clone(), binding.clone(), manifest.clone());
+    tokio::task::spawn_blocking(move || store.write(&binding, &stored, &mut data, data_len))
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+    Ok(super::SnapshotReport { manifest })
+}
+
+/// [`SnapshotStore::open_verified`] off the async runtime.
+pub(crate) async fn open_verified(
+    store: &SnapshotStore,
+    binding: &SnapshotBinding,
+) -> Result<Verified, SnapshotError> {
+    let (store, binding) = (store.clone(), binding.clone());
+    tokio::task::spawn_blocking(move || store.open_verified(&binding))
+        .await
+        .map_err(|e| SnapshotError::Task(e.to_string()))?
+}
+
+/// The whole of a small regular file (at most `limit` bytes) in `dir`, never through a link.
+pub(crate) fn read_small(dir: &NoFollowDir, name: &str, limit: u64) -> std::io::Result<Vec<u8>> {
+    let (file, len) = dir.open_regular(name, limit)?;
+    let mut bytes = Vec::with_capacity(len as usize);
+    // At most the length seen at open time (the file may grow meanwhile).
+    file.take(len).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 != len {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!("{name} shrank while it was read"),
+        ));
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(data_len: u64) -> Manifest {
+        Manifest::parse(
+            serde_json::json!({
+                "format": 1, "python": "3.11.7", "cwd": "/ws", "imports": [], "modules": [],
+                "saved": [{"name": "x", "type": "int", "bytes": data_len, "pickle": [0, data_len], "buffers": [], "memo": [0, 1], "code": false}],
+                "not_saved": [], "data_bytes": data_len
+            })
+            .to_string()
+            .as_bytes(),
+            data_len,
+        )
+        .unwrap()
+    }
+
+    fn store(t: &Path) -> SnapshotStore {
+        SnapshotStore::open(t.join("snapshots"), &t.join("keys/snapshot.key")).unwrap()
+    }
+
+    #[test]
+    fn written_snapshots_verify_for_their_binding_only() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let a = SnapshotBinding::new("session-a", b"owner".to_vec());
+        let b = SnapshotBinding::new("session-b", b"owner".to_vec());
+        assert!(matches!(
+            s.open_verified(&a),
+            Err(SnapshotError::NotFound { .. })
+        ));
+        s.write(&a, &manifest(5), &mut &b"hello"[..], 5).unwrap();
+        let v = s.open_verified(&a).unwrap();
+        assert_eq!(v.manifest.saved[0].name, "x");
+        let dir = s.path(&a);
+        assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        for f in [DATA, MANIFEST, SEAL] {
+            assert_eq!(
+                std::fs::metadata(dir.join(f)).unwrap().mode() & 0o777,
+                0o600,
+                "{f}"
+            );
+        }
+        // Replaced whole; no temporary directory stays.
+        s.write(&a, &manifest(3), &mut &b"abc"[..], 3).unwrap();
+        assert_eq!(s.open_verified(&a).unwrap().contents.data_bytes, 3);
+        assert_eq!(std::fs::read_dir(s.root()).unwrap().count(), 1);
+
+        // Another session's snapshot copied over this one's is refused.
+        s.write(&b, &manifest(5), &mut &b"HELLO"[..], 5).unwrap();
+        std::fs::remove_dir_all(s.path(&a)).unwrap();
+        std::fs::create_dir(s.path(&a)).unwrap();
+        for f in [DATA, MANIFEST, SEAL] {
+            std::fs::copy(s.path(&b).join(f), s.path(&a).join(f)).unwrap();
+        }
+        let err = s.open_verified(&a).err().unwrap();
+        assert!(err.to_string().contains("does not verify"), "{err}");
+
+        // A manifest changed by one byte is refused.
+        s.write(&a, &manifest(5), &mut &b"hello"[..], 5).unwrap();
+        let m = s.path(&a).join(MANIFEST);
+        let mut bytes = std::fs::read(&m).unwrap();
+        let i = bytes.iter().position(|&c| c == b'x').unwrap();
+        bytes[i] = b'y';
+        std::fs::write(&m, bytes).unwrap();
+        let err = s.open_verified(&a).err().unwrap();
+        assert!(err.to_string().contains("manifest changed"), "{err}");
+
+        s.delete(&a).unwrap();
+        assert!(!s.contains(&a));
+        s.delete(&a).unwrap();
+    }
+
+    #[test]
+    fn short_data_is_not_stored() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let a = SnapshotBinding::new("a", Vec::new());
+        let err = s
+            .write(&a, &manifest(10), &mut &b"short"[..], 10)
+            .unwrap_err();
+        assert!(err.to_string().contains("5 of 10 bytes"), "{err}");
+        assert!(!s.contains(&a));
+        assert_eq!(std::fs::read_dir(s.root()).unwrap().count(), 0);
+    }
+}
