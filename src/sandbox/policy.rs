@@ -512,12 +512,10 @@ mod tests {
         assert!(deny.contains(&json!("/w/images")), "{deny:?}");
         // Runtime directories in /tmp: /tmp is hidden already (only the settings file is named);
         // elsewhere, their base is.
-        assert!(
-            !deny.iter().any(|p| {
-                let p = p.as_str().unwrap();
-                p.starts_with("/tmp/") && p != "/tmp/ipybox-1-abc/sandbox-settings.json"
-            })
-        );
+        assert!(!deny.iter().any(|p| {
+            let p = p.as_str().unwrap();
+            p.starts_with("/tmp/") && p != "/tmp/ipybox-1-abc/sandbox-settings.json"
+        }));
         let elsewhere = SandboxPaths {
             runtime_dir: "/srv/rt/ipybox-1-abc".into(),
             ..paths.clone()
