@@ -14,8 +14,8 @@
 //! session, `print(1)` p50/p99 at 1 and 32 clients. `cargo bench --bench http -- confinement`
 //! runs that part alone.
 //!
-//! Then density: PSS per active session (1, 8, 32) with the shared kernel template (the
-//! default) against a bubblewrap per kernel (`--no-kernel-factory`); `cargo bench --bench http
+//! Then density: PSS per additional active session (1, 8, 32) with the shared kernel template
+//! (the default) against a bubblewrap per kernel (`--no-kernel-factory`); `cargo bench --bench http
 //! -- density` runs that part alone.
 //!
 //! Needs `bash scripts/test-env.sh` (fixture server, Enterprise Gateway).
@@ -367,14 +367,16 @@ async fn confinement(ws: &Path) {
     }
 }
 
-/// Density (docs/http.md, "One kernel template for the service"): PSS per active session with
-/// the shared kernel template (the default) and with a bubblewrap per kernel
-/// (`--no-kernel-factory`), for 1, 8 and 32 sessions; and what the service costs before its
-/// first session (ipybox, the warm kernel and, shared, the template).
+/// Density (docs/http.md, "One kernel template for the service"): the PSS one more active
+/// session costs (ipybox's process tree after `n` more sessions, each with a small namespace,
+/// less before them, over `n`) with the shared kernel template (the default) and with a
+/// bubblewrap per kernel (`--no-kernel-factory`), for 1, 8 and 32 sessions; and the tree's PSS
+/// with one session (ipybox, that session's kernel, the warm kernel and, shared, the template).
 async fn density(ws: &Path) {
     println!(
-        "\n## Density: PSS per active session, shared template vs a bubblewrap per kernel\n\n| mode | before the first session | 1 session | 8 sessions | 32 sessions |\n|---|---|---|---|---|"
+        "\n## Density: PSS per additional active session, shared template vs a bubblewrap per kernel\n\n| mode | the service with one session | +1 session | +8 sessions (each) | +32 sessions (each) |\n|---|---|---|---|---|"
     );
+    const SETUP: &str = "x = list(range(1000))";
     for (label, flags) in [
         ("shared template (default)", &["--warm-sessions", "1"][..]),
         (
@@ -387,24 +389,23 @@ async fn density(ws: &Path) {
         for n in [1, 8, 32] {
             let service = Service::start(ws, flags, &[]);
             let (pid, url) = (service.child.id(), service.url());
-            tokio::time::sleep(Duration::from_secs(3)).await;
             let tree_pss = || {
                 let mut pids = proc_tree::descendants(pid);
                 pids.push(pid);
                 common::pss_rss(&pids).0 as f64 / 1024.0
             };
+            // The first session starts what every session shares (the template).
+            let first = session(&url, SETUP).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
             base = tree_pss();
-            let mut sessions = Vec::new();
-            while sessions.len() < n {
-                let batch = (n - sessions.len()).min(4);
+            let mut sessions = vec![first];
+            while sessions.len() < n + 1 {
+                let batch = (n + 1 - sessions.len()).min(4);
                 sessions.extend(
-                    futures::future::join_all(
-                        (0..batch).map(|_| session(&url, "x = list(range(1000))")),
-                    )
-                    .await,
+                    futures::future::join_all((0..batch).map(|_| session(&url, SETUP))).await,
                 );
             }
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
             cells.push(format!("{:.1} MB", (tree_pss() - base) / n as f64));
             for (c, _) in sessions {
                 let _ = c.cancel().await;
