@@ -44,7 +44,7 @@ use crate::sandbox::{SandboxError, SandboxOptions};
 use crate::snapshot::{
     RestoreReport, SnapshotBinding, SnapshotError, SnapshotReport, SnapshotStore,
 };
-use crate::tools::registry::Registry;
+use crate::tools::registry::{ImportRoots, Reach, Registry};
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
     ApprovalPolicy, ApprovalRequest, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
@@ -187,6 +187,8 @@ impl CodeExecutorBuilder {
     }
 
     /// Adds variables to the kernel's environment (which otherwise holds a minimal base only).
+    /// The entries of `PYTHONPATH` are also import roots for tool calls: servers registered for
+    /// one of them, or for a directory in one, are callable (see `generate_mcp_sources`).
     pub fn kernel_env<K: Into<String>, V: Into<String>>(
         mut self,
         vars: impl IntoIterator<Item = (K, V)>,
@@ -611,12 +613,13 @@ impl CodeExecutor {
             self.tool_env(),
             b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         );
-        // No kernel is trusted with server params: it reaches registered servers only, with
-        // their recorded params (tools::registry).
+        // No kernel is trusted with server params: it reaches the servers registered for the
+        // directories this executor imports from, with their recorded params (tools::registry).
+        let roots = self.import_roots(&workspace, sandbox_policy.as_ref(), gateway.is_some());
         let tool_state = ToolServerState::new(
             sessions,
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
-            self.registry()?,
+            Reach::new(self.registry()?, roots),
         )
         .with_text_limit(b.approval_text_limit)
         .with_shared_servers(b.shared_mcp_servers.as_ref().map(|shared| {
@@ -884,11 +887,32 @@ impl CodeExecutor {
             .unwrap_or_else(|| self.host_env().vars().clone())
     }
 
+    /// The directories this executor's kernels import from, as configured here (never as the
+    /// kernel says): the workspace and `kernel_env`'s `PYTHONPATH`. Links are not followed
+    /// where such a kernel can write: the sandbox's writable directories, a remote kernel's
+    /// workspace (see `ImportRoots::new`).
+    fn import_roots(
+        &self,
+        workspace: &Path,
+        sandbox: Option<&crate::sandbox::LoadedPolicy>,
+        remote: bool,
+    ) -> ImportRoots {
+        let unfollowed = match sandbox {
+            Some((policy, _)) => {
+                let home = self.host_env().get("HOME").map(PathBuf::from);
+                policy.writable_roots(workspace, home.as_deref())
+            }
+            None if remote => vec![workspace.to_path_buf()],
+            None => Vec::new(),
+        };
+        let python_path = self.inner.builder.kernel_env.get("PYTHONPATH");
+        ImportRoots::new(workspace, python_path.map(String::as_str), &unfollowed)
+    }
+
     fn registry(&self) -> Result<Arc<Registry>, ExecutorError> {
         if let Some(r) = self.inner.registry.get() {
             return Ok(r.clone());
         }
-        let workspace = self.workspace()?;
         let registry = match pyenv::data_dir(self.host_env()) {
             Ok(dir) => {
                 // ipybox's data directory is private (0700): registrations are written there.
@@ -896,7 +920,7 @@ impl CodeExecutor {
                     path: dir.clone(),
                     source,
                 })?;
-                Registry::for_workspace(&dir, &workspace)
+                Registry::open(&dir)
             }
             Err(_) => Registry::in_memory(),
         };
@@ -908,8 +932,9 @@ impl CodeExecutor {
     }
 
     /// Registers an MCP server: generates `<workspace>/mcptools/<server_name>/` from its tools
-    /// (see [`crate::generate_mcp_sources`]) and records the params on the host: kernel code
-    /// may only call servers registered for its workspace, with the recorded params. `${VAR}`
+    /// (see [`crate::generate_mcp_sources`]) and records the params on the host for
+    /// `<workspace>/mcptools`: kernel code may only call servers registered for a directory it
+    /// imports from (here: its workspace), with the recorded params. `${VAR}`
     /// placeholders are resolved from the builder's `tool_env` (default: the process env).
     /// Does not wait for a running execution. Returns the module names.
     pub async fn register_mcp_server(
@@ -954,8 +979,10 @@ impl CodeExecutor {
         let registry = self
             .registry()
             .map_err(|e| RegisterError::Workspace(e.into()))?;
+        // `root` was written without following a link at `mcptools` (and the workspace is
+        // canonical): it is the registration's directory as it stands.
         registry
-            .record(server_name, server_params)
+            .record(server_name, &root, server_params)
             .map_err(RegisterError::Record)?;
         Ok(modules)
     }

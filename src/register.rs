@@ -1,7 +1,7 @@
 //! Registering an MCP server: list its tools over a short-lived session, generate the typed
 //! Python package for them (`<root_dir>/<server_name>/`), and record the params on the host for
-//! the workspace that holds `root_dir` (kernels may only call servers registered for their
-//! workspace, with these params: `crate::tools::registry`).
+//! `root_dir` (kernels may only call servers registered for a directory they import from, with
+//! these params: `crate::tools::registry`).
 //!
 //! This is where the MCP client ([`crate::tools`]) meets code generation ([`crate::apigen`]);
 //! neither knows the other.
@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::apigen::{self, ApiStyle, ApigenError, ToolSpec};
+use crate::tools::registry;
 use crate::tools::{DEFAULT_CONNECT_TIMEOUT, McpSession, ServerParams, ToolsError};
 
 /// Why registration failed.
@@ -121,8 +122,10 @@ pub(crate) fn refuse_writable_paths(
 
 /// Generates `<root_dir>/<server_name>/` from the tools of the server at `server_params`, with
 /// `${VAR}` placeholders resolved from the process environment, with synchronous `run()`
-/// functions, and registers the server for the workspace `root_dir` is in (its parent: kernels
-/// import `mcptools.<server_name>` from their working directory). Returns the module names.
+/// functions, and registers the server for `root_dir` (relative to the current directory):
+/// kernels whose executor imports from `root_dir` (`import <server_name>`) or from its parent
+/// (`import mcptools.<server_name>` for `root_dir = <workspace>/mcptools`) — its workspace,
+/// or an entry of `kernel_env`'s `PYTHONPATH` — may call it. Returns the module names.
 pub async fn generate_mcp_sources(
     server_name: &str,
     server_params: &Value,
@@ -158,7 +161,8 @@ pub async fn generate_mcp_sources_with(
     Ok(modules)
 }
 
-/// Records the registration for the workspace that holds `root_dir`.
+/// Records the registration for `root_dir`: kernels that import from `root_dir` or its parent
+/// reach it (`crate::tools::registry`).
 fn record(
     server_name: &str,
     server_params: &Value,
@@ -170,14 +174,10 @@ fn record(
             "no data directory to record it in: set IPYBOX_HOME (or HOME)",
         )));
     };
-    let workspace = root_dir
-        .canonicalize()
-        .map_err(RegisterError::Record)?
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    crate::tools::registry::Registry::for_workspace(data_dir, &workspace)
-        .record(server_name, server_params)
+    let root = registry::registration_root(root_dir).map_err(RegisterError::Record)?;
+    crate::safe_fs::create_private_dir(data_dir).map_err(RegisterError::Record)?;
+    registry::Registry::open(data_dir)
+        .record(server_name, &root, server_params)
         .map_err(RegisterError::Record)
 }
 

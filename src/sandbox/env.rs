@@ -24,7 +24,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::SandboxError;
-use super::wrap::shell_quote;
+use super::shell::shell_quote;
 use crate::host_env::HostEnv;
 
 /// Variables that make a program load or run code they name (or change how a shell runs what

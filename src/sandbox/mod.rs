@@ -16,6 +16,7 @@
 pub mod env;
 pub(crate) mod platform;
 pub mod policy;
+pub(crate) mod shell;
 pub(crate) mod wrap;
 
 use std::collections::BTreeMap;

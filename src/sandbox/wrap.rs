@@ -1,6 +1,6 @@
 //! The kernel command under srt: `srt --settings FILE -c '. ENV_FILE && exec COMMAND'` with
 //! srt's own environment ([`super::env`]), the interpreter directories the policy must keep
-//! readable, POSIX shell quoting, and the sweeper that removes the mount points srt's bubblewrap
+//! readable, and the sweeper that removes the mount points srt's bubblewrap
 //! backend leaves in the workspace when a kernel is killed.
 //!
 //! Not here: the policy itself ([`super::policy`]) and the platform checks ([`super::platform`]).
@@ -13,6 +13,7 @@ use crate::child_process::{ChildCommand, CommandWrapper};
 use crate::host_env::HostEnv;
 
 use super::platform::find_in_path;
+use super::shell::{shell_join, shell_quote};
 
 /// Workspace entries srt (on Linux) creates as mount points so the sandbox cannot create them.
 /// srt removes them when its command exits normally; a killed kernel leaves them behind.
@@ -129,27 +130,6 @@ pub(crate) fn python_dirs(python: &Path, host: &HostEnv) -> Vec<PathBuf> {
     dirs.into_iter().collect()
 }
 
-/// Quotes one word for a POSIX shell.
-pub(crate) fn shell_quote(word: &str) -> String {
-    if !word.is_empty()
-        && word
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
-    {
-        word.to_string()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
-}
-
-/// Joins an argv into one shell command line.
-pub(crate) fn shell_join(argv: &[String]) -> String {
-    argv.iter()
-        .map(|w| shell_quote(w))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 /// Removes, when dropped (the executor stopped), the mount points srt's bubblewrap backend left
 /// in the workspace. Only entries that did not exist when the sandbox was prepared are
 /// candidates, and of those only what srt makes:
@@ -203,32 +183,6 @@ impl Drop for ArtifactSweeper {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn quoting_round_trips_through_sh() {
-        let argv: Vec<String> = [
-            "python",
-            "-c",
-            "print('a b')\nx = \"$HOME\"",
-            "",
-            "plain-1.0",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let out = crate::child_process::host_command_blocking("sh")
-            .arg("-c")
-            .arg(format!(
-                "for a in {}; do printf '<%s>' \"$a\"; done",
-                shell_join(&argv)
-            ))
-            .output()
-            .unwrap();
-        assert_eq!(
-            String::from_utf8(out.stdout).unwrap(),
-            "<python><-c><print('a b')\nx = \"$HOME\"><><plain-1.0>"
-        );
-    }
 
     #[test]
     fn sweeper_removes_only_what_bubblewrap_made() {

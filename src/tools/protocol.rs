@@ -20,8 +20,9 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RunRequest {
     pub(crate) server_name: String,
-    /// As written at registration (`${VAR}` unresolved); ignored for sandboxed kernels, whose
-    /// calls use the params the host recorded.
+    /// As written at registration (`${VAR}` unresolved). Never used: every call uses the params
+    /// the host recorded; compared with those only to tell two registrations of one name apart
+    /// (`super::registry`).
     pub(crate) server_params: Value,
     pub(crate) tool_name: String,
     #[serde(default)]

@@ -50,7 +50,7 @@ use super::approval::{
     Subject, shorten,
 };
 use super::protocol::{ApproveRequest, ErrorKind, ResetReply, RunReply, RunRequest, StatusReply};
-use super::registry::{NotRegistered, Registry};
+use super::registry::{NotRegistered, Reach};
 use super::shown::{self, Syntax};
 use super::{SessionCache, tool_output};
 use crate::pause::TimeoutPause;
@@ -77,9 +77,9 @@ pub(crate) struct ToolServerState {
     /// execution never pauses a later one.
     policy: Mutex<(ApprovalPolicy, TimeoutPause)>,
     approval_timeout: Duration,
-    /// The servers kernels may call, with their recorded params (the trust rule,
-    /// [`super::registry`]): what a kernel sends is never used.
-    registry: Arc<Registry>,
+    /// The servers this executor's kernels may call, with their recorded params (the trust
+    /// rule, [`super::registry`]): what a kernel sends is never used.
+    reach: Reach,
     /// The longest rendering of a request a person is shown (see `approval::unshowable`).
     text_limit: Option<usize>,
     /// Body bytes that may be read at once ([`MAX_BODY_BYTES_IN_FLIGHT`]).
@@ -87,17 +87,13 @@ pub(crate) struct ToolServerState {
 }
 
 impl ToolServerState {
-    pub(crate) fn new(
-        sessions: SessionCache,
-        approval_timeout: Duration,
-        registry: Arc<Registry>,
-    ) -> Self {
+    pub(crate) fn new(sessions: SessionCache, approval_timeout: Duration, reach: Reach) -> Self {
         Self {
             sessions,
             shared: None,
             policy: Mutex::new((ApprovalPolicy::AcceptAll, TimeoutPause::default())),
             approval_timeout,
-            registry,
+            reach,
             text_limit: None,
             bodies: Arc::new(Semaphore::new(MAX_BODY_BYTES_IN_FLIGHT)),
         }
@@ -677,11 +673,13 @@ pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunRep
     let epoch = state.sessions.epoch();
     let RunRequest {
         server_name,
-        server_params: _, // never trusted: the registration decides (super::registry)
+        // Never used: the registration decides; only compared, to tell two registrations of
+        // one name apart (super::registry).
+        server_params,
         tool_name,
         arguments,
     } = run;
-    let server = match state.registry.resolve(&server_name) {
+    let server = match state.reach.resolve(&server_name, &server_params) {
         Ok(server) => server,
         Err(NotRegistered(why)) => return RunReply::error(ErrorKind::ToolError, why),
     };

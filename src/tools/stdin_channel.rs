@@ -153,7 +153,10 @@ mod tests {
         let state = ToolServerState::new(
             super::super::SessionCache::new(Default::default(), std::time::Duration::from_secs(1)),
             std::time::Duration::from_secs(1),
-            std::sync::Arc::new(super::super::registry::Registry::in_memory()),
+            super::super::registry::Reach::new(
+                std::sync::Arc::new(super::super::registry::Registry::in_memory()),
+                Default::default(),
+            ),
         );
         let dir = tempfile::tempdir().unwrap();
         let body = format!(

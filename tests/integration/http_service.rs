@@ -881,7 +881,7 @@ print(ToolRunner("fx", evil).run("get_env", {{"name": "WHO"}}))"#,
         let (out, _) = new_session(&c, &forged).await;
         assert_eq!(
             out,
-            "MCP server `evil` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\nregistered"
+            "MCP server `evil` is not registered for any directory this kernel imports from: kernel code can only call servers the host registered, with the params recorded then\nregistered"
         );
     }
     assert!(!marker.exists(), "the host ran the kernel's command");

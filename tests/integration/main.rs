@@ -46,4 +46,5 @@ mod shell_approval;
 mod snapshot;
 mod tool_calls;
 mod tool_calls_async;
+mod tool_reach;
 mod tool_socket;

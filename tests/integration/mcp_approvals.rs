@@ -408,7 +408,7 @@ async fn the_question_shows_exactly_what_runs(era: Era) {
     )
     .await;
     assert!(
-        failed && out.contains(r#"ToolError: MCP server `"\u001b[31mfx"` is not registered with this ipybox for this workspace"#),
+        failed && out.contains(r#"ToolError: MCP server `"\u001b[31mfx"` is not registered for any directory this kernel imports from"#),
         "{out}"
     );
     assert!(user.questions().is_empty());

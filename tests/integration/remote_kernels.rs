@@ -356,6 +356,64 @@ async fn tool_calls_over_the_stdin_channel_with_approvals_and_threads() {
     }
 }
 
+/// A remote kernel's import roots (issue 28): a directory on `kernel_env`'s `PYTHONPATH` reaches
+/// the servers the host registered there (this Jupyter server shares the machine's files), and a
+/// link in the workspace is not followed (a kernel on a server that shares the workspace could
+/// have planted it), while the same link is followed for the user's own local kernel.
+#[tokio::test(flavor = "multi_thread")]
+async fn remote_kernels_reach_servers_registered_for_their_pythonpath() {
+    require!(TestEnv);
+    let server = JupyterServer::start(Kind::KernelGateway);
+    let (ws, tools) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    ipybox::generate_mcp_sources_with(
+        "fx",
+        &fixture_stdio_params("stdio"),
+        tools.path(),
+        &process_env(),
+        ipybox::tools::DEFAULT_CONNECT_TIMEOUT,
+        ipybox::apigen::ApiStyle::Sync,
+    )
+    .await
+    .expect("registration");
+    let call = "from ipybox_runtime import ToolRunner, ToolError\ntry:\n    print(ToolRunner('fx', {}).run('greet', {'name': 'there'}))\nexcept ToolError as e:\n    print(str(e).splitlines()[0])";
+    let ex = builder(ws.path(), &server)
+        .without_spare_kernel()
+        .kernel_env([("PYTHONPATH", tools.path().display().to_string())])
+        .build();
+    ex.start().await.unwrap();
+    assert_eq!(
+        run(
+            &ex,
+            "from fx import add\nprint(add.run(add.Params(a=2, b=3)).sum)"
+        )
+        .await,
+        "5"
+    );
+    ex.stop().await;
+    // `lib -> <tools>` in the workspace, with `lib` on the kernel's path.
+    std::os::unix::fs::symlink(tools.path(), ws.path().join("lib")).unwrap();
+    let via_link = [("PYTHONPATH", "lib")];
+    let ex = builder(ws.path(), &server)
+        .without_spare_kernel()
+        .kernel_env(via_link)
+        .build();
+    ex.start().await.unwrap();
+    assert_eq!(
+        run(&ex, call).await,
+        "MCP server `fx` is not registered for any directory this kernel imports from: kernel code can only call servers the host registered, with the params recorded then"
+    );
+    ex.stop().await;
+    let own = CodeExecutor::builder()
+        .workspace(ws.path())
+        .kernel_env(via_link)
+        .without_spare_kernel()
+        .build();
+    own.start().await.unwrap();
+    assert_eq!(run(&own, call).await, "Hello, there!", "the control");
+    own.stop().await;
+    server.assert_empty("after stop").await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn shell_approval_on_a_remote_kernel() {
     require!(TestEnv);

@@ -637,11 +637,67 @@ print(ToolRunner("fx", evil).run("greet", {{"name": "still the fixture"}}))
     let out = run(&ex, &code).await;
     assert_eq!(
         out,
-        "MCP server `evil` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\nHello, still the fixture!"
+        "MCP server `evil` is not registered for any directory this kernel imports from: kernel code can only call servers the host registered, with the params recorded then\nHello, still the fixture!"
     );
     assert!(
         !marker.exists(),
         "the host ran a command chosen by sandboxed code"
     );
     stop_and_check(ex, ws).await;
+}
+
+/// A sandboxed kernel cannot widen the directories its tool calls are judged by (issue 28): they
+/// come from the executor's configuration (workspace, `kernel_env`'s `PYTHONPATH`), so editing
+/// `sys.path` or writing a `.pth` changes nothing, and a link in the workspace (planted by an
+/// earlier kernel: `lib -> <another project>`) is not followed. The control: the user's own
+/// unsandboxed kernel with the same configuration follows the link and reaches the server, so
+/// it is the link alone that the sandboxed kernel is denied.
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxed_code_cannot_widen_its_import_roots() {
+    require!(SandboxDeps, TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let ws = ws.path().canonicalize().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let other = other.path().canonicalize().unwrap();
+    // Another project's tools, registered by the host for `<other>/tools` (reached from
+    // `<other>` or `<other>/tools`).
+    ipybox::generate_mcp_sources_with(
+        "fx",
+        &fixture_stdio_params("stdio"),
+        &other.join("tools"),
+        &process_env(),
+        ipybox::tools::DEFAULT_CONNECT_TIMEOUT,
+        ipybox::apigen::ApiStyle::Sync,
+    )
+    .await
+    .expect("registration");
+    std::os::unix::fs::symlink(&other, ws.join("lib")).unwrap();
+    let pythonpath = [("PYTHONPATH", ws.join("lib").display().to_string())];
+    let call = "from ipybox_runtime import ToolRunner, ToolError\ntry:\n    print(ToolRunner('fx', {}).run('greet', {'name': 'other'}))\nexcept ToolError as e:\n    print(str(e).splitlines()[0])";
+
+    let own = CodeExecutor::builder()
+        .workspace(&ws)
+        .kernel_env(pythonpath.clone())
+        .without_spare_kernel()
+        .build();
+    own.start().await.unwrap();
+    assert_eq!(run(&own, call).await, "Hello, other!", "the control");
+    own.stop().await;
+
+    let ex = CodeExecutor::builder()
+        .workspace(&ws)
+        .kernel_env(pythonpath)
+        .sandbox(options(None))
+        .without_spare_kernel()
+        .build();
+    ex.start().await.expect("sandboxed executor starts");
+    let widen = format!(
+        "import sys, site\nsys.path[0:0] = [{o:?}, {t:?}]\nopen('widen.pth', 'w').write({o:?} + '\\n')\nsite.addsitedir('.')\n",
+        o = other.display().to_string(),
+        t = other.join("tools").display().to_string()
+    );
+    let refused = "MCP server `fx` is not registered for any directory this kernel imports from: kernel code can only call servers the host registered, with the params recorded then";
+    assert_eq!(run(&ex, call).await, refused);
+    assert_eq!(run(&ex, &format!("{widen}{call}")).await, refused);
+    stop_and_check(ex, &ws).await;
 }

@@ -482,7 +482,7 @@ print(ToolRunner("fx", {{"url": "http://127.0.0.1:9/${{HOME}}"}}).run("get_env",
     );
     assert_eq!(
         run(ex, &code).await,
-        "MCP server `evil` is not registered with this ipybox for this workspace: kernel code can only call servers the host registered, with the params recorded then\nregistered\nregistered",
+        "MCP server `evil` is not registered for any directory this kernel imports from: kernel code can only call servers the host registered, with the params recorded then\nregistered\nregistered",
         "{what}"
     );
     assert!(

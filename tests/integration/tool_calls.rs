@@ -583,7 +583,7 @@ async fn kernels_reach_only_servers_registered_for_their_workspace() {
         .unwrap_err();
     assert!(
         err.error_text().contains(
-            "ToolError: MCP server `fx` is not registered with this ipybox for this workspace"
+            "ToolError: MCP server `fx` is not registered for any directory this kernel imports from"
         ),
         "{}",
         err.error_text()

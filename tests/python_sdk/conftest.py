@@ -26,9 +26,9 @@ def pytest_report_header(config):
 
 
 def generate_fixture_api(directory: Path) -> Path:
-    """`directory/mcptools/fixture`, generated (and, with ipybox-rs, registered for `directory`:
-    kernels only call servers registered for their workspace, so generated code is not copied
-    between workspaces)."""
+    """`directory/mcptools/fixture`, generated (and, with ipybox-rs, registered for
+    `directory/mcptools`: kernels only call servers registered for a directory they import from,
+    so generated code is not copied between workspaces)."""
     from ipybox import generate_mcp_sources
 
     root = directory / "mcptools"

@@ -20,13 +20,19 @@ async def generate_mcp_sources(
     model (or `str` for tools without an output schema) and `run()`. An existing package of
     that name is replaced.
 
+    The server is also registered on this host for `root_dir`: code in a kernel whose executor
+    imports from `root_dir` (`from server_name import ...`, with `root_dir` on `kernel_env`'s
+    `PYTHONPATH`) or from its parent (`from mcptools.server_name import ...` for
+    `root_dir=Path("mcptools")` in the working directory) may call it, with these params.
+
     Args:
         server_name: Name of the generated package (a Python identifier); also how the
             generated code names the server when it calls it.
         server_params: Connection parameters: `command`, `args`, `env` (and `cwd`) for stdio
             servers; `url` and `headers` (and `type`: `streamable_http` or `sse`) for HTTP
             servers. `${VAR}` placeholders are replaced from the environment.
-        root_dir: Parent directory of the generated package.
+        root_dir: Parent directory of the generated package (relative: from the current
+            directory).
         async_api: Generate `async def run(...)` functions, awaited from (async) kernel code;
             many calls can be in flight at once with `asyncio.gather`.
 

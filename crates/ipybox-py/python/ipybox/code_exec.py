@@ -121,7 +121,10 @@ class CodeExecutor:
                 `http[s]://host:port[/base][?token=${VAR}&kernel=NAME]`. Tool calls travel
                 over the kernel's Jupyter connection, so the server needs no route back here.
             kernel_env: Environment variables for the kernel, which otherwise inherits only a
-                minimal base environment (PATH, HOME, locale, ...), no secrets.
+                minimal base environment (PATH, HOME, locale, ...), no secrets. The entries of
+                its `PYTHONPATH` are, with the working directory, where the kernel's tool calls
+                are judged from: servers generated into one of them, or into a directory in
+                one, are callable.
             working_dir: The kernel's working directory. If set, the kernel is changed back to
                 it after every execution that left it (the output says so). If `None`, the
                 current directory, and `cd`s persist.
