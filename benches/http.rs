@@ -14,6 +14,10 @@
 //! session, `print(1)` p50/p99 at 1 and 32 clients. `cargo bench --bench http -- confinement`
 //! runs that part alone.
 //!
+//! Then density: PSS per additional active session (1, 8, 32) with the shared kernel template
+//! (the default) against a bubblewrap per kernel (`--no-kernel-factory`); `cargo bench --bench http
+//! -- density` runs that part alone.
+//!
 //! Needs `bash scripts/test-env.sh` (fixture server, Enterprise Gateway).
 
 // It starts ipybox, the fixture and the gateway itself, not host children of ipybox.
@@ -363,12 +367,65 @@ async fn confinement(ws: &Path) {
     }
 }
 
+/// Density (docs/http.md, "One kernel template for the service"): the PSS one more active
+/// session costs (ipybox's process tree after `n` more sessions, each with a small namespace,
+/// less before them, over `n`) with the shared kernel template (the default) and with a
+/// bubblewrap per kernel (`--no-kernel-factory`), for 1, 8 and 32 sessions; and the tree's PSS
+/// with one session (ipybox, that session's kernel, the warm kernel and, shared, the template).
+async fn density(ws: &Path) {
+    println!(
+        "\n## Density: PSS per additional active session, shared template vs a bubblewrap per kernel\n\n| mode | the service with one session | +1 session | +8 sessions (each) | +32 sessions (each) |\n|---|---|---|---|---|"
+    );
+    const SETUP: &str = "x = list(range(1000))";
+    for (label, flags) in [
+        ("shared template (default)", &["--warm-sessions", "1"][..]),
+        (
+            "bubblewrap per kernel (`--no-kernel-factory`)",
+            &["--warm-sessions", "1", "--no-kernel-factory"][..],
+        ),
+    ] {
+        let mut cells = Vec::new();
+        let mut base = 0.0;
+        for n in [1, 8, 32] {
+            let service = Service::start(ws, flags, &[]);
+            let (pid, url) = (service.child.id(), service.url());
+            let tree_pss = || {
+                let mut pids = proc_tree::descendants(pid);
+                pids.push(pid);
+                common::pss_rss(&pids).0 as f64 / 1024.0
+            };
+            // The first session starts what every session shares (the template).
+            let first = session(&url, SETUP).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            base = tree_pss();
+            let mut sessions = vec![first];
+            while sessions.len() < n + 1 {
+                let batch = (n + 1 - sessions.len()).min(4);
+                sessions.extend(
+                    futures::future::join_all((0..batch).map(|_| session(&url, SETUP))).await,
+                );
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            cells.push(format!("{:.1} MB", (tree_pss() - base) / n as f64));
+            for (c, _) in sessions {
+                let _ = c.cancel().await;
+            }
+        }
+        println!("| {label} | {base:.0} MB | {} |", cells.join(" | "));
+    }
+}
+
 const HEADER: &str = "| clients | cell | calls/s (total) | p50 | p99 | memory per session |\n|---|---|---|---|---|---|";
 
 fn main() {
     let only_confinement = std::env::args().any(|a| a == "confinement");
+    let only_density = std::env::args().any(|a| a == "density");
     common::run(|| async move {
         let ws = tempfile::tempdir().unwrap();
+        if only_density {
+            density(ws.path()).await;
+            return;
+        }
         if only_confinement {
             confinement(ws.path()).await;
             return;
@@ -401,6 +458,7 @@ fn main() {
             );
         }
         confinement(ws.path()).await;
+        density(ws.path()).await;
 
         let eg = JupyterServer::start(Kind::EnterpriseGateway);
         println!(

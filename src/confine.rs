@@ -74,9 +74,9 @@ pub fn find_bwrap(explicit: Option<&Path>, host: &HostEnv) -> Result<PathBuf, Co
     }
 }
 
-/// The namespace and process flags of every confined kernel.
-fn base_flags() -> Vec<String> {
-    let mut flags: Vec<String> = [
+/// The namespace and process flags of every confined kernel and of the shared template.
+fn namespace_flags() -> Vec<String> {
+    [
         "--die-with-parent",
         "--new-session",
         "--unshare-pid",
@@ -84,7 +84,12 @@ fn base_flags() -> Vec<String> {
         "--unshare-uts",
     ]
     .map(String::from)
-    .into();
+    .into()
+}
+
+/// [`namespace_flags`], and no capabilities: every confined kernel's.
+fn base_flags() -> Vec<String> {
+    let mut flags = namespace_flags();
     // As root bwrap keeps every capability unless told (the kernel could remount `/`
     // read-write or unmount what hides other sessions); as another user it runs in a user
     // namespace of its own and drops them itself.
@@ -136,26 +141,30 @@ pub async fn probe(bwrap: &Path) -> Result<(), ConfineError> {
     })
 }
 
-/// Where a confined kernel's directories are on the host.
+/// Where a confined kernel's directories are on the host, and what it is shown of them.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {
-    /// The executor's runtime directory (read-only inside).
-    pub(crate) runtime_dir: PathBuf,
-    /// Its kernel-writable part (`box/`).
-    pub(crate) kernel_writable: PathBuf,
-    /// The working directory (`<runtime>/work`, writable).
-    pub(crate) work: PathBuf,
-    /// The shared workspace (read-only).
-    pub(crate) workspace: PathBuf,
-    /// Directories the interpreter needs (read-only).
-    pub(crate) python_dirs: Vec<PathBuf>,
+    /// Shown read-only: the shared workspace, the directories the interpreter needs, the
+    /// resolver's configuration, the executor's runtime directory (in this order).
+    read_only: Vec<PathBuf>,
+    /// Shown writable: the runtime directory's kernel-writable part (`box/`) and the working
+    /// directory (`<runtime>/work`); for the shared template, the directory of runtime
+    /// directories.
+    writable: Vec<PathBuf>,
     /// Directories emptied: where runtime directories live, temp directories, `$HOME`, ipybox's
     /// data directory, `/run`.
-    pub(crate) emptied: Vec<PathBuf>,
-    /// Shown read-only again inside an emptied directory (the resolver's configuration).
-    pub(crate) shown: Vec<PathBuf>,
+    emptied: Vec<PathBuf>,
     /// The caller's hidden paths.
-    pub(crate) hidden: Vec<PathBuf>,
+    hidden: Vec<PathBuf>,
+}
+
+/// How one path of a [`Layout`] is mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Mount {
+    Empty,
+    EmptyFile,
+    ReadOnly,
+    Writable,
 }
 
 impl Layout {
@@ -168,6 +177,28 @@ impl Layout {
         python: &Path,
         confinement: &Confinement,
     ) -> Self {
+        let mut layout = Self::common(host, workspace, python, confinement);
+        layout.read_only.push(runtime_dir.to_path_buf());
+        layout.writable = vec![kernel_writable.to_path_buf(), runtime_dir.join(WORK_DIR)];
+        layout
+    }
+
+    /// The view of the kernel factory's template shared by several executors
+    /// ([`template_wrapper`]): what every kernel sees, and `shared_dir`, the directory that
+    /// holds their runtime directories (and the factory's socket), writable.
+    pub(crate) fn for_template(
+        host: &HostEnv,
+        shared_dir: &Path,
+        workspace: &Path,
+        python: &Path,
+        confinement: &Confinement,
+    ) -> Self {
+        let mut layout = Self::common(host, workspace, python, confinement);
+        layout.writable = vec![shared_dir.to_path_buf()];
+        layout
+    }
+
+    fn common(host: &HostEnv, workspace: &Path, python: &Path, confinement: &Confinement) -> Self {
         let mut emptied = vec![
             crate::kernel::runtime_dir::RuntimeDir::base_dir(host),
             crate::kernel::runtime_dir::temp_dir(host),
@@ -181,36 +212,34 @@ impl Layout {
         emptied.extend(host.get("HOME").map(PathBuf::from));
         emptied.extend(host.data_dir());
         emptied.retain(|p| p.is_absolute() && p.components().count() > 1);
+        let mut read_only = vec![workspace.to_path_buf()];
+        read_only.extend(crate::sandbox::wrap::python_dirs(python, host));
         // The resolver's configuration may be a link into /run (systemd-resolved).
-        let shown = std::fs::canonicalize("/etc/resolv.conf")
-            .ok()
-            .filter(|p| p.starts_with("/run"))
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-            .into_iter()
-            .collect();
+        read_only.extend(
+            std::fs::canonicalize("/etc/resolv.conf")
+                .ok()
+                .filter(|p| p.starts_with("/run"))
+                .and_then(|p| p.parent().map(Path::to_path_buf)),
+        );
         Self {
-            runtime_dir: runtime_dir.to_path_buf(),
-            kernel_writable: kernel_writable.to_path_buf(),
-            work: runtime_dir.join(WORK_DIR),
-            workspace: workspace.to_path_buf(),
-            python_dirs: crate::sandbox::wrap::python_dirs(python, host),
+            read_only,
+            writable: Vec::new(),
             emptied,
-            shown,
             hidden: confinement.hidden.clone(),
         }
     }
 
-    /// bwrap's mount arguments: `/` read-only, then each path's mount, shallower paths first
-    /// (so a deeper one is mounted inside: the workspace inside an emptied `/tmp`, `box/` inside
-    /// the read-only runtime directory), and at one depth in this order: emptied, hidden,
-    /// read-only, writable.
-    pub(crate) fn mount_args(&self) -> Vec<String> {
-        enum Mount {
-            Empty,
-            EmptyFile,
-            ReadOnly,
-            Writable,
-        }
+    /// Shows `dir` read-only too (for a forked kernel: the template's copy of ipybox's
+    /// kernel-side Python, which its preloaded modules come from).
+    pub(crate) fn show_read_only(mut self, dir: PathBuf) -> Self {
+        self.read_only.push(dir);
+        self
+    }
+
+    /// Every mount, shallower paths first (so a deeper one is mounted inside: the workspace
+    /// inside an emptied `/tmp`, `box/` inside the read-only runtime directory), and at one
+    /// depth in this order: emptied, hidden, read-only, writable. Each (path, kind) once.
+    fn mounts(&self) -> Vec<(PathBuf, Mount)> {
         let mut mounts: Vec<(PathBuf, Mount)> = Vec::new();
         for dir in &self.emptied {
             mounts.push((dir.clone(), Mount::Empty));
@@ -222,26 +251,26 @@ impl Layout {
                 Err(_) => {}
             }
         }
-        let read_only = std::iter::once(&self.workspace)
-            .chain(&self.python_dirs)
-            .chain(&self.shown)
-            .chain(std::iter::once(&self.runtime_dir));
-        for dir in read_only {
+        for dir in &self.read_only {
             mounts.push((dir.clone(), Mount::ReadOnly));
         }
-        mounts.push((self.kernel_writable.clone(), Mount::Writable));
-        mounts.push((self.work.clone(), Mount::Writable));
+        for dir in &self.writable {
+            mounts.push((dir.clone(), Mount::Writable));
+        }
         // Stable: at one depth the order above holds.
         mounts.sort_by_key(|(path, _)| path.components().count());
+        let mut seen = std::collections::HashSet::new();
+        mounts.retain(|(path, mount)| seen.insert((path.clone(), *mount)));
+        mounts
+    }
+
+    /// bwrap's mount arguments: `/` read-only, a `/dev` and a `/proc`, then [`Self::mounts`].
+    pub(crate) fn mount_args(&self) -> Vec<String> {
         let mut args: Vec<String> = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
             .map(String::from)
             .into();
-        let mut seen = std::collections::HashSet::new();
-        for (path, mount) in mounts {
+        for (path, mount) in self.mounts() {
             let p = path.display().to_string();
-            if !seen.insert((p.clone(), std::mem::discriminant(&mount))) {
-                continue;
-            }
             match mount {
                 Mount::Empty => args.extend(["--tmpfs".into(), p]),
                 Mount::EmptyFile => args.extend(["--ro-bind".into(), "/dev/null".into(), p]),
@@ -251,6 +280,27 @@ impl Layout {
         }
         args
     }
+
+    /// What a kernel forked from the shared template does to see this layout, starting from the
+    /// template's view (`python/ipybox_runtime/confine_child.py` reads it): [`Self::mounts`] as
+    /// `[kind, path]` pairs, kinds `tmpfs`, `file`, `ro`, `rw`. Every path it binds back is in
+    /// the template's view, where it is the same path.
+    pub(crate) fn fork_plan(&self) -> serde_json::Value {
+        let mounts: Vec<serde_json::Value> = self
+            .mounts()
+            .into_iter()
+            .map(|(path, mount)| {
+                let kind = match mount {
+                    Mount::Empty => "tmpfs",
+                    Mount::EmptyFile => "file",
+                    Mount::ReadOnly => "ro",
+                    Mount::Writable => "rw",
+                };
+                serde_json::json!([kind, path.display().to_string()])
+            })
+            .collect();
+        serde_json::json!({ "mounts": mounts })
+    }
 }
 
 /// The wrapper that runs a kernel command (or the kernel factory's template) inside bwrap with
@@ -259,6 +309,27 @@ impl Layout {
 pub(crate) fn wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
     let mut prefix = vec![bwrap.display().to_string()];
     prefix.extend(base_flags());
+    wrap_with(prefix, layout)
+}
+
+/// The wrapper of the kernel factory's template shared by several confined executors
+/// ([`Layout::for_template`]): the namespaces and view of every confined kernel, but with
+/// `CAP_SYS_ADMIN` (to make each forked kernel's namespaces and mounts) and `CAP_SETPCAP` (to
+/// empty its capability bounding set) kept: as root only those two, otherwise in bubblewrap's
+/// user namespace. The template runs no code but ipybox's; each kernel drops both before any
+/// other code runs (`python/ipybox_runtime/confine_child.py`).
+pub(crate) fn template_wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
+    let mut prefix = vec![bwrap.display().to_string()];
+    prefix.extend(namespace_flags());
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        prefix.extend(["--cap-drop", "ALL"].map(String::from));
+    }
+    prefix.extend(["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"].map(String::from));
+    wrap_with(prefix, layout)
+}
+
+fn wrap_with(prefix: Vec<String>, layout: Layout) -> CommandWrapper {
     let layout = Arc::new(layout);
     CommandWrapper(Arc::new(move |cmd: ChildCommand| {
         let mut argv = prefix.clone();
@@ -280,13 +351,16 @@ mod tests {
 
     fn layout(emptied: &[&str], workspace: &str, runtime: &str) -> Layout {
         Layout {
-            runtime_dir: runtime.into(),
-            kernel_writable: Path::new(runtime).join("box"),
-            work: Path::new(runtime).join("work"),
-            workspace: workspace.into(),
-            python_dirs: vec!["/home/u/.local/share/ipybox/kernel-env".into()],
+            read_only: vec![
+                workspace.into(),
+                "/home/u/.local/share/ipybox/kernel-env".into(),
+                runtime.into(),
+            ],
+            writable: vec![
+                Path::new(runtime).join("box"),
+                Path::new(runtime).join("work"),
+            ],
             emptied: emptied.iter().map(PathBuf::from).collect(),
-            shown: vec![],
             hidden: vec![],
         }
     }

@@ -34,7 +34,8 @@ use crate::kernel::gateway::Gateway;
 use crate::kernel::gateway::ledger::Ledger;
 use crate::kernel::runtime_dir::RuntimeDir;
 use crate::kernel::{
-    Backend, ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, ShellApproval,
+    Backend, ExecEvent, ExecutionOutput, KernelConfig, KernelError, KernelPool, SharedFactoryError,
+    SharedFork, SharedKernelFactory, ShellApproval,
 };
 use crate::notebook::{CellRecord, Ending, Notebook, NotebookConfig, Section};
 use crate::pause::TimeoutPause;
@@ -48,7 +49,7 @@ use crate::tools::registry::{ImportRoots, Reach, Registry};
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{
     ApprovalPolicy, ApprovalRequest, CallLog, DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT,
-    SessionCache,
+    SessionCache, SharedMcpServers,
 };
 
 /// Ready kernels kept for resets and restarts unless [`CodeExecutorBuilder::spare_kernels`] says
@@ -147,6 +148,8 @@ pub struct CodeExecutorBuilder {
     kernel_gateway: Option<GatewayUrl>,
     attach_kernel: Option<String>,
     kernel_factory: Option<bool>,
+    shared_kernel_factory: Option<SharedKernelFactory>,
+    shared_mcp_servers: Option<SharedMcpServers>,
     host_env: Option<HostEnv>,
     progress: Option<ProgressSink>,
     output: crate::kernel::OutputLimits,
@@ -345,6 +348,32 @@ impl CodeExecutorBuilder {
     /// fails falls back to plain launches by itself, with a log line. See docs/kernel.md.
     pub fn kernel_factory(mut self, on: bool) -> Self {
         self.kernel_factory = Some(on);
+        self
+    }
+
+    /// Forks this executor's kernels from one template process shared with every executor
+    /// built with a clone of `factory` (the sessions of `ipybox serve --http`), instead of a
+    /// template of its own: a session's kernel then costs little more than its own objects.
+    /// With [`Self::confine`] the template runs in a bubblewrap that gives every kernel's common
+    /// view, and each kernel it forks makes its own (namespaces, mounts, no capabilities) before
+    /// any other code runs; without it each kernel only gets its executor's environment and
+    /// working directory. Used when the kernel factory is (see [`Self::kernel_factory`]); ignored
+    /// with [`Self::sandbox`] (srt's sandbox is per executor) and [`Self::kernel_gateway`]. A
+    /// kernel whose fork fails is launched as without it (confined in a bubblewrap of its own,
+    /// when confined), with a log line. See docs/kernel.md.
+    pub fn shared_kernel_factory(mut self, factory: SharedKernelFactory) -> Self {
+        self.shared_kernel_factory = Some(factory);
+        self
+    }
+
+    /// The stdio MCP servers this executor's kernels call are shared with every executor built
+    /// with a clone of `servers`: one process per registered server (and params) for all of them,
+    /// started on the first call of any, instead of one per executor. Approvals stay per
+    /// executor (they happen before a call reaches the server); this executor's `reset()` and
+    /// `stop()` do not close a shared server ([`SharedMcpServers::close_all`] does). Servers over
+    /// HTTP or SSE stay per executor.
+    pub fn shared_mcp_servers(mut self, servers: SharedMcpServers) -> Self {
+        self.shared_mcp_servers = Some(servers);
         self
     }
 
@@ -646,13 +675,23 @@ impl CodeExecutor {
             Some(_) => PathBuf::new(),
             None => self.local_python().await?,
         };
-        let runtime =
-            Arc::new(
-                RuntimeDir::create(self.host_env()).map_err(|source| ExecutorError::Io {
-                    path: RuntimeDir::base_dir(self.host_env()),
-                    source,
-                })?,
-            );
+        // One template for many executors: this executor's runtime directory lives in the
+        // shared factory's directory (what the template's view shows).
+        let shared = match &b.shared_kernel_factory {
+            Some(handle) if gateway.is_none() && b.sandbox.is_none() && self.factory_wanted() => {
+                Some(self.start_shared(handle, &python, &workspace, bwrap.as_deref())?)
+            }
+            _ => None,
+        };
+        let runtime = match &shared {
+            Some(shared) => RuntimeDir::create_in(shared.dir()),
+            None => RuntimeDir::create(self.host_env()),
+        }
+        .map_err(|source| ExecutorError::Io {
+            path: RuntimeDir::base_dir(self.host_env()),
+            source,
+        })?;
+        let runtime = Arc::new(runtime);
         if gateway.is_none() {
             let _ = self.inner.python.set(python.clone());
         }
@@ -671,7 +710,13 @@ impl CodeExecutor {
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
             Reach::new(self.registry()?, roots),
         )
-        .with_text_limit(b.approval_text_limit);
+        .with_text_limit(b.approval_text_limit)
+        .with_shared_servers(b.shared_mcp_servers.as_ref().map(|shared| {
+            shared.cache(
+                self.tool_env(),
+                b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            )
+        }));
         let socket = runtime.path().join("tools.sock");
         let tools = ToolServer::start(&socket, Arc::new(tool_state)).map_err(|source| {
             ExecutorError::Io {
@@ -792,8 +837,19 @@ impl CodeExecutor {
                 &config.python,
                 confinement,
             );
+            if let Some(shared) = &shared {
+                // A forked kernel binds ipybox's kernel-side Python back from the template's
+                // copy: its preloaded modules came from there.
+                let plan = layout
+                    .clone()
+                    .show_read_only(shared.dir().join("python"))
+                    .fork_plan();
+                config.shared = Some(SharedFork::new(shared, Some(plan)));
+            }
             config.wrapper = Some(crate::confine::wrapper(bwrap, layout));
             config.cwd = Some(work);
+        } else if let Some(shared) = &shared {
+            config.shared = Some(SharedFork::new(shared, None));
         }
         let spares = b.spare_kernels.unwrap_or(DEFAULT_SPARE_KERNELS);
         let pool = KernelPool::start(
@@ -821,6 +877,46 @@ impl CodeExecutor {
             notebook.section(Section::Restarted);
         }
         Ok(())
+    }
+
+    /// The shared kernel factory `handle`, started now by this executor if it is the first:
+    /// its template gets this executor's interpreter, kernel environment and workspace, its
+    /// own copy of ipybox's kernel-side Python, and, confined, the base bubblewrap.
+    fn start_shared(
+        &self,
+        handle: &SharedKernelFactory,
+        python: &Path,
+        workspace: &Path,
+        bwrap: Option<&Path>,
+    ) -> Result<Arc<crate::kernel::StartedFactory>, ExecutorError> {
+        let b = &self.inner.builder;
+        let host = self.host_env();
+        let template = |dir: &Path| {
+            let python_dir = dir.join("python");
+            extract(&crate::kernel::RUNTIME, &python_dir)?;
+            let mut config =
+                KernelConfig::new(python.to_path_buf(), workspace.to_path_buf(), host.clone());
+            config.python_path = vec![python_dir];
+            config.env = b.kernel_env.clone();
+            config.cwd = Some(dir.to_path_buf());
+            if let Some(timeout) = b.kernel_start_timeout {
+                config.start_timeout = timeout;
+            }
+            if let (Some(confinement), Some(bwrap)) = (&b.confinement, bwrap) {
+                let layout =
+                    crate::confine::Layout::for_template(host, dir, workspace, python, confinement);
+                config.wrapper = Some(crate::confine::template_wrapper(bwrap, layout));
+            }
+            Ok(config)
+        };
+        handle.get_or_start(host, template).map_err(|e| match e {
+            SharedFactoryError::Io { path, source } => ExecutorError::Io { path, source },
+            SharedFactoryError::Shut => KernelError::Start {
+                reason: "the shared kernel factory was shut down".into(),
+                help: "start executors before shutting down the factory they share".into(),
+            }
+            .into(),
+        })
     }
 
     /// Whether kernels come from the kernel factory: the builder's choice, else

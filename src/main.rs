@@ -266,6 +266,11 @@ struct HttpArgs {
     /// its own (docs/http.md). Not needed with --kernel-gateway; --sandbox confines its own way.
     #[arg(long, requires = "http")]
     unconfined_sessions: bool,
+    /// Give every session stdio MCP server processes of its own (closed on its reset and
+    /// close), instead of one process per registered server shared by every session of the
+    /// service (a server's state, e.g. server-memory's graph, is then per session).
+    #[arg(long, requires = "http")]
+    per_session_mcp_servers: bool,
     /// On SIGTERM/SIGINT, how long running calls may take to finish before their cells are
     /// cancelled and every kernel stopped (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "http")]
@@ -534,11 +539,14 @@ async fn serve(
         ),
         (None, false) => Some(workspace.join("notebooks")),
     };
-    // Over HTTP every session is its own executor, and a kernel factory template per session
-    // would cost more memory (~15 MB PSS each) than it saves: sessions launch plain kernels
-    // unless IPYBOX_KERNEL_FACTORY says otherwise (docs/http.md).
-    let http_default_plain = http.is_some() && std::env::var_os("IPYBOX_KERNEL_FACTORY").is_none();
-    if args.no_kernel_factory || http_default_plain {
+    // Over HTTP every session is its own executor. Local kernels (the default) are forked from
+    // one template shared by the service's sessions; with --sandbox each session has an srt
+    // sandbox of its own, and a template per session would cost more memory (~15 MB PSS each)
+    // than it saves: those sessions launch plain kernels unless IPYBOX_KERNEL_FACTORY says
+    // otherwise (docs/http.md).
+    let http_sandbox_plain =
+        http.is_some() && args.sandbox && std::env::var_os("IPYBOX_KERNEL_FACTORY").is_none();
+    if args.no_kernel_factory || http_sandbox_plain {
         builder = builder.kernel_factory(false);
     }
     if args.sandbox {
@@ -608,9 +616,21 @@ async fn serve(
                     "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
                 );
             }
+            let shared_servers =
+                (!http.per_session_mcp_servers).then(ipybox::tools::SharedMcpServers::new);
+            if let Some(servers) = &shared_servers {
+                builder = builder.shared_mcp_servers(servers.clone());
+            }
+            // Used (by the builder) only for local kernels with the kernel factory on.
+            let shared_factory = (!gateway && !args.sandbox && !args.no_kernel_factory)
+                .then(ipybox::kernel::SharedKernelFactory::new);
+            if let Some(factory) = &shared_factory {
+                builder = builder.shared_kernel_factory(factory.clone());
+            }
             let options = http_options(http, secrets, gateway, confined).await?;
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone())
-                .with_notebooks(notebooks);
+                .with_notebooks(notebooks)
+                .shared(shared_factory, shared_servers);
             http::serve_http(options, config, factory).await?;
         }
     }

@@ -12,6 +12,9 @@ After its imports it connects to the host's factory socket ``SOCKET`` and says
 EOF (the host is gone) it kills the kernels it forked that still run, and exits.
 
     host:     {"op": "fork", "id": ID, "argv": [kernel app arguments], "cwd": DIR}
+              (a template shared by several executors also gets "env": {the kernel's
+              environment} and, for confined executors, "confine": PLAN: the child confines
+              itself first, see ``confine_child`` and ``_become_confined_kernel``)
               {"op": "kill", "id": ID}                     (a kernel the host gave up on before
                                                             it connected, with its process group,
                                                             if not reaped yet)
@@ -230,6 +233,8 @@ class _Template:
             self.send({"op": "refused", "id": kid, "reason": f"fork failed: {e}"})
             return
         if pid == 0:
+            if req.get("confine"):
+                _become_confined_kernel(self, req)  # never returns
             _become_kernel(self, req)  # never returns
         self.children[pid] = kid
         self.send({"op": "forked", "id": kid, "pid": pid})
@@ -283,7 +288,7 @@ def _become_kernel(template: _Template, req: dict) -> None:
         for fd in template.wake:
             os.close(fd)
         os.environ.clear()
-        os.environ.update(template.env)
+        os.environ.update(_kernel_env(template, req))
         os.chdir(req["cwd"])
         _fresh_state()
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -291,6 +296,105 @@ def _become_kernel(template: _Template, req: dict) -> None:
         conn.connect(template.socket_path)
         conn.sendall(f"{_HELLO} {req['id']}\n".encode())
         conn.settimeout(None)
+        fd = conn.detach()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, 0)
+        os.dup2(null, 1)
+        os.dup2(fd, 2)
+        for extra in (fd, null):
+            if extra > 2:
+                os.close(extra)
+        _close_inherited()
+        sys.argv = ["-c", *req["argv"]]
+        threading.Thread(target=_watch_host, name="ipybox-parent-watch", daemon=True).start()
+        from ipykernel import kernelapp
+
+        try:
+            kernelapp.launch_new_instance()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(70)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _kernel_env(template: _Template, req: dict) -> dict:
+    """The kernel's environment: the request's (a template shared by several executors gets each
+    kernel's own), else the one the template started with."""
+    env = req.get("env")
+    if isinstance(env, dict):
+        return {str(k): str(v) for k, v in env.items()}
+    return template.env
+
+
+def _become_confined_kernel(template: _Template, req: dict) -> None:
+    """The forked child of a template shared by confined executors (``req["confine"]``, see
+    ``confine_child``). This process connects to ``SOCKET`` and greets as any forked kernel does
+    (its pid is the one the host learns and its process group the one the host kills), then
+    makes the kernel's namespaces and view, forks the namespace's pid 1, which forks the kernel
+    (pid 2, no capabilities), and stays outside the namespace: it waits for pid 1 and ends as
+    the kernel ended. The connection is made before the view changes (the factory socket is not
+    in the kernel's view). Never returns."""
+    try:
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        template.chan.close()
+        for fd in template.wake:
+            os.close(fd)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(30)
+        conn.connect(template.socket_path)
+        conn.sendall(f"{_HELLO} {req['id']}\n".encode())
+        conn.settimeout(None)
+        # What goes wrong from here on is in the host's tail of this kernel's stderr.
+        os.dup2(conn.fileno(), 2)
+        from ipybox_runtime import confine_child
+
+        confine_child.enter(req["confine"])
+        report_r, report_w = os.pipe()
+        init = confine_child.become_init(report_w)
+    except BaseException:
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        finally:
+            os._exit(70)
+    if init == 0:
+        os.close(report_r)
+        _run_confined_kernel(template, req, conn)  # never returns
+    try:
+        os.close(report_w)
+        conn.close()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+        confine_child.drop_capabilities()
+    except BaseException:
+        pass  # outside the kernel's namespaces: nothing the kernel can reach
+    confine_child.exit_like(report_r, init)
+
+
+def _run_confined_kernel(template: _Template, req: dict, conn: socket.socket) -> None:
+    """The confined kernel process (pid 2 of its namespace): what ``_become_kernel`` does once
+    its connection is made. Never returns."""
+    code = 0
+    try:
+        os.environ.clear()
+        os.environ.update(_kernel_env(template, req))
+        os.chdir(req["cwd"])
+        _fresh_state()
         fd = conn.detach()
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(fd, 0)

@@ -23,6 +23,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use ipybox::CodeExecutor;
 use ipybox::executor::{CodeExecutorBuilder, ExecutorError};
+use ipybox::kernel::SharedKernelFactory;
+use ipybox::tools::SharedMcpServers;
 use tokio::sync::mpsc;
 
 use super::super::mcp_server::session::{Caller, KernelSession, SessionSource};
@@ -56,6 +58,10 @@ pub(crate) struct ExecutorFactory {
     workspace: std::path::PathBuf,
     /// Where sessions' notebooks go (host-side, private); `None`: not recorded.
     notebooks: Option<std::path::PathBuf>,
+    /// The kernel template every session's kernels are forked from, if `builder` shares one.
+    shared_factory: Option<SharedKernelFactory>,
+    /// The stdio MCP servers every session calls, if `builder` shares them.
+    shared_servers: Option<SharedMcpServers>,
 }
 
 impl ExecutorFactory {
@@ -66,6 +72,8 @@ impl ExecutorFactory {
             builder,
             workspace,
             notebooks: None,
+            shared_factory: None,
+            shared_servers: None,
         }
     }
 
@@ -74,6 +82,33 @@ impl ExecutorFactory {
     pub(crate) fn with_notebooks(mut self, dir: Option<std::path::PathBuf>) -> Self {
         self.notebooks = dir;
         self
+    }
+
+    /// What `builder` shares between sessions (given to it already): stopped when the service
+    /// stops, after every session.
+    pub(crate) fn shared(
+        mut self,
+        factory: Option<SharedKernelFactory>,
+        servers: Option<SharedMcpServers>,
+    ) -> Self {
+        self.shared_factory = factory;
+        self.shared_servers = servers;
+        self
+    }
+
+    /// Stops what sessions share: the kernel template and the stdio MCP servers.
+    async fn shutdown_shared(&self) {
+        let factory = async {
+            if let Some(factory) = &self.shared_factory {
+                factory.shutdown().await;
+            }
+        };
+        let servers = async {
+            if let Some(servers) = &self.shared_servers {
+                servers.close_all().await;
+            }
+        };
+        tokio::join!(factory, servers);
     }
 
     /// The executor of session `id` (not started): a new kernel, or with `attach`, kernel
@@ -476,6 +511,8 @@ impl Registry {
         while let Some((_, executor)) = warm.recv().await {
             executor.stop().await;
         }
+        drop(warm);
+        self.factory.shutdown_shared().await;
     }
 }
 

@@ -21,6 +21,8 @@
 mod completion;
 pub(crate) mod execute;
 mod factory;
+pub use factory::SharedKernelFactory;
+pub(crate) use factory::{SharedFactoryError, SharedFork, StartedFactory};
 pub(crate) mod gateway;
 pub use gateway::KernelStatus;
 pub(crate) mod instance;
@@ -110,6 +112,11 @@ pub(crate) struct KernelConfig {
     /// from scratch. Ignored for kernels on a Jupyter server, and off where there is no fork
     /// (not Linux).
     pub factory: bool,
+    /// Fork local kernels from a template shared with other executors' pools (instead of one
+    /// of this pool's own), each fork carrying this config's kernel environment and, for a
+    /// confined executor, what the kernel does to confine itself. `wrapper` is then what a
+    /// kernel is launched with when a fork fails.
+    pub shared: Option<SharedFork>,
     /// Answers the kernel-side runtime's requests over the stdin channel (remote kernels).
     pub input_handler: Option<InputHandler>,
     /// Records remote kernels until they are deleted.
@@ -150,6 +157,7 @@ impl KernelConfig {
             interrupt_grace: Duration::from_secs(3),
             backend: Backend::Local,
             factory: cfg!(target_os = "linux"),
+            shared: None,
             input_handler: None,
             ledger: None,
         }

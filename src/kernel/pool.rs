@@ -68,8 +68,9 @@ impl KernelPool {
         spare_count: usize,
         attach: Option<&str>,
     ) -> Result<Self, KernelError> {
-        let factory = match (&config.backend, config.factory) {
-            (Backend::Local, true) => match Factory::new(config.clone(), &runtime) {
+        let factory = match (&config.backend, config.factory, &config.shared) {
+            (Backend::Local, true, Some(shared)) => Some(shared.factory.clone()),
+            (Backend::Local, true, None) => match Factory::new(config.clone(), &runtime) {
                 Ok(f) => Some(Arc::new(f)),
                 Err(e) => {
                     tracing::warn!(
@@ -344,7 +345,10 @@ impl KernelPool {
             }
         }))
         .await;
-        if let Some(factory) = self.factory.take() {
+        // A factory shared with other pools stays (its owner shuts it down).
+        if let Some(factory) = self.factory.take()
+            && self.config.shared.is_none()
+        {
             factory.shutdown().await;
         }
     }

@@ -102,6 +102,13 @@ impl RuntimeDir {
     pub(crate) fn create(host: &HostEnv) -> std::io::Result<Self> {
         let base = Self::base_dir(host);
         sweep_stale(&base);
+        Self::create_in(&base)
+    }
+
+    /// Creates a fresh private directory in `parent` (a shared kernel factory's directory,
+    /// which its executors' runtime directories live in: removed with it when ipybox dies).
+    pub(crate) fn create_in(parent: &Path) -> std::io::Result<Self> {
+        let base = parent;
         loop {
             let path = base.join(format!(
                 "{PREFIX}{}-{:06x}",

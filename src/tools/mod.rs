@@ -33,7 +33,7 @@ pub use approval::{
 pub use client::{McpSession, STDIO_BASE_ENV, ToolOutput, tool_output};
 pub use env_subst::substitute;
 pub use params::{ServerParams, TransportKind, TransportParams};
-pub use sessions::SessionCache;
+pub use sessions::{SessionCache, SharedMcpServers};
 
 /// Default time allowed for spawning/contacting an MCP server and completing the MCP handshake.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -103,6 +103,29 @@ pub enum ToolsError {
         reason: String,
         stderr: Option<String>,
     },
+}
+
+impl ToolsError {
+    /// The error without the server's stderr (of a server shared by several executors, whose
+    /// stderr may be about another's calls).
+    pub(crate) fn without_stderr(self) -> Self {
+        match self {
+            ToolsError::Request {
+                target,
+                method,
+                reason,
+                stderr: Some(_),
+            } => ToolsError::Request {
+                target,
+                method,
+                reason: format!(
+                    "{reason} (its stderr is not shown: the server is shared with other sessions)"
+                ),
+                stderr: None,
+            },
+            other => other,
+        }
+    }
 }
 
 fn stderr_section(stderr: &Option<String>) -> String {

@@ -70,6 +70,8 @@ pub(crate) const MAX_CONNECTIONS: usize = 512;
 /// Shared state of the tool server; the executor keeps a handle to change the policy.
 pub(crate) struct ToolServerState {
     sessions: SessionCache,
+    /// Stdio servers shared with other executors (their reset does not close them).
+    shared: Option<Arc<SessionCache>>,
     /// Who approves calls, the clock of the execution they belong to (paused while a call
     /// waits) and where its decisions are recorded: a call keeps what it found when it began,
     /// so a leftover call of an earlier execution never pauses (or lands in the record of) a
@@ -89,6 +91,7 @@ impl ToolServerState {
     pub(crate) fn new(sessions: SessionCache, approval_timeout: Duration, reach: Reach) -> Self {
         Self {
             sessions,
+            shared: None,
             policy: Mutex::new((
                 ApprovalPolicy::AcceptAll,
                 TimeoutPause::default(),
@@ -105,6 +108,45 @@ impl ToolServerState {
     pub(crate) fn with_text_limit(mut self, limit: Option<usize>) -> Self {
         self.text_limit = limit;
         self
+    }
+
+    /// Calls to stdio servers go to `shared`, the cache of several executors.
+    pub(crate) fn with_shared_servers(mut self, shared: Option<Arc<SessionCache>>) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    /// The session of registered server `name` (`params` as recorded) for a call that began at
+    /// `epoch` of this executor's cache: a stdio server from the shared cache when there is one
+    /// (the call is not made if this executor was reset since it began, though the server
+    /// stays), else from this executor's own. Errors of a shared server do not carry its
+    /// stderr: what it logged may be about another executor's calls.
+    async fn session_for(
+        &self,
+        name: &str,
+        params: &Value,
+        epoch: u64,
+    ) -> Result<(Arc<super::client::McpSession>, bool), super::ToolsError> {
+        let stdio = super::params::ServerParams::parse(params)
+            .is_ok_and(|p| p.kind() == super::params::TransportKind::Stdio);
+        let Some(shared) = self.shared.as_ref().filter(|_| stdio) else {
+            let session = self
+                .sessions
+                .get_or_connect_since(name, params, epoch)
+                .await?;
+            return Ok((session, false));
+        };
+        let closed = || super::ToolsError::Closed {
+            target: format!("`{name}`"),
+        };
+        if self.sessions.epoch() != epoch {
+            return Err(closed());
+        }
+        let session = shared.get_or_connect(name, params).await?;
+        if self.sessions.epoch() != epoch {
+            return Err(closed());
+        }
+        Ok((session, true))
     }
 
     /// Sets who approves the next tool calls, the execution clock their approval waits pause,
@@ -670,15 +712,15 @@ pub(super) async fn run_tool(state: &ToolServerState, run: RunRequest) -> RunRep
     }
     // Names the kernel chose: quoted and escaped (never the arguments).
     tracing::info!(server = ?server_name, tool = ?tool_name, "tool call");
-    let session = match state
-        .sessions
-        .get_or_connect_since(&server_name, &server.params, epoch)
-        .await
-    {
+    let (session, shared) = match state.session_for(&server_name, &server.params, epoch).await {
         Ok(s) => s,
         Err(e) => return RunReply::error(ErrorKind::ToolError, e.to_string()),
     };
-    match session.call_tool(&tool_name, arguments).await {
+    match session
+        .call_tool(&tool_name, arguments)
+        .await
+        .map_err(|e| if shared { e.without_stderr() } else { e })
+    {
         Ok(result) => {
             let out = tool_output(&result);
             if out.is_error {

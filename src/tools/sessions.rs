@@ -238,6 +238,58 @@ impl SessionCache {
     }
 }
 
+/// The stdio MCP servers of several executors (the sessions of `ipybox serve --http`), shared:
+/// one process per server name and params for all of them
+/// ([`crate::executor::CodeExecutorBuilder::shared_mcp_servers`]). A session cache made by the
+/// first executor that calls a server (with its `${VAR}` environment and connect timeout;
+/// executors that share one are built alike). An executor's reset or stop leaves it alone;
+/// [`SharedMcpServers::close_all`] closes every server. Cheap to clone; clones are the same.
+#[derive(Clone, Default)]
+pub struct SharedMcpServers(Arc<std::sync::OnceLock<Arc<SessionCache>>>);
+
+impl std::fmt::Debug for SharedMcpServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedMcpServers")
+            .field("sessions", &self.0.get().map_or(0, |c| c.len()))
+            .finish()
+    }
+}
+
+impl SharedMcpServers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The shared cache, made now with `env` and `timeout` if this is the first use.
+    pub(crate) fn cache(
+        &self,
+        env: HashMap<String, String>,
+        timeout: Duration,
+    ) -> Arc<SessionCache> {
+        self.0
+            .get_or_init(|| Arc::new(SessionCache::new(env, timeout)))
+            .clone()
+    }
+
+    /// How many shared servers are connected (or connecting).
+    pub fn len(&self) -> usize {
+        self.0.get().map_or(0, |c| c.len())
+    }
+
+    /// True when no shared server is connected.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Closes every shared server and waits until they are gone (the service's shutdown);
+    /// a call that began before it is not made. Servers are started again on the next call.
+    pub async fn close_all(&self) {
+        if let Some(cache) = self.0.get() {
+            cache.close_all().await;
+        }
+    }
+}
+
 async fn close_slots(slots: Vec<Slot>) {
     futures::future::join_all(slots.into_iter().map(|s| async move {
         if let Ok(session) = s.fut.await {

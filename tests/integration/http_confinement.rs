@@ -583,3 +583,167 @@ print("pid=" + str(os.getpid() < 100))"#,
     victim.close().await;
     attacker.close().await;
 }
+
+/// The shared kernel template (the default with local kernels): the service runs one template
+/// (one bubblewrap, holding `CAP_SYS_ADMIN`) and every session's kernel is a fork of it that
+/// confined itself. Hostile code in one session's kernel tries to reach the template and a
+/// sibling kernel (signals, ptrace), the factory's socket, and to undo its view: unmount or
+/// remount it without capabilities, and again with the capabilities a new user namespace
+/// gives (`unshare(CLONE_NEWUSER|CLONE_NEWNS)`). Each attempt fails; the other session's
+/// kernel is unharmed.
+#[tokio::test(flavor = "multi_thread")]
+async fn forked_kernels_cannot_reach_the_template_or_each_other() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[("IPYBOX_TOKEN", TOKEN_A), ("IPYBOX_SESSION_SECRET", SECRET)],
+        &["--warm-sessions", "1"],
+    );
+    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
+    let own = runtime_of(&attacker, None).await;
+    let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    // Both runtime directories live in the shared factory's directory, next to its socket.
+    let shared = own.parent().unwrap().to_path_buf();
+    assert_eq!(victim_runtime.parent(), Some(shared.as_path()));
+    let sock = shared.join("factory").join("sock");
+    assert!(sock.exists(), "no factory socket at {}", sock.display());
+    // Every process of the service (the template's bubblewrap and template, each kernel's
+    // outer process, init and kernel): no bubblewrap but the template's, so the kernels were
+    // forked.
+    let host: Vec<u32> = crate::proc_tree::descendants(service.pid());
+    let cmdline = |p: &u32| {
+        std::fs::read(format!("/proc/{p}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default()
+    };
+    let bwraps: Vec<String> = host
+        .iter()
+        .map(cmdline)
+        .filter(|c| c.split(' ').next().is_some_and(|a| a.ends_with("bwrap")))
+        .collect();
+    // (bubblewrap forks itself: an outer process and pid 1 of the template's namespace.)
+    assert!(
+        !bwraps.is_empty() && bwraps.iter().all(|c| c.contains("ipybox_runtime.factory")),
+        "only the template's bubblewrap: {bwraps:?}"
+    );
+    assert!(
+        !service.log().contains("kernel factory:"),
+        "{}",
+        service.log()
+    );
+    // Pids a kernel's own namespace may also have (it has a few) are left out.
+    let host: Vec<String> = host
+        .iter()
+        .filter(|p| **p > 100)
+        .map(u32::to_string)
+        .collect();
+    assert!(host.len() >= 4, "{host:?}");
+    let host = host.join(",");
+    // What a kernel sees of the shared directory: its own runtime directory, and the
+    // template's (read-only) copy of ipybox's kernel-side Python its modules came from.
+    let own_name = format!("{},python", own.file_name().unwrap().to_string_lossy());
+    let prelude = format!(
+        r#"import ctypes, errno, os, socket, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+HOST = [{host}]
+SHARED = {shared}
+SOCK = {sock}
+def err(rc):
+    return "ok" if rc == 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+def kill(pid):
+    try:
+        os.kill(pid, 0)
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+def status():
+    return {{k: v.strip() for k, v in (l.split(":", 1) for l in open("/proc/self/status") if ":" in l)}}
+"#,
+        shared = py(&shared.display().to_string()),
+        sock = py(&sock.display().to_string()),
+    );
+    let kernel = format!(
+        r#"{prelude}
+print("signal=" + ",".join(sorted({{kill(p) for p in HOST}})))
+print("ptrace=" + ",".join(sorted({{err(libc.ptrace(16, p, None, None)) for p in HOST}})))
+print("ptrace_init=" + err(libc.ptrace(16, 1, None, None)))
+s = status()
+print("caps=" + ",".join(sorted({{s[f] for f in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}})))
+print("nnp=" + s["NoNewPrivs"])
+print("shared=" + ",".join(sorted(os.listdir(SHARED))))
+print("sock=" + str(os.path.exists(SOCK)))
+try:
+    socket.socket(socket.AF_UNIX).connect(SOCK)
+    print("connect=ok")
+except Exception as e:
+    print("connect=" + type(e).__name__)
+print("umount=" + err(libc.umount2(SHARED.encode(), 2)))
+print("remount=" + err(libc.mount(None, b"/", None, 32 | 4096, None)))
+print("tmpfs=" + err(libc.mount(b"tmpfs", b"/tmp", b"tmpfs", 0, None)))
+"#
+    );
+    let out = run_ok(&attacker, &kernel, None).await;
+    expect(
+        &out,
+        &[
+            ("signal", "ESRCH"),
+            ("ptrace", "ESRCH"),
+            ("ptrace_init", "EPERM"),
+            ("caps", "0000000000000000"),
+            ("nnp", "1"),
+            ("shared", &own_name),
+            ("sock", "False"),
+            ("connect", "FileNotFoundError"),
+            ("umount", "EPERM"),
+            ("remount", "EPERM"),
+            ("tmpfs", "EPERM"),
+        ],
+    );
+    // A process of its own (one thread: unshare refuses a threaded caller) takes a new user
+    // and mount namespace, where it holds every capability, and tries again.
+    let child = format!(
+        r#"{prelude}
+print("unshare=" + err(libc.unshare(0x10000000 | 0x00020000)))
+print("userns_caps=" + str(int(status()["CapEff"], 16) != 0))
+print("umount2=" + err(libc.umount2(SHARED.encode(), 0)))
+print("detach2=" + err(libc.umount2(SHARED.encode(), 2)))
+print("remount2=" + err(libc.mount(None, b"/", None, 32 | 4096, None)))
+print("shared2=" + ",".join(sorted(os.listdir(SHARED))))
+print("hostname2=" + err(libc.sethostname(b"x", 1)))
+print("signal2=" + ",".join(sorted({{kill(p) for p in HOST}})))
+"#
+    );
+    let out = run_ok(
+        &attacker,
+        &format!(
+            "import subprocess, sys\nr = subprocess.run([sys.executable, '-c', {}], capture_output=True, text=True)\nprint(r.stdout + r.stderr)",
+            py(&child)
+        ),
+        None,
+    )
+    .await;
+    expect(
+        &out,
+        &[
+            ("unshare", "ok"),
+            ("userns_caps", "True"),
+            ("umount2", "EINVAL"),
+            ("detach2", "EINVAL"),
+            ("remount2", "EPERM"),
+            ("shared2", &own_name),
+            ("hostname2", "EPERM"),
+            ("signal2", "ESRCH"),
+        ],
+    );
+    assert_eq!(
+        run_ok(&victim, "print(secret_value)", Some(&v)).await,
+        "victim-42"
+    );
+    victim.close().await;
+    attacker.close().await;
+}

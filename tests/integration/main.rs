@@ -24,6 +24,7 @@ mod hardening;
 #[cfg(target_os = "linux")]
 mod host_confinement;
 mod http_confinement;
+mod http_density;
 mod http_replicas;
 mod http_service;
 mod jupyter_servers;

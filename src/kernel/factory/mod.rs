@@ -3,7 +3,8 @@
 //! docs/kernel.md, "The kernel factory").
 //!
 //! - `template`: one template process, its fork requests and the kernels it forks;
-//! - `listener`: the socket the template and its kernels connect back to.
+//! - `listener`: the socket the template and its kernels connect back to;
+//! - `shared`: one factory shared by the pools of several executors.
 //!
 //! This module decides *which* template forks: it builds one when the first kernel is needed,
 //! lets go of it as soon as its process ended (the next kernel gets a new one), builds a new
@@ -16,6 +17,7 @@
 //! ([`super::pool`]).
 
 mod listener;
+mod shared;
 mod template;
 
 use std::sync::{Arc, Mutex, Weak};
@@ -30,6 +32,8 @@ use super::runtime_dir::RuntimeDir;
 use super::status::ExitInfo;
 use super::{KernelConfig, KernelError};
 use listener::Listener;
+pub use shared::SharedKernelFactory;
+pub(crate) use shared::{SharedFactoryError, SharedFork, StartedFactory};
 pub(crate) use template::Template;
 
 /// Failed template starts or forks in a row after which the factory turns itself off (until

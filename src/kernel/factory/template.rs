@@ -69,11 +69,17 @@ const HELP: &str = "ipybox starts the kernel without the factory when this happe
 #[derive(Serialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Request<'a> {
-    /// Fork a kernel that runs the kernel app with `argv` in `cwd`.
+    /// Fork a kernel that runs the kernel app with `argv` in `cwd`; a template shared by
+    /// several executors also gets the kernel's environment (`env`, else the template's own)
+    /// and, for a confined executor, what the kernel confines itself with (`confine`).
     Fork {
         id: &'a str,
         argv: Vec<String>,
         cwd: &'a std::path::Path,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        env: Option<std::collections::BTreeMap<String, String>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        confine: Option<&'a serde_json::Value>,
     },
     /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected),
     /// with its process group, if the template has not reaped it.
@@ -386,6 +392,12 @@ impl Template {
             id: &id,
             argv: local::kernel_args(config, &conn_file),
             cwd: config.cwd(),
+            env: config.shared.as_ref().map(|_| {
+                crate::kernel::kernel_env::local(config)
+                    .into_iter()
+                    .collect()
+            }),
+            confine: config.shared.as_ref().and_then(|s| s.confine.as_deref()),
         };
         self.send(&request)
             .await
