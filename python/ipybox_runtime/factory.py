@@ -279,7 +279,6 @@ def _unsafe_to_fork() -> str | None:
 
 def _become_kernel(template: _Template, req: dict) -> None:
     """The forked child: becomes the kernel and never returns."""
-    code = 0
     try:
         os.setsid()
         signal.set_wakeup_fd(-1)
@@ -297,6 +296,26 @@ def _become_kernel(template: _Template, req: dict) -> None:
         conn.sendall(f"{_HELLO} {req['id']}\n".encode())
         conn.settimeout(None)
         fd = conn.detach()
+    except BaseException:
+        _died()
+    _run_kernel_app(req, fd)
+
+
+def _died() -> None:
+    """A forked child failed before its kernel ran: the traceback goes to its stderr (the
+    host's tail of it), and it exits 70. Never returns."""
+    try:
+        traceback.print_exc()
+        sys.stderr.flush()
+    finally:
+        os._exit(70)
+
+
+def _run_kernel_app(req: dict, fd: int) -> None:
+    """Runs the kernel app in this forked child, its connection to ipybox `fd` as stdin and
+    stderr, stdout discarded; exits with the app's status. Never returns."""
+    code = 0
+    try:
         null = os.open(os.devnull, os.O_WRONLY)
         os.dup2(fd, 0)
         os.dup2(null, 1)
@@ -317,11 +336,7 @@ def _become_kernel(template: _Template, req: dict) -> None:
 
         atexit._run_exitfuncs()
     except BaseException:
-        try:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            os._exit(70)
+        _died()
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -366,11 +381,7 @@ def _become_confined_kernel(template: _Template, req: dict) -> None:
         report_r, report_w = os.pipe()
         init = confine_child.become_init(report_w)
     except BaseException:
-        try:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            os._exit(70)
+        _died()
     if init == 0:
         os.close(report_r)
         _run_confined_kernel(template, req, conn)  # never returns
@@ -389,43 +400,15 @@ def _become_confined_kernel(template: _Template, req: dict) -> None:
 def _run_confined_kernel(template: _Template, req: dict, conn: socket.socket) -> None:
     """The confined kernel process (pid 2 of its namespace): what ``_become_kernel`` does once
     its connection is made. Never returns."""
-    code = 0
     try:
         os.environ.clear()
         os.environ.update(_kernel_env(template, req))
         os.chdir(req["cwd"])
         _fresh_state()
         fd = conn.detach()
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, 0)
-        os.dup2(null, 1)
-        os.dup2(fd, 2)
-        for extra in (fd, null):
-            if extra > 2:
-                os.close(extra)
-        _close_inherited()
-        sys.argv = ["-c", *req["argv"]]
-        threading.Thread(target=_watch_host, name="ipybox-parent-watch", daemon=True).start()
-        from ipykernel import kernelapp
-
-        try:
-            kernelapp.launch_new_instance()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        import atexit
-
-        atexit._run_exitfuncs()
     except BaseException:
-        try:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            os._exit(70)
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(code)
+        _died()
+    _run_kernel_app(req, fd)
 
 
 def _fresh_state() -> None:
