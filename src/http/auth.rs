@@ -14,7 +14,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::super::mcp_server::session::Caller;
+use super::super::mcp_server::caller::Caller;
 
 /// The shortest token accepted (a token is the only thing between the network and code
 /// execution).

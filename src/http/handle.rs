@@ -19,7 +19,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-use super::super::mcp_server::session::Caller;
+use super::super::mcp_server::caller::Caller;
 
 const PREFIX: &str = "ipybox-s1.";
 /// The route of handles whose kernel is on a kernel gateway.

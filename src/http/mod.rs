@@ -35,7 +35,8 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use super::mcp_server::session::{Caller, SessionSource};
+use super::mcp_server::caller::Caller;
+use super::mcp_server::session::SessionSource;
 use super::mcp_server::{IpyboxServer, ServerConfig};
 use auth::Tokens;
 use connections::{Connection, Connections, InFlight};

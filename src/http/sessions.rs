@@ -27,7 +27,8 @@ use ipybox::kernel::SharedKernelFactory;
 use ipybox::tools::SharedMcpServers;
 use tokio::sync::mpsc;
 
-use super::super::mcp_server::session::{Caller, KernelSession, SessionSource};
+use super::super::mcp_server::caller::Caller;
+use super::super::mcp_server::session::{KernelSession, SessionSource};
 use super::super::metrics::{self, Closed};
 use super::handle::{Handle, Handles, Place};
 

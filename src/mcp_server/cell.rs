@@ -13,6 +13,7 @@
 //!
 //! Not here: how the user is asked, or what the result looks like to the client.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -21,7 +22,6 @@ use ipybox::tools::ApprovalRequest;
 use tokio::sync::watch;
 
 use super::elicit::SessionAllowances;
-use super::session::CellGuard;
 
 /// How much of the output the run keeps (its end) for progress and status messages, which show
 /// at most the last thousand characters; a waiter that fell further behind gets what is left.
@@ -193,5 +193,23 @@ impl State {
 impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running cell, counted by its session while it lives (see
+/// `KernelSession::cell_running`).
+pub(crate) struct CellGuard(Arc<AtomicUsize>);
+
+impl CellGuard {
+    /// Counts one more running cell in `cells` until dropped.
+    pub(crate) fn new(cells: Arc<AtomicUsize>) -> Self {
+        cells.fetch_add(1, Ordering::SeqCst);
+        Self(cells)
+    }
+}
+
+impl Drop for CellGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -18,6 +18,7 @@
 //! (`crate::http::sessions`), the workspace/`.env` handling of the command line (the binary's
 //! `dotenv` module builds the executor's environments), and everything the executor does.
 
+pub(crate) mod caller;
 mod cell;
 mod elicit;
 mod mrtr;
@@ -55,9 +56,10 @@ use tracing::Instrument;
 use ipybox::CodeExecutor;
 use ipybox::executor::ExecutorError;
 
+use caller::Caller;
 use cell::CellRun;
 use request::Outcome;
-use session::{Caller, KernelSession, SessionSource};
+use session::{KernelSession, SessionSource};
 
 /// What the server is told by its command line.
 #[derive(Debug, Clone)]

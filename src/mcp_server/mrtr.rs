@@ -44,9 +44,10 @@ use rmcp::model::{
 };
 use serde::{Deserialize, Serialize};
 
+use super::caller::Caller;
 use super::cell::CellRun;
 use super::elicit;
-use super::session::{Caller, KernelSession};
+use super::session::KernelSession;
 
 /// How many rounds that cannot be resumed any more are remembered (the oldest are forgotten).
 pub(crate) const MAX_RECORDS: usize = 256;

@@ -16,37 +16,10 @@ use futures::future::BoxFuture;
 use ipybox::CodeExecutor;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::caller::Caller;
+use super::cell::CellGuard;
 use super::elicit::SessionAllowances;
 use super::tasks::Busy;
-
-/// Who makes a request: the credential it carried. Over stdio (and over HTTP on loopback
-/// without a token) everyone is [`Caller::Local`]; over HTTP with tokens, a digest of the
-/// bearer token (never the token itself).
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub(crate) enum Caller {
-    Local,
-    /// SHA-256 of the bearer token.
-    Token([u8; 32]),
-}
-
-impl std::fmt::Debug for Caller {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Caller::Local => f.write_str("Caller::Local"),
-            Caller::Token(_) => f.write_str("Caller::Token(..)"),
-        }
-    }
-}
-
-impl Caller {
-    /// The bytes that bind a handle to this credential.
-    pub(crate) fn binding(&self) -> &[u8] {
-        match self {
-            Caller::Local => b"local",
-            Caller::Token(digest) => digest,
-        }
-    }
-}
 
 /// One kernel and the MCP state that belongs to it.
 pub(crate) struct KernelSession {
@@ -159,8 +132,7 @@ impl KernelSession {
     /// Counts a running cell as activity until the returned guard is dropped (when the cell's
     /// driver ends).
     pub(crate) fn cell_running(&self) -> CellGuard {
-        self.cells.fetch_add(1, Ordering::SeqCst);
-        CellGuard(self.cells.clone())
+        CellGuard::new(self.cells.clone())
     }
 
     /// How long the session has been idle: `None` while a call is in progress or a cell runs.
@@ -210,15 +182,6 @@ impl Drop for Entered {
         let mut activity = self.session.activity();
         activity.active = activity.active.saturating_sub(1);
         activity.last_used = Instant::now();
-    }
-}
-
-/// A running cell (see [`KernelSession::cell_running`]).
-pub(crate) struct CellGuard(Arc<AtomicUsize>);
-
-impl Drop for CellGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

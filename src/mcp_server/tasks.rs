@@ -35,9 +35,9 @@ use rmcp::model::{
 };
 use rmcp::task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions};
 
+use super::caller::Caller;
 use super::cell::CellRun;
 use super::elicit::{self, SessionAllowances};
-use super::session::Caller;
 
 /// The longest status message (the end of the output so far).
 const STATUS_CHARS: usize = 1000;
