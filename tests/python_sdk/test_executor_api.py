@@ -52,10 +52,11 @@ def test_code_executor_signature():
     from ipybox import CodeExecutor
 
     # 0.9.2's parameters, in its order and with its defaults; ipybox-rs adds keyword
-    # parameters after them only (kernel_gateway_url, see docs/remote-kernels.md).
+    # parameters after them only (kernel_gateway_url, see docs/remote-kernels.md; notebook,
+    # off by default, see docs/notebook.md).
     params = _params(CodeExecutor)
     if is_ipybox_rs():
-        assert params[16:] == [("kernel_gateway_url", None)]
+        assert params[16:] == [("kernel_gateway_url", None), ("notebook", False)]
         params = params[:16]
     assert params == [
         ("tool_server_host", "localhost"),
