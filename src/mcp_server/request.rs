@@ -36,9 +36,10 @@ use super::tasks::{Adopt, CellTasks, Finish};
 use super::{ApproveMode, ServerConfig, elicit};
 
 /// A round of approvals closes when no new approval arrived for this long: concurrent calls
-/// (threads, `asyncio.gather`) reach the host within a millisecond or two of each other, and a
-/// cell with a single call pays only this much for the gathering.
-pub(crate) const GATHER_QUIET: Duration = Duration::from_millis(3);
+/// (threads, `asyncio.gather`) reach the host within a millisecond or two of each other on a
+/// quiet machine, but 3 ms was seen to split eight of them at load 3 on 2 cores; a cell with a
+/// single call pays only this much for the gathering (nothing beside a person's answer).
+pub(crate) const GATHER_QUIET: Duration = Duration::from_millis(20);
 /// ... and at the latest this long after its first approval.
 pub(crate) const GATHER_MAX: Duration = Duration::from_millis(100);
 
