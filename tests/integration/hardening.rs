@@ -5,28 +5,11 @@
 //! per cell and removed with their session, and connection floods from unauthenticated peers
 //! (thousands of real sockets) while real clients keep working.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::http_support::*;
 use crate::mcp_eras::Era;
 use crate::support::*;
-
-/// Registers the Python fixture server as `fx` for workspace `ws`, as an operator does.
-fn register_fixture(ws: &Path) {
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(fixture_stdio_params("stdio").to_string())
-        .arg("--root")
-        .arg(ws.join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// Waits until `log()` contains `needle` (records are written as they happen).
 async fn wait_logged(service: &Service, needle: &str) -> String {

@@ -3,30 +3,9 @@
 //! leaves the shared server to the others, and `--per-session-mcp-servers` gives each session
 //! processes of its own again.
 
-use std::path::Path;
-
 use crate::http_support::*;
 use crate::mcp_eras::{CallTool, Era};
 use crate::support::*;
-
-/// Registers the fixture server as `fx` in `ws`.
-fn register_fixture(ws: &Path) {
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(
-            serde_json::json!({"command": python(), "args": [fixture_script(), "stdio"]})
-                .to_string(),
-        )
-        .arg("--root")
-        .arg(ws.join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The service's processes that run the fixture server.
 fn fixture_processes(service: &Service) -> Vec<u32> {

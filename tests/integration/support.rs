@@ -543,3 +543,20 @@ print(ToolRunner("fx", {{"url": "http://127.0.0.1:9/${{HOME}}"}}).run("get_env",
 pub(crate) fn fixture_params_who() -> Value {
     json!({"command": python(), "args": [fixture_script(), "stdio"], "env": {"WHO": "registered"}})
 }
+
+/// Registers the Python fixture server as `fx` for workspace `ws` with `ipybox apigen`, as an
+/// operator does.
+pub(crate) fn register_fixture(ws: &Path) {
+    let out = std::process::Command::new(BIN)
+        .args(["apigen", "fx", "--params"])
+        .arg(fixture_stdio_params("stdio").to_string())
+        .arg("--root")
+        .arg(ws.join("mcptools"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
