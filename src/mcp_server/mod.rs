@@ -315,8 +315,18 @@ impl Announce {
         }
     }
 
-    /// `result` with the note appended to its text.
+    /// `result` with the session's restore report (once, see [`KernelSession::set_restored`])
+    /// before its text and the note appended to it.
     fn apply(&self, mut result: CallToolResult) -> CallToolResult {
+        if let Some(report) = self.session.take_restored() {
+            match result.content.first_mut() {
+                Some(ContentBlock::Text(text)) if !text.text.is_empty() => {
+                    text.text = format!("{report}\n\n{}", text.text)
+                }
+                Some(ContentBlock::Text(text)) => text.text = report,
+                _ => result.content.insert(0, ContentBlock::text(report)),
+            }
+        }
         let Some(note) = self.note() else {
             return result;
         };

@@ -43,6 +43,9 @@ pub(crate) struct KernelSession {
     /// The kernel (on a gateway: its id) a handle last named, and which of the session's
     /// kernels that is (see [`KernelSession::generation_of`]).
     generation: Mutex<(String, u32)>,
+    /// What the next result tells the model about a restore of this session's state (the
+    /// restore report, see `ipybox::snapshot::RestoreReport::text`), until a result takes it.
+    restored: Mutex<Option<String>>,
 }
 
 struct Activity {
@@ -74,7 +77,26 @@ impl KernelSession {
             limiter: max_concurrent_calls.map(|n| (Arc::new(Semaphore::new(n)), n)),
             closed: Mutex::default(),
             generation: Mutex::default(),
+            restored: Mutex::default(),
         }
+    }
+
+    /// The next result of this session starts with `report` (what came back from a snapshot
+    /// and what did not), once.
+    #[expect(
+        dead_code,
+        reason = "hibernation and stdio resume (issue 30) call it; remove this then"
+    )]
+    pub(crate) fn set_restored(&self, report: String) {
+        *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
+    }
+
+    /// The restore report not yet told, taken (so only the first result after a restore has it).
+    pub(crate) fn take_restored(&self) -> Option<String> {
+        self.restored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// A session continued from a handle that names kernel `kernel_id` as the session's
