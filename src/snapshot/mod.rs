@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 pub use manifest::{Manifest, ModuleName, NotSaved, SavedName};
 pub use report::{CwdOutcome, NotRestored, RestoreReport, Restored, SnapshotReport};
-pub use seal::SnapshotBinding;
+pub use seal::{SnapshotBinding, host_key, session_key_path};
 pub use store::{DEFAULT_SNAPSHOT_LIMIT, SnapshotStore};
 
 use crate::kernel::KernelError;

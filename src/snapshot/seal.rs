@@ -208,6 +208,18 @@ pub(crate) fn default_key_path(data_dir: &Path) -> PathBuf {
     data_dir.join("keys").join("snapshot.key")
 }
 
+/// Where the key of session handles lives when the operator gives none: `<data dir>/keys/session.key`.
+/// It is kept across restarts, so handles made before a restart still name their sessions.
+pub fn session_key_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("keys").join("session.key")
+}
+
+/// The 32 random bytes of the host-only key file at `path` (0600 in a 0700 directory), created
+/// once if missing, never through a link; the same rules as the snapshot seal key.
+pub fn host_key(path: &Path) -> std::io::Result<[u8; KEY_BYTES]> {
+    SealKey::load_or_create(path).map(|key| key.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
