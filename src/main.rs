@@ -220,9 +220,34 @@ struct HttpArgs {
     /// The largest request body accepted (bytes; larger: 413).
     #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024, requires = "http")]
     max_body_bytes: usize,
-    /// A session with no call for this long is closed and its kernel stopped (seconds).
-    #[arg(long, value_name = "SECS", default_value_t = 1800.0, requires = "http")]
-    idle_timeout: f64,
+    /// A session with no call for this long is gone: its kernel stopped, or, hibernated, its
+    /// saved state deleted (seconds). Default: 604800 (7 days) with hibernation, 1800 with
+    /// --hibernate-after off.
+    #[arg(long, value_name = "SECS", requires = "http")]
+    idle_timeout: Option<f64>,
+    /// A session with no call for this long is hibernated: its state saved to disk and its
+    /// kernel stopped; its next call restores it (seconds, or `off`). Local kernels only.
+    #[arg(
+        long,
+        value_name = "SECS|off",
+        default_value = "600",
+        requires = "http"
+    )]
+    hibernate_after: String,
+    /// A session whose handle a client holds is saved (and kept open) once it has had no call
+    /// for this long after being used: what a crash of ipybox loses is bounded by it (seconds,
+    /// or `off`).
+    #[arg(long, value_name = "SECS|off", default_value = "60", requires = "http")]
+    checkpoint_after: String,
+    /// The disk a token's saved sessions may take (bytes, or `off`); past it, its least
+    /// recently used hibernated sessions are deleted.
+    #[arg(
+        long,
+        value_name = "BYTES|off",
+        default_value = "4294967296",
+        requires = "http"
+    )]
+    snapshot_quota: String,
     /// At most this many kernel sessions at once; one more is refused (nothing is evicted).
     #[arg(long, value_name = "N", default_value_t = 32, requires = "http")]
     max_sessions: usize,
@@ -660,7 +685,33 @@ async fn http_options(
             anyhow::bail!("invalid {flag} {value}\n  help: pass a positive number of seconds")
         }
     };
-    let idle_timeout = secs(args.idle_timeout, "--idle-timeout")?;
+    let optional_secs = |value: &str, flag: &str| -> anyhow::Result<Option<Duration>> {
+        match value.trim() {
+            "off" | "0" => Ok(None),
+            v => match v.parse::<f64>() {
+                Ok(n) => secs(n, flag).map(Some),
+                Err(_) => anyhow::bail!(
+                    "invalid {flag} `{value}`\n  help: pass a number of seconds, or `off`"
+                ),
+            },
+        }
+    };
+    let hibernate_after = optional_secs(&args.hibernate_after, "--hibernate-after")?;
+    let checkpoint_after = optional_secs(&args.checkpoint_after, "--checkpoint-after")?;
+    let snapshot_quota = match args.snapshot_quota.trim() {
+        "off" | "0" => None,
+        v => Some(v.parse::<u64>().map_err(|_| {
+            anyhow::anyhow!(
+                "invalid --snapshot-quota `{v}`\n  help: pass a number of bytes, or `off`"
+            )
+        })?),
+    };
+    let default_idle = if hibernate_after.is_some() && !gateway {
+        86_400.0 * 7.0
+    } else {
+        1800.0
+    };
+    let idle_timeout = secs(args.idle_timeout.unwrap_or(default_idle), "--idle-timeout")?;
     let shutdown_grace = secs(args.shutdown_grace, "--shutdown-grace")?;
     let first_request = secs(args.first_request_timeout, "--first-request-timeout")?;
     let keep_alive = secs(args.keep_alive_timeout, "--keep-alive-timeout")?;
@@ -678,6 +729,7 @@ async fn http_options(
             anyhow::bail!("invalid {flag} 0\n  help: pass a positive number");
         }
     }
+    let data_dir = HostEnv::from_process().data_dir();
     let replica = match args.replica_id {
         Some(name) if http::handle::valid_replica(&name) => name,
         Some(name) => anyhow::bail!(
@@ -702,7 +754,27 @@ async fn http_options(
         (None, Some(_)) => anyhow::bail!(
             "IPYBOX_SESSION_SECRET is shorter than 16 bytes\n  help: use a long random value, e.g. `openssl rand -hex 32`"
         ),
-        (None, None) => rand::random::<[u8; 32]>().to_vec(),
+        // Kept in the data directory, so handles outlive a restart (the key of replicas
+        // that share sessions is --session-secret-file).
+        (None, None) => match &data_dir {
+            Some(dir) => {
+                let path = ipybox::snapshot::session_key_path(dir);
+                ipybox::snapshot::host_key(&path)
+                    .with_context(|| {
+                        format!(
+                            "cannot read or create the session key {}\n  help: check that ipybox's data directory is writable, or pass --session-secret-file",
+                            path.display()
+                        )
+                    })?
+                    .to_vec()
+            }
+            None => {
+                tracing::warn!(
+                    "no data directory (set IPYBOX_HOME): session handles will not outlive this process"
+                );
+                rand::random::<[u8; 32]>().to_vec()
+            }
+        },
     };
     Ok(http::HttpOptions {
         addr,
@@ -723,6 +795,10 @@ async fn http_options(
             warm_sessions: args.warm_sessions,
             allow_install: args.allow_install,
             allow_register: args.allow_register,
+            hibernate_after,
+            checkpoint_after,
+            snapshot_quota,
+            data_dir: data_dir.clone(),
         },
         session_key,
         connections: http::connections::Limits {

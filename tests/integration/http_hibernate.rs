@@ -1,0 +1,319 @@
+//! Hibernation over HTTP (issue 30): an idle session's state is saved and its kernel stopped;
+//! the next call with its handle (2026-07-28) or the next cell of its MCP session (handshake
+//! era) restores it and its result starts with the restore report; another token's handle and
+//! another session's snapshot are refused; a restart of the service (SIGTERM, start again on
+//! the same data directory) keeps sessions; a session's kernel cannot read the keys or the
+//! snapshots.
+//!
+//! Every service here has a replica name of its own (`--replica-id`): the records of saved
+//! sessions are per replica in ipybox's data directory, which the tests share.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::http_support::*;
+use crate::mcp_eras::Era;
+use crate::support::*;
+
+/// ipybox's data directory as the service sees it (the tests' environment).
+fn data_dir() -> PathBuf {
+    if let Ok(home) = std::env::var("IPYBOX_HOME") {
+        return PathBuf::from(home);
+    }
+    if let Ok(xdg) = std::env::var("XDG_DATA_HOME") {
+        return PathBuf::from(xdg).join("ipybox");
+    }
+    PathBuf::from(std::env::var("HOME").unwrap()).join(".local/share/ipybox")
+}
+
+fn replica() -> String {
+    format!("hib-{:08x}", rand::random::<u32>())
+}
+
+/// The metric `name` (with its labels) from `/metrics`.
+async fn metric(port: u16, token: Option<&str>, name: &str) -> f64 {
+    let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{port}/metrics"));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    let text = req.send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// Polls `/metrics` until `name` is at least `want` (at most 30 s).
+async fn wait_metric(service: &Service, token: Option<&str>, name: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let value = metric(service.port, token, name).await;
+        if value >= want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} stayed {value} (want {want}):\n{}",
+            service.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const HIBERNATED: &str = "ipybox_session_saves_total{kind=\"hibernate\"}";
+const RESTORED: &str = "ipybox_session_restores_total";
+
+/// What the cells define: numbers, a dict of lists, a function, a class and its instance, and
+/// two things no snapshot holds (an open file, a generator).
+const STATE: &str = "x = 42\nrows = {'a': [1, 2, 3], 'b': [4.5, None]}\ndef f(n):\n    return n * x\nclass Point:\n    def __init__(self, v):\n        self.v = v\n    def twice(self):\n        return 2 * self.v\np = Point(21)\nfh = open('/etc/hostname')\ngen = (i for i in range(3))";
+const CHECK: &str = "print(x, rows, f(2), p.twice(), type(p).__name__, isinstance(p, Point))";
+const CHECKED: &str = "42 {'a': [1, 2, 3], 'b': [4.5, None]} 84 42 Point True";
+
+/// The restore report at the top of `text`, with the snapshot's time cut out; and the rest.
+fn report_and_rest(text: &str) -> (String, String) {
+    let head = "[ipybox] This session's kernel was restored from a snapshot taken ";
+    let after = text
+        .strip_prefix(head)
+        .unwrap_or_else(|| panic!("no restore report in: {text}"));
+    let (time, rest) = after.split_once(" UTC.").unwrap();
+    assert_eq!(time.len(), 16, "{time}");
+    let (report, output) = rest.split_once("\n\n").unwrap_or((rest, ""));
+    (report.to_string(), output.to_string())
+}
+
+fn expected_report(cwd: &str) -> String {
+    format!(
+        "\nCame back (5): x (int), rows (dict), f (function), Point (type), p (Point).\n\
+         Working directory: {cwd}.\n\
+         Not restored (2); run the code that made them again if you need them:\n\
+         - fh: not saved: an open file ('/etc/hostname'): a file handle belongs to this process\n\
+         - gen: not saved: a generator: its running frame cannot be saved"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let replica = replica();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &[
+            "--hibernate-after",
+            "1",
+            "--warm-sessions",
+            "0",
+            "--replica-id",
+            &replica,
+        ],
+    );
+    let modern = connect(&service.url(), None, Era::Stateless).await;
+    let legacy = connect(&service.url(), None, Era::Handshake).await;
+    let (_, h) = new_session(&modern, STATE).await;
+    assert_eq!(cell(&legacy, STATE, None).await, (false, String::new()));
+    let (_, cwd) = cell(&legacy, "import os; print(os.getcwd())", None).await;
+    // Both sessions hibernate: no kernel session is open.
+    wait_metric(&service, None, HIBERNATED, 2.0).await;
+    assert_eq!(metric(service.port, None, "ipybox_sessions").await, 0.0);
+    assert_eq!(
+        metric(service.port, None, "ipybox_sessions_hibernated").await,
+        2.0
+    );
+
+    // 2026-07-28: the handle brings the state back; the first result starts with the report.
+    let (is_error, text) = cell(&modern, CHECK, Some(&h)).await;
+    assert!(!is_error, "{text}");
+    let (report, output) = report_and_rest(&text);
+    let (_, modern_cwd) = {
+        let (e, t) = cell(&modern, "import os; print(os.getcwd())", Some(&h)).await;
+        assert!(!e, "{t}");
+        (e, t)
+    };
+    assert_eq!(report, expected_report(&modern_cwd));
+    assert_eq!(output, CHECKED);
+    // Once: the next result has no report.
+    assert_eq!(
+        cell(&modern, "print(x)", Some(&h)).await,
+        (false, "42".into())
+    );
+
+    // Handshake era: the MCP session's kernel session comes back on its next cell.
+    let (is_error, text) = cell(&legacy, CHECK, None).await;
+    assert!(!is_error, "{text}");
+    let (report, output) = report_and_rest(&text);
+    assert_eq!(report, expected_report(&cwd));
+    assert_eq!(output, CHECKED);
+    assert_eq!(cell(&legacy, "print(x)", None).await, (false, "42".into()));
+    assert_eq!(metric(service.port, None, RESTORED).await, 2.0);
+
+    // They hibernate again, and come back again (the snapshot replaced with the new state).
+    assert_eq!(
+        cell(&modern, "x = 43", Some(&h)).await,
+        (false, String::new())
+    );
+    wait_metric(&service, None, HIBERNATED, 4.0).await;
+    let (is_error, text) = cell(&modern, "print(f(1))", Some(&h)).await;
+    assert!(!is_error && text.ends_with("\n\n43"), "{text}");
+    modern.close().await;
+    legacy.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_calls_restore_once() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let replica = replica();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &[
+            "--hibernate-after",
+            "1",
+            "--warm-sessions",
+            "0",
+            "--replica-id",
+            &replica,
+        ],
+    );
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let (_, h) = new_session(&client, "n = 7").await;
+    wait_metric(&service, None, HIBERNATED, 1.0).await;
+    let calls = (0..4).map(|_| cell(&client, "print(n)", Some(&h)));
+    let results = futures::future::join_all(calls).await;
+    let reports = results
+        .iter()
+        .filter(|(e, t)| {
+            assert!(!e, "{t}");
+            assert!(t.ends_with('7'), "{t}");
+            t.starts_with("[ipybox] This session's kernel was restored")
+        })
+        .count();
+    assert_eq!(reports, 1, "{results:?}");
+    assert_eq!(metric(service.port, None, RESTORED).await, 1.0);
+    assert_eq!(metric(service.port, None, "ipybox_sessions").await, 1.0);
+    client.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tokens_handle_and_another_sessions_snapshot_are_refused() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let replica = replica();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &[
+            "--hibernate-after",
+            "1",
+            "--warm-sessions",
+            "0",
+            "--replica-id",
+            &replica,
+            "--token",
+            TOKEN_A,
+            "--token",
+            TOKEN_B,
+            "--trust-tenants",
+        ],
+    );
+    let marker = format!("{:016x}", rand::random::<u64>());
+    let alice = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let bob = connect(&service.url(), Some(TOKEN_B), Era::Stateless).await;
+    let (_, one) = new_session(&alice, &format!("mine_{marker} = 'one'")).await;
+    let (_, two) = new_session(&alice, &format!("mine_{marker} = 'two'")).await;
+    wait_metric(&service, Some(TOKEN_A), HIBERNATED, 2.0).await;
+
+    // Another token's call with Alice's handle: refused before anything is read.
+    let (is_error, text) = cell(&bob, "print(1)", Some(&one)).await;
+    assert!(is_error, "{text}");
+    assert_eq!(
+        text,
+        "this session handle is not valid with your credential: it was made for another token, altered, or issued by an ipybox with another --session-secret\n  help: pass a handle a result gave you, or leave `session` out to start a new session"
+    );
+    assert_eq!(metric(service.port, Some(TOKEN_A), RESTORED).await, 0.0);
+
+    // Each handle restores its own session.
+    let (is_error, text) = cell(&alice, &format!("print(mine_{marker})"), Some(&two)).await;
+    assert!(!is_error && text.ends_with("\n\ntwo"), "{text}");
+    wait_metric(&service, Some(TOKEN_A), HIBERNATED, 3.0).await;
+
+    // Session two's snapshot planted where session one's is: its seal is for another session,
+    // so nothing of it is loaded, and session one is told so.
+    let snapshots = data_dir().join("snapshots");
+    let holding = |value: &str| {
+        std::fs::read_dir(&snapshots)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|dir| {
+                std::fs::read_to_string(dir.join("manifest.json"))
+                    .is_ok_and(|m| m.contains(&format!("mine_{marker}")))
+                    && std::fs::read(dir.join("data"))
+                        .is_ok_and(|d| d.windows(value.len()).any(|w| w == value.as_bytes()))
+            })
+            .unwrap_or_else(|| panic!("no snapshot holding {value}"))
+    };
+    let (dir_one, dir_two) = (holding("one"), holding("two"));
+    assert_ne!(dir_one, dir_two);
+    for file in ["data", "manifest.json", "seal.json"] {
+        std::fs::copy(dir_two.join(file), dir_one.join(file)).unwrap();
+    }
+    let (is_error, text) = cell(&alice, &format!("print(mine_{marker})"), Some(&one)).await;
+    assert!(is_error, "{text}");
+    let tag = &text["session ".len().."session ".len() + 8];
+    assert_eq!(
+        text,
+        format!(
+            "session {tag} cannot be restored: refused to restore the snapshot: its seal does not verify for this session and owner: it was made for another session or owner, or changed since; nothing of it was loaded; its saved state was deleted\n  help: call without `session` to start a new session"
+        )
+    );
+    assert!(!dir_one.exists());
+    // Session two is untouched.
+    let (is_error, text) = cell(&alice, &format!("print(mine_{marker})"), Some(&two)).await;
+    assert!(!is_error && text.ends_with("\n\ntwo"), "{text}");
+    alice.close().await;
+    bob.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_keeps_sessions_out_of_kernels_reach() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let replica = replica();
+    let flags = ["--warm-sessions", "0", "--replica-id", &replica];
+    let mut service = Service::start(ws.path(), &[], &flags);
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let (_, h) = new_session(&client, STATE).await;
+    let (_, cwd) = cell(&client, "import os; print(os.getcwd())", Some(&h)).await;
+    // The kernel sees neither the keys nor the snapshots (nor the saved sessions' records).
+    let home = data_dir();
+    let probe = format!(
+        "import os\nfor p in ['keys/session.key', 'keys/snapshot.key', 'snapshots', 'sessions']:\n    p = os.path.join({home:?}, p)\n    try:\n        open(p).read() if not os.path.isdir(p) else os.listdir(p)[0]\n        print('read', p)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)",
+        home = home.display().to_string()
+    );
+    assert!(home.join("keys/session.key").is_file());
+    let (is_error, text) = cell(&client, &probe, Some(&h)).await;
+    assert!(!is_error, "{text}");
+    assert!(!text.contains("read"), "{text}");
+    client.close().await;
+
+    // SIGTERM: the idle session is hibernated, not lost.
+    let (status, _) = service.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{status}\n{}", service.log());
+    assert!(
+        service
+            .log()
+            .contains("shutdown: 1 of 1 idle sessions hibernated"),
+        "{}",
+        service.log()
+    );
+    let service = Service::start(ws.path(), &[], &flags);
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&client, CHECK, Some(&h)).await;
+    assert!(!is_error, "{text}");
+    let (report, output) = report_and_rest(&text);
+    assert_eq!(report, expected_report(&cwd));
+    assert_eq!(output, CHECKED);
+    client.close().await;
+}
