@@ -73,6 +73,9 @@ pub(crate) struct Record {
     pub(crate) bytes: u64,
     /// Whether a client was given the session's handle (it can come back after a restart).
     pub(crate) named: bool,
+    /// The runtime directory of the kernel that was saved (its working directory `work/` is
+    /// that kernel's own, gone with it).
+    pub(crate) runtime: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -83,6 +86,8 @@ struct RecordFile {
     last_used: u64,
     bytes: u64,
     named: bool,
+    #[serde(default)]
+    runtime: Option<String>,
 }
 
 impl Record {
@@ -94,6 +99,7 @@ impl Record {
             last_used: self.last_used,
             bytes: self.bytes,
             named: self.named,
+            runtime: self.runtime.clone(),
         }
     }
 
@@ -105,6 +111,7 @@ impl Record {
             last_used: file.last_used,
             bytes: file.bytes,
             named: file.named,
+            runtime: file.runtime,
         })
     }
 }
@@ -294,6 +301,7 @@ mod tests {
             last_used: 1_700_000_000,
             bytes: 42,
             named: true,
+            runtime: Some("/tmp/ipybox-1-a/ipybox-1-b".into()),
         };
         {
             let store = SessionStore::open(t.path(), "web-0");

@@ -84,11 +84,12 @@ fn report_and_rest(text: &str) -> (String, String) {
 
 fn expected_report(cwd: &str) -> String {
     format!(
-        "\nCame back (5): x (int), rows (dict), f (function), Point (type), p (Point).\n\
+        "\nCame back (5): x (int), rows (dict), f (function), Point (class), p (Point).\n\
          Working directory: {cwd}.\n\
          Not restored (2); run the code that made them again if you need them:\n\
          - fh: not saved: an open file ('/etc/hostname'): a file handle belongs to this process\n\
-         - gen: not saved: a generator: its running frame cannot be saved"
+         - gen: not saved: a generator: its paused frame cannot be saved\n\
+         The working directory is a new one: files written in the old one did not come back (only the kernel's state is saved)."
     )
 }
 
@@ -113,7 +114,6 @@ async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
     let legacy = connect(&service.url(), None, Era::Handshake).await;
     let (_, h) = new_session(&modern, STATE).await;
     assert_eq!(cell(&legacy, STATE, None).await, (false, String::new()));
-    let (_, cwd) = cell(&legacy, "import os; print(os.getcwd())", None).await;
     // Both sessions hibernate: no kernel session is open.
     wait_metric(&service, None, HIBERNATED, 2.0).await;
     assert_eq!(metric(service.port, None, "ipybox_sessions").await, 0.0);
@@ -143,6 +143,7 @@ async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
     let (is_error, text) = cell(&legacy, CHECK, None).await;
     assert!(!is_error, "{text}");
     let (report, output) = report_and_rest(&text);
+    let (_, cwd) = cell(&legacy, "import os; print(os.getcwd())", None).await;
     assert_eq!(report, expected_report(&cwd));
     assert_eq!(output, CHECKED);
     assert_eq!(cell(&legacy, "print(x)", None).await, (false, "42".into()));
@@ -285,11 +286,10 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     let mut service = Service::start(ws.path(), &[], &flags);
     let client = connect(&service.url(), None, Era::Stateless).await;
     let (_, h) = new_session(&client, STATE).await;
-    let (_, cwd) = cell(&client, "import os; print(os.getcwd())", Some(&h)).await;
     // The kernel sees neither the keys nor the snapshots (nor the saved sessions' records).
     let home = data_dir();
     let probe = format!(
-        "import os\nfor p in ['keys/session.key', 'keys/snapshot.key', 'snapshots', 'sessions']:\n    p = os.path.join({home:?}, p)\n    try:\n        open(p).read() if not os.path.isdir(p) else os.listdir(p)[0]\n        print('read', p)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)",
+        "import os as _os\nfor _q in ['keys/session.key', 'keys/snapshot.key', 'snapshots', 'sessions']:\n    _q = _os.path.join({home:?}, _q)\n    try:\n        open(_q).read() if not _os.path.isdir(_q) else _os.listdir(_q)[0]\n        print('read', _q)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)\ndel _q, _os",
         home = home.display().to_string()
     );
     assert!(home.join("keys/session.key").is_file());
@@ -313,6 +313,7 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     let (is_error, text) = cell(&client, CHECK, Some(&h)).await;
     assert!(!is_error, "{text}");
     let (report, output) = report_and_rest(&text);
+    let (_, cwd) = cell(&client, "import os; print(os.getcwd())", Some(&h)).await;
     assert_eq!(report, expected_report(&cwd));
     assert_eq!(output, CHECKED);
     client.close().await;

@@ -159,6 +159,10 @@ impl Hibernation {
     }
 }
 
+async fn session_runtime(executor: &ipybox::CodeExecutor) -> Option<std::path::PathBuf> {
+    executor.runtime_dir().await
+}
+
 fn tag_of(id: &[u8; 16]) -> String {
     hex(&id[..4])
 }
@@ -291,6 +295,11 @@ impl Registry {
                 last_used: now_secs().saturating_sub(used.elapsed().as_secs()),
                 bytes: report.manifest.data_bytes,
                 named: session.named(),
+                runtime: session
+                    .executor
+                    .runtime_dir()
+                    .await
+                    .map(|d| d.display().to_string()),
             };
             if let Err(e) = sleep.records.put(record) {
                 lock(&sleep.failed).insert(session.id, used);
@@ -410,7 +419,7 @@ impl Registry {
             ));
         }
         let binding = Hibernation::binding(&id, &record.owner);
-        let report = match executor
+        let mut report = match executor
             .restore(&sleep.store, &binding, Some(SNAPSHOT_TIMEOUT))
             .await
         {
@@ -445,7 +454,25 @@ impl Registry {
             id,
             self.config.max_concurrent_calls,
         ));
-        session.set_restored(report.text());
+        // A confined kernel works in a directory of its own (`<runtime>/work`), gone with the
+        // kernel that was saved: the new kernel is in its own, and the model is told that the
+        // files of the old one did not come back.
+        let mut files_gone = false;
+        if let (Some(cwd), Some(old)) = (&mut report.cwd, &record.runtime)
+            && !cwd.restored
+            && std::path::Path::new(&cwd.path).starts_with(old)
+            && let Some(new) = session_runtime(&session.executor).await
+        {
+            cwd.path = new.join("work").display().to_string();
+            cwd.restored = true;
+            cwd.reason = None;
+            files_gone = true;
+        }
+        let mut text = report.text();
+        if files_gone {
+            text.push_str("\nThe working directory is a new one: files written in the old one did not come back (only the kernel's state is saved).");
+        }
+        session.set_restored(text);
         if record.named {
             session.set_named();
         }
