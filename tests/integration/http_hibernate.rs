@@ -318,3 +318,118 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     assert_eq!(output, CHECKED);
     client.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hibernated_sessions_expire_and_a_token_keeps_within_its_quota() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let replica = replica();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &[
+            "--hibernate-after",
+            "1",
+            "--idle-timeout",
+            "4",
+            "--snapshot-quota",
+            "2000000",
+            "--warm-sessions",
+            "0",
+            "--replica-id",
+            &replica,
+        ],
+    );
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    // Two sessions of 1.2 MB each: the second one's hibernation deletes the first (least
+    // recently used) to stay within 2 MB.
+    let (_, first) = new_session(&client, "blob = b'x' * 1_200_000").await;
+    wait_metric(&service, None, HIBERNATED, 1.0).await;
+    let (_, second) = new_session(&client, "blob = b'y' * 1_200_000").await;
+    wait_metric(&service, None, HIBERNATED, 2.0).await;
+    let (is_error, text) = cell(&client, "print(len(blob))", Some(&first)).await;
+    assert!(is_error, "{text}");
+    let tag = &text["session ".len().."session ".len() + 8];
+    assert_eq!(
+        text,
+        format!(
+            "session {tag} expired: its saved state was deleted to keep this token's hibernated sessions within 2000000 bytes (--snapshot-quota), least recently used first\n  help: call without `session` to start a new session"
+        )
+    );
+    let (is_error, text) = cell(&client, "print(len(blob), blob[:1])", Some(&second)).await;
+    assert!(!is_error && text.ends_with("\n\n1200000 b'y'"), "{text}");
+    // Unused for the idle timeout (counted from its last call), a hibernated session's saved
+    // state is deleted.
+    wait_metric(&service, None, HIBERNATED, 3.0).await;
+    wait_metric(&service, None, "ipybox_saved_sessions_expired_total", 2.0).await;
+    assert_eq!(
+        metric(service.port, None, "ipybox_sessions_hibernated").await,
+        0.0
+    );
+    let (is_error, text) = cell(&client, "print(len(blob))", Some(&second)).await;
+    assert!(is_error, "{text}");
+    let tag = &text["session ".len().."session ".len() + 8];
+    assert_eq!(
+        text,
+        format!(
+            "session {tag} expired: it was idle for more than 4 s (--idle-timeout), so its saved state was deleted\n  help: call without `session` to start a new session"
+        )
+    );
+    client.close().await;
+}
+
+/// The crash bound: a service killed (SIGKILL) during a 50-cell session loses what the session
+/// did since its last checkpoint, and nothing before it. The cells come in bursts of ten
+/// (20 ms apart, as a model that runs cells back to back) with a pause of 1.5 s after each
+/// burst (a model thinking, a user reading); `--checkpoint-after 0.2`; the kill comes right
+/// after cell 45.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_service_keeps_what_its_last_checkpoint_holds() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let replica = replica();
+    let flags = [
+        "--checkpoint-after",
+        "0.2",
+        "--warm-sessions",
+        "0",
+        "--replica-id",
+        &replica,
+    ];
+    let mut service = Service::start(ws.path(), &[], &flags);
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let (_, h) = new_session(&client, "done = []").await;
+    for i in 0..=45 {
+        let (is_error, text) = cell(&client, &format!("done.append({i})"), Some(&h)).await;
+        assert!(!is_error, "{text}");
+        let pause = if i % 10 == 9 { 1500 } else { 20 };
+        if i < 45 {
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    }
+    service.kill();
+    let log = service.log();
+    let times: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.split("checkpoint: ").nth(1))
+        .collect();
+    eprintln!("checkpoints before the kill: {}: {times:?}", times.len());
+    assert!(times.len() >= 4, "{log}");
+    let service = Service::start(ws.path(), &[], &flags);
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&client, "print(done)", Some(&h)).await;
+    assert!(!is_error, "{text}");
+    let (report, output) = report_and_rest(&text);
+    assert!(
+        report.starts_with("\nCame back (1): done (list)."),
+        "{report}"
+    );
+    let survived: Vec<u32> = serde_json::from_str(&output).unwrap();
+    eprintln!(
+        "cells whose effects survived the kill: {} of 46 (0..={})",
+        survived.len(),
+        survived.last().unwrap()
+    );
+    assert_eq!(survived, (0..40).collect::<Vec<u32>>());
+    client.close().await;
+}
