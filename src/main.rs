@@ -269,7 +269,8 @@ struct HttpArgs {
     #[arg(long, requires = "http")]
     session_header: bool,
     /// A file with the key of session handles; replicas behind one load balancer share it
-    /// (IPYBOX_SESSION_SECRET also works). Default: a random key (handles die with the process).
+    /// (IPYBOX_SESSION_SECRET also works). Default: a key kept in
+    /// $IPYBOX_HOME/keys/session.key, so handles outlive a restart.
     #[arg(long, value_name = "FILE", requires = "http")]
     session_secret_file: Option<PathBuf>,
     /// Let clients call install_package (it changes the kernel environment every session

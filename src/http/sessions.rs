@@ -337,10 +337,16 @@ impl Registry {
         }
         if open >= self.config.max_sessions {
             metrics::session_refused();
+            let freed = match self.sleep.as_ref().and_then(|s| s.after) {
+                Some(after) => format!("sessions idle for {} s are hibernated", after.as_secs()),
+                None => format!(
+                    "sessions idle for {} s are closed",
+                    self.config.idle_timeout.as_secs()
+                ),
+            };
             return Err(format!(
-                "too many sessions: this ipybox already runs the maximum of {} kernel sessions (--max-sessions)\n  help: retry later (sessions idle for {} s are closed), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions",
+                "too many sessions: this ipybox already runs the maximum of {} kernel sessions (--max-sessions)\n  help: retry later ({freed}), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions",
                 self.config.max_sessions,
-                self.config.idle_timeout.as_secs()
             ));
         }
         Ok(())
