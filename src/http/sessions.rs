@@ -620,10 +620,20 @@ impl Registry {
                 .map(|session| self.save(session, Duration::ZERO, false)),
         );
         match tokio::time::timeout_at(deadline, saves).await {
-            Ok(saved) => tracing::info!(
-                "shutdown: {} of {count} idle sessions hibernated",
-                saved.iter().filter(|s| **s).count()
-            ),
+            Ok(saved) => {
+                tracing::info!(
+                    "shutdown: {} of {count} idle sessions hibernated",
+                    saved.iter().filter(|s| **s).count()
+                );
+                // Their kernels stop in the background after a hibernation: waited for here,
+                // before the process exits.
+                let stops = idle
+                    .iter()
+                    .zip(saved)
+                    .filter(|(_, saved)| *saved)
+                    .map(|(session, _)| session.executor.stop());
+                futures::future::join_all(stops).await;
+            }
             Err(_) => tracing::warn!(
                 "shutdown: --shutdown-grace ran out while hibernating {count} idle sessions; those not saved yet are closed"
             ),
@@ -670,7 +680,9 @@ impl SessionSource for Arc<Registry> {
                 // One transition at a time: a call waits for a hibernation in progress, and
                 // concurrent calls restore once.
                 let _guard = sleep.lock(handle.id).await;
-                if let Some(session) = self.open().get(&handle.id).cloned() {
+                if let Some(session) = self.open().get(&handle.id).cloned()
+                    && session.owner == *caller
+                {
                     session.touch();
                     return Ok(session);
                 }
@@ -679,6 +691,11 @@ impl SessionSource for Arc<Registry> {
                 }
             }
             let found = self.open().get(&handle.id).cloned();
+            // The handle's tag binds it to its owner's token; checked again here, so that a
+            // handle forged with a leaked key still names nobody else's session.
+            if found.as_ref().is_some_and(|s| s.owner != *caller) {
+                return Err(super::handle::Invalid::NotYours.message());
+            }
             match (&handle.place, found) {
                 (
                     Place::Gateway {

@@ -123,7 +123,9 @@ async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
     );
 
     // 2026-07-28: the handle brings the state back; the first result starts with the report.
+    let started = Instant::now();
     let (is_error, text) = cell(&modern, CHECK, Some(&h)).await;
+    let first = started.elapsed();
     assert!(!is_error, "{text}");
     let (report, output) = report_and_rest(&text);
     let (_, modern_cwd) = {
@@ -134,9 +136,15 @@ async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
     assert_eq!(report, expected_report(&modern_cwd));
     assert_eq!(output, CHECKED);
     // Once: the next result has no report.
+    let started = Instant::now();
     assert_eq!(
         cell(&modern, "print(x)", Some(&h)).await,
         (false, "42".into())
+    );
+    eprintln!(
+        "first call to a hibernated session: {} ms; the next one: {} ms",
+        first.as_millis(),
+        started.elapsed().as_millis()
     );
 
     // Handshake era: the MCP session's kernel session comes back on its next cell.
