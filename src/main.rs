@@ -248,6 +248,11 @@ struct HttpArgs {
         requires = "http"
     )]
     snapshot_quota: String,
+    /// Where saved sessions (snapshots, their records, the snapshot key) live instead of
+    /// ipybox's data directory: storage the replicas share, so that a replica restores the
+    /// hibernated sessions of a replica that died. Kernels never see it.
+    #[arg(long, value_name = "DIR", requires = "http")]
+    snapshot_dir: Option<PathBuf>,
     /// At most this many kernel sessions at once; one more is refused (nothing is evicted).
     #[arg(long, value_name = "N", default_value_t = 32, requires = "http")]
     max_sessions: usize,
@@ -636,7 +641,8 @@ async fn serve(
                     .with_context(|| format!("cannot create {}", images.display()))?;
             }
             if confined {
-                builder = builder.confine(confinement(&config.workspace).await?);
+                builder = builder
+                    .confine(confinement(&config.workspace, http.snapshot_dir.as_deref()).await?);
             } else if !gateway && !args.sandbox {
                 tracing::warn!(
                     "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
@@ -800,6 +806,7 @@ async fn http_options(
             checkpoint_after,
             snapshot_quota,
             data_dir: data_dir.clone(),
+            snapshot_dir: args.snapshot_dir.clone(),
         },
         session_key,
         connections: http::connections::Limits {
@@ -814,7 +821,10 @@ async fn http_options(
 /// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
 /// names the install command and `--unconfined-sessions`); the workspace's `.env` and the
 /// sessions' images are hidden from every kernel.
-async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::confine::Confinement> {
+async fn confinement(
+    workspace: &std::path::Path,
+    snapshot_dir: Option<&std::path::Path>,
+) -> anyhow::Result<ipybox::confine::Confinement> {
     let refuse = |e: ipybox::confine::ConfineError| {
         anyhow::anyhow!(
             "{e}\n  help: or, to run every session's code unconfined (as this user, able to reach every other session), pass --unconfined-sessions"
@@ -827,8 +837,14 @@ async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::conf
         "sessions are confined: each kernel runs in a bubblewrap of its own ({}), the workspace read-only",
         bwrap.display()
     );
+    let mut hidden = vec![workspace.join(".env"), workspace.join("images")];
+    if let Some(dir) = snapshot_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create --snapshot-dir {}", dir.display()))?;
+        hidden.push(dir.to_path_buf());
+    }
     Ok(ipybox::confine::Confinement {
-        hidden: vec![workspace.join(".env"), workspace.join("images")],
+        hidden,
         bwrap: Some(bwrap),
     })
 }

@@ -27,6 +27,12 @@ use sha2::{Digest, Sha256};
 
 use super::super::mcp_server::caller::Caller;
 
+/// How often a replica on shared storage renews its lease (`--snapshot-dir`).
+const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(2);
+/// A replica whose lease is older than this (and whose lock is free) is dead: another replica
+/// may take its saved sessions over.
+pub(crate) const LEASE_STALE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The largest record file read (a record is ~200 bytes).
 const MAX_RECORD: u64 = 4096;
 
@@ -227,6 +233,95 @@ impl SessionStore {
 
     pub(crate) fn all(&self) -> Vec<Record> {
         self.records().values().cloned().collect()
+    }
+
+    /// Renews this replica's lease (`sessions/<replica>/lease`, its modification time) every
+    /// [`HEARTBEAT`] for the life of the process: on shared storage, what tells other replicas
+    /// that this one is alive.
+    pub(crate) fn heartbeat(&self) {
+        let Some((dir, _)) = &self.disk else { return };
+        let lease = dir.join("lease");
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(HEARTBEAT);
+            loop {
+                interval.tick().await;
+                let renewed = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+                    .open(&lease)
+                    .and_then(|mut f| {
+                        f.write_all(now_secs().to_string().as_bytes())?;
+                        f.set_modified(std::time::SystemTime::now())
+                    });
+                if let Err(e) = renewed {
+                    tracing::warn!("cannot renew this replica's lease {}: {e}", lease.display());
+                }
+            }
+        });
+    }
+
+    /// Moves saved session `id` of replica `other` to this replica, if `other` is dead: its lock
+    /// is free (nobody holds `sessions/<other>/lock`) and its lease was not renewed for
+    /// [`LEASE_STALE`]. The move is one rename, so of two replicas trying at once one gets it;
+    /// it happens while holding `other`'s lock, so `other` cannot start again meanwhile. Returns
+    /// whether the session is this replica's now.
+    pub(crate) fn take_over(&self, other: &str, id: &[u8; 16]) -> bool {
+        let Some((dir, _)) = &self.disk else {
+            return false;
+        };
+        let valid = (1..=32).contains(&other.len())
+            && other
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        let Some(base) = dir.parent().filter(|_| valid) else {
+            return false;
+        };
+        let theirs = base.join(other);
+        let Ok(lock) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(theirs.join("lock"))
+        else {
+            return false;
+        };
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return false; // alive: it holds its lock
+        }
+        let renewed = std::fs::symlink_metadata(theirs.join("lease"))
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        if renewed.is_some_and(|age| age < LEASE_STALE) {
+            return false; // its lease is fresh (a replica starting again, or another host)
+        }
+        let name = format!("{}.json", hex(id));
+        let Some(record) = read_record(&theirs.join(&name)).filter(|r| r.id == *id) else {
+            return false;
+        };
+        if std::fs::rename(theirs.join(&name), dir.join(&name)).is_err() {
+            return false; // another replica took it first
+        }
+        self.records().insert(*id, record);
+        drop(lock);
+        true
+    }
+
+    /// Whether session `id`'s record is still this replica's on disk (another replica takes
+    /// over the records of one it found dead: a replica that was only stalled must not restore
+    /// them too). Forgets it in memory if not. Memory-only records are always this process's.
+    pub(crate) fn still_mine(&self, id: &[u8; 16]) -> bool {
+        let Some((dir, _)) = &self.disk else {
+            return true;
+        };
+        if dir.join(format!("{}.json", hex(id))).is_file() {
+            return true;
+        }
+        self.records().remove(id);
+        false
     }
 
     /// Adds or replaces `record` (on disk first: a record in memory is one that is on disk).

@@ -65,6 +65,8 @@ pub(crate) struct SessionConfig {
     pub(crate) snapshot_quota: Option<u64>,
     /// ipybox's data directory (snapshots, saved sessions' records); `None`: nothing is saved.
     pub(crate) data_dir: Option<std::path::PathBuf>,
+    /// `--snapshot-dir`: saved sessions on storage the replicas share (else `data_dir`).
+    pub(crate) snapshot_dir: Option<std::path::PathBuf>,
 }
 
 /// Makes the executor of a session: the one place a session's kernel comes from.
@@ -252,7 +254,7 @@ impl Registry {
         {
             return None;
         }
-        let Some(data) = &config.data_dir else {
+        let Some(data) = config.snapshot_dir.as_ref().or(config.data_dir.as_ref()) else {
             tracing::warn!("no data directory (set IPYBOX_HOME): idle sessions are not hibernated");
             return None;
         };
@@ -267,6 +269,9 @@ impl Registry {
             }
         };
         let records = super::session_store::SessionStore::open(data, &config.replica);
+        if config.snapshot_dir.is_some() && records.persistent() {
+            records.heartbeat();
+        }
         Some(Hibernation::new(
             store,
             records,
@@ -687,6 +692,26 @@ impl SessionSource for Arc<Registry> {
                     return Ok(session);
                 }
                 if let Some(session) = self.wake(caller, handle.id).await? {
+                    return Ok(session);
+                }
+            }
+            if let (Some(sleep), Place::Local { replica }) = (&self.sleep, &handle.place)
+                && *replica != self.config.replica
+                && self.config.snapshot_dir.is_some()
+            {
+                // Another replica's session, on shared storage: taken over only if that
+                // replica is dead (see `session_store::SessionStore::take_over`).
+                let _guard = sleep.lock(handle.id).await;
+                if let Some(session) = self.open().get(&handle.id).cloned()
+                    && session.owner == *caller
+                {
+                    session.touch();
+                    return Ok(session);
+                }
+                if sleep.records.take_over(replica, &handle.id)
+                    && let Some(session) = self.wake(caller, handle.id).await?
+                {
+                    tracing::info!(session = %session.tag, "took over a session of dead replica `{replica}`");
                     return Ok(session);
                 }
             }

@@ -441,3 +441,87 @@ async fn a_killed_service_keeps_what_its_last_checkpoint_holds() {
     assert_eq!(survived, (0..40).collect::<Vec<u32>>());
     client.close().await;
 }
+
+/// Replicas with local kernels and `--snapshot-dir` on storage they share: a hibernated session
+/// of a replica that died is restored by another replica its handle reaches; never while the
+/// replica that holds it is alive (its lock and lease).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replica_restores_the_hibernated_sessions_of_a_dead_one() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    let secret = shared.path().join("secret");
+    std::fs::write(&secret, "a-shared-session-secret-0123456789").unwrap();
+    let snapshots = shared.path().join("saved");
+    let flags = |replica: &str| -> Vec<String> {
+        [
+            "--hibernate-after",
+            "1",
+            "--warm-sessions",
+            "0",
+            "--replica-id",
+            replica,
+            "--snapshot-dir",
+            snapshots.to_str().unwrap(),
+            "--session-secret-file",
+            secret.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let (a_name, b_name) = (replica(), replica());
+    let a_flags = flags(&a_name);
+    let b_flags = flags(&b_name);
+    let a_flags: Vec<&str> = a_flags.iter().map(String::as_str).collect();
+    let b_flags: Vec<&str> = b_flags.iter().map(String::as_str).collect();
+    let mut a = Service::start(ws.path(), &[], &a_flags);
+    let b = Service::start(ws.path(), &[], &b_flags);
+    let on_a = connect(&a.url(), None, Era::Stateless).await;
+    let on_b = connect(&b.url(), None, Era::Stateless).await;
+    let (_, h) = new_session(&on_a, "x = 5\ndef g():\n    return x + 1").await;
+    wait_metric(&a, None, HIBERNATED, 1.0).await;
+    let elsewhere = format!(
+        "this session's kernel runs on replica `{a_name}`, and this is `{b_name}`: kernels of local sessions live in one replica's memory\n  help: route requests by the handle's replica (the `Mcp-Param-Session` header, or the `{a_name}` part of the handle) to that replica, or start a new session"
+    );
+    // Alive: its session is not taken.
+    assert_eq!(
+        cell(&on_b, "print(g())", Some(&h)).await,
+        (true, elsewhere.clone())
+    );
+    a.kill();
+    // Dead: once its lease is stale, the session comes back on b, with a handle of b's.
+    let killed = Instant::now();
+    let (is_error, text) = loop {
+        let (is_error, text) = cell(&on_b, "print(g())", Some(&h)).await;
+        if text != elsewhere {
+            break (is_error, text);
+        }
+        assert!(killed.elapsed() < Duration::from_secs(30), "{}", b.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!(
+        "taken over {} ms after the kill",
+        killed.elapsed().as_millis()
+    );
+    assert!(!is_error, "{text}");
+    let (report, rest) = report_and_rest(&text);
+    assert!(
+        report.starts_with("\nCame back (2): x (int), g (function).\nWorking directory: "),
+        "{report}"
+    );
+    let (output, new) = split_note(&rest);
+    assert_eq!(output, "6");
+    let new = new.unwrap();
+    assert!(new.starts_with(&format!("ipybox-s1.{b_name}.")), "{new}");
+    assert_eq!(
+        rest,
+        format!(
+            "6\n\n[ipybox session {new}: this session's kernel was replaced; pass session=\"{new}\" from now on]"
+        )
+    );
+    assert_eq!(
+        cell(&on_b, "print(x)", Some(&new)).await,
+        (false, "5".into())
+    );
+    on_b.close().await;
+}

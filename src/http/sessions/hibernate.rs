@@ -405,6 +405,10 @@ impl Registry {
         let Some(record) = sleep.records.get(&id) else {
             return Ok(None);
         };
+        if !sleep.records.still_mine(&id) {
+            tracing::warn!(session = %tag_of(&id), "another replica took this session over (this one seemed dead to it)");
+            return Ok(None);
+        }
         let tag = tag_of(&id);
         if record.owner != owner_digest(caller) {
             return Err(super::super::handle::Invalid::NotYours.message());
