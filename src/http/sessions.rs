@@ -822,7 +822,7 @@ impl SessionSource for Arc<Registry> {
             };
             let _guard = sleep.lock(closed.id).await;
             if let Some(session) = self.open().get(&closed.id).cloned() {
-                if Arc::ptr_eq(&session, closed) {
+                if Arc::ptr_eq(&session, closed) || session.owner != *caller {
                     return Ok(None);
                 }
                 session.touch();

@@ -396,11 +396,14 @@ impl Registry {
         let Some(sleep) = &self.sleep else {
             return Ok(None);
         };
-        if let Some(session) = self.open().get(&id).cloned()
-            && session.closed().is_none()
-        {
-            session.touch();
-            return Ok(Some(session));
+        if let Some(session) = self.open().get(&id).cloned() {
+            if session.owner != *caller {
+                return Err(super::super::handle::Invalid::NotYours.message());
+            }
+            if session.closed().is_none() {
+                session.touch();
+                return Ok(Some(session));
+            }
         }
         let Some(record) = sleep.records.get(&id) else {
             return Ok(None);
