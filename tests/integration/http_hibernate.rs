@@ -5,8 +5,9 @@
 //! the same data directory) keeps sessions; a session's kernel cannot read the keys or the
 //! snapshots.
 //!
-//! Every service here has a replica name of its own (`--replica-id`): the records of saved
-//! sessions are per replica in ipybox's data directory, which the tests share.
+//! Every service here has a replica name of its own (`--replica-id`) and keeps its saved
+//! sessions in a temporary `--snapshot-dir` (removed with the test); the session key is in
+//! ipybox's data directory, which the tests share.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -98,6 +99,8 @@ async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let replica = replica();
+    let saved = tempfile::tempdir().unwrap();
+    let saved_dir = saved.path().to_str().unwrap();
     let service = Service::start(
         ws.path(),
         &[],
@@ -108,6 +111,8 @@ async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
             "0",
             "--replica-id",
             &replica,
+            "--snapshot-dir",
+            saved_dir,
         ],
     );
     let modern = connect(&service.url(), None, Era::Stateless).await;
@@ -174,6 +179,8 @@ async fn concurrent_calls_restore_once() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let replica = replica();
+    let saved = tempfile::tempdir().unwrap();
+    let saved_dir = saved.path().to_str().unwrap();
     let service = Service::start(
         ws.path(),
         &[],
@@ -184,6 +191,8 @@ async fn concurrent_calls_restore_once() {
             "0",
             "--replica-id",
             &replica,
+            "--snapshot-dir",
+            saved_dir,
         ],
     );
     let client = connect(&service.url(), None, Era::Stateless).await;
@@ -210,6 +219,8 @@ async fn another_tokens_handle_and_another_sessions_snapshot_are_refused() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let replica = replica();
+    let saved = tempfile::tempdir().unwrap();
+    let saved_dir = saved.path().to_str().unwrap();
     let service = Service::start(
         ws.path(),
         &[],
@@ -220,6 +231,8 @@ async fn another_tokens_handle_and_another_sessions_snapshot_are_refused() {
             "0",
             "--replica-id",
             &replica,
+            "--snapshot-dir",
+            saved_dir,
             "--token",
             TOKEN_A,
             "--token",
@@ -250,7 +263,7 @@ async fn another_tokens_handle_and_another_sessions_snapshot_are_refused() {
 
     // Session two's snapshot planted where session one's is: its seal is for another session,
     // so nothing of it is loaded, and session one is told so.
-    let snapshots = data_dir().join("snapshots");
+    let snapshots = saved.path().join("snapshots");
     let holding = |value: &str| {
         std::fs::read_dir(&snapshots)
             .unwrap()
@@ -290,20 +303,32 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let replica = replica();
-    let flags = ["--warm-sessions", "0", "--replica-id", &replica];
+    let saved = tempfile::tempdir().unwrap();
+    let saved_dir = saved.path().to_str().unwrap();
+    let flags = [
+        "--warm-sessions",
+        "0",
+        "--replica-id",
+        &replica,
+        "--snapshot-dir",
+        saved_dir,
+    ];
     let mut service = Service::start(ws.path(), &[], &flags);
     let client = connect(&service.url(), None, Era::Stateless).await;
     let (_, h) = new_session(&client, STATE).await;
-    // The kernel sees neither the keys nor the snapshots (nor the saved sessions' records).
+    // The kernel sees neither the keys nor the snapshots nor the saved sessions' records.
     let home = data_dir();
     let probe = format!(
-        "import os as _os\nfor _q in ['keys/session.key', 'keys/snapshot.key', 'snapshots', 'sessions']:\n    _q = _os.path.join({home:?}, _q)\n    try:\n        open(_q).read() if not _os.path.isdir(_q) else _os.listdir(_q)[0]\n        print('read', _q)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)\ndel _q, _os",
-        home = home.display().to_string()
+        "import os as _os\nfor _q in [{key:?}, {saved:?} + '/keys/snapshot.key', {saved:?} + '/snapshots', {saved:?} + '/sessions']:\n    try:\n        open(_q).read() if not _os.path.isdir(_q) else _os.listdir(_q)[0]\n        print('read', _q)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)\ndel _q, _os",
+        key = home.join("keys/session.key").display().to_string(),
+        saved = saved_dir,
     );
     assert!(home.join("keys/session.key").is_file());
+    assert!(saved.path().join("keys/snapshot.key").is_file());
     let (is_error, text) = cell(&client, &probe, Some(&h)).await;
     assert!(!is_error, "{text}");
-    assert!(!text.contains("read"), "{text}");
+    // Hidden (an empty directory in the kernel's view), not merely unreadable.
+    assert_eq!(text, ["FileNotFoundError"; 4].join("\n"));
     client.close().await;
 
     // SIGTERM: the idle session is hibernated, not lost.
@@ -332,6 +357,8 @@ async fn hibernated_sessions_expire_and_a_token_keeps_within_its_quota() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let replica = replica();
+    let saved = tempfile::tempdir().unwrap();
+    let saved_dir = saved.path().to_str().unwrap();
     let service = Service::start(
         ws.path(),
         &[],
@@ -346,6 +373,8 @@ async fn hibernated_sessions_expire_and_a_token_keeps_within_its_quota() {
             "0",
             "--replica-id",
             &replica,
+            "--snapshot-dir",
+            saved_dir,
         ],
     );
     let client = connect(&service.url(), None, Era::Stateless).await;
@@ -396,6 +425,8 @@ async fn a_killed_service_keeps_what_its_last_checkpoint_holds() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let replica = replica();
+    let saved = tempfile::tempdir().unwrap();
+    let saved_dir = saved.path().to_str().unwrap();
     let flags = [
         "--checkpoint-after",
         "0.2",
@@ -403,6 +434,8 @@ async fn a_killed_service_keeps_what_its_last_checkpoint_holds() {
         "0",
         "--replica-id",
         &replica,
+        "--snapshot-dir",
+        saved_dir,
     ];
     let mut service = Service::start(ws.path(), &[], &flags);
     let client = connect(&service.url(), None, Era::Stateless).await;
