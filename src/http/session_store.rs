@@ -432,6 +432,58 @@ mod tests {
     }
 
     #[test]
+    fn a_dead_replicas_sessions_are_taken_over_a_live_ones_never() {
+        let t = tempfile::tempdir().unwrap();
+        let r = Record {
+            id: [5; 16],
+            owner: owner_digest(&Caller::Local),
+            last_used: 1_700_000_000,
+            bytes: 1,
+            named: true,
+            runtime: None,
+        };
+        let b = SessionStore::open(t.path(), "b");
+        let lease = t.path().join("sessions/a/lease");
+        {
+            let a = SessionStore::open(t.path(), "a");
+            a.put(r.clone()).unwrap();
+            std::fs::write(&lease, "0").unwrap();
+            // Alive: it holds its lock (whatever its lease says).
+            let old = std::time::SystemTime::now() - LEASE_STALE * 2;
+            std::fs::File::options()
+                .write(true)
+                .open(&lease)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+            assert!(!b.take_over("a", &r.id));
+        }
+        // Its lock is free, but its lease is fresh: not yet.
+        std::fs::File::options()
+            .write(true)
+            .open(&lease)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now())
+            .unwrap();
+        assert!(!b.take_over("a", &r.id));
+        // Dead: lock free, lease stale. Once only; the record moved.
+        let old = std::time::SystemTime::now() - LEASE_STALE * 2;
+        std::fs::File::options()
+            .write(true)
+            .open(&lease)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        assert!(!b.take_over("../a", &r.id));
+        assert!(b.take_over("a", &r.id));
+        assert_eq!(b.get(&r.id), Some(r.clone()));
+        assert!(!b.take_over("a", &r.id));
+        assert!(b.still_mine(&r.id));
+        let a = SessionStore::open(t.path(), "a");
+        assert!(a.all().is_empty());
+    }
+
+    #[test]
     fn owners_differ_by_credential() {
         assert_ne!(
             owner_digest(&Caller::Token([1; 32])),
