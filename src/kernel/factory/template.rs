@@ -47,6 +47,44 @@ use crate::kernel::{KernelConfig, KernelError};
 /// Python run with `-c` by the template process.
 const BOOT: &str = "from ipybox_runtime.factory import main; main()";
 
+/// The data libraries a template imports once idle when `IPYBOX_KERNEL_PRELOAD` is not set
+/// (each only if the kernel environment has it; ipybox's managed environment has neither).
+pub(crate) const DEFAULT_PRELOAD: &str = "numpy,pandas";
+
+/// The modules the template imports once idle (`factory.py`, "MODULES"), comma-separated:
+/// `IPYBOX_KERNEL_PRELOAD` from ipybox's environment (empty, `0`, `off`, `none`: none), else
+/// [`DEFAULT_PRELOAD`]. A name that is not a dotted module name is left out with a warning.
+pub(crate) fn preload_modules(host: &crate::host_env::HostEnv) -> String {
+    let Some(value) = host.vars().get("IPYBOX_KERNEL_PRELOAD") else {
+        return DEFAULT_PRELOAD.to_string();
+    };
+    if matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "" | "0" | "off" | "none" | "no" | "false"
+    ) {
+        return String::new();
+    }
+    let mut names = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let valid = name.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+        });
+        if valid {
+            names.push(name);
+        } else {
+            tracing::warn!(
+                "IPYBOX_KERNEL_PRELOAD: {} is not a module name (dotted identifiers, comma-separated); left out",
+                printable(name)
+            );
+        }
+    }
+    names.join(",")
+}
+
 /// How long the template may take to answer a fork request (it answers right after `fork()`).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -192,6 +230,7 @@ impl Template {
             BOOT.to_string(),
             listener.path().display().to_string(),
             expected.token.clone(),
+            preload_modules(&config.host),
         ];
         let dir = TemplateDir::create(dir)?;
         let mut child = local::spawn_kernel_command(config, argv, &dir.0)?;
@@ -728,6 +767,29 @@ fn suffix(stderr: &StderrTail) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_preload_list_comes_from_ipybox_kernel_preload() {
+        let with = |v: Option<&str>| {
+            let vars = v
+                .map(|v| [("IPYBOX_KERNEL_PRELOAD".to_string(), v.to_string())].into())
+                .unwrap_or_default();
+            preload_modules(&crate::host_env::HostEnv::from_vars(vars))
+        };
+        assert_eq!(with(None), "numpy,pandas");
+        for off in ["", " ", "0", "off", "None", "no", "false"] {
+            assert_eq!(with(Some(off)), "", "{off:?}");
+        }
+        assert_eq!(
+            with(Some(" polars, scipy.sparse ,,sklearn")),
+            "polars,scipy.sparse,sklearn"
+        );
+        // Only dotted identifiers reach the template's command line.
+        assert_eq!(
+            with(Some("numpy,os; rm -rf /,-c,a..b,1x,_ok.x2")),
+            "numpy,_ok.x2"
+        );
+    }
 
     #[tokio::test]
     async fn a_line_without_end_from_the_template_is_cut_off() {
