@@ -19,6 +19,9 @@ EOF (the host is gone) it kills the kernels it forked that still run, and exits.
                                                             it connected, with its process group,
                                                             if not reaped yet)
     template: {"op": "forked", "id": ID, "pid": PID}      (PID in the template's pid namespace)
+              {"op": "preloading", "module": M} ... {"op": "preloaded", "module": M}
+                                                           (around the import of one of MODULES:
+                                                            a request sent meanwhile waits)
               {"op": "refused", "id": ID, "reason": TEXT}  (nothing was forked)
               {"op": "exit", "id": ID, "code": N}          (os.waitstatus_to_exitcode: -9 = SIGKILL)
 
@@ -209,6 +212,8 @@ class _Template:
                 return
         except (ImportError, ValueError):
             return
+        # The host then waits longer for the answer to a fork request sent meanwhile.
+        self.send({"op": "preloading", "module": name})
         saved = {k: os.environ.get(k) for k in _BLAS_THREAD_VARS}
         os.environ.update({k: "1" for k in _BLAS_THREAD_VARS})
         try:
@@ -221,6 +226,7 @@ class _Template:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+        self.send({"op": "preloaded", "module": name})
         reason = _unsafe_to_fork()
         if reason is not None:
             print(f"ipybox kernel factory: importing {name} left the template unable to fork ({reason}); preloading stops", file=sys.stderr)

@@ -492,3 +492,44 @@ async fn with_preload_off_a_template_imports_no_data_library() {
     assert_eq!(run(&ex, PRELOADED).await, "[] False False");
     ex.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_asked_for_while_the_template_preloads_waits_for_the_import() {
+    let ws = tempfile::tempdir().unwrap();
+    // A preloaded module whose import takes longer than the template may take to answer a
+    // fork request otherwise (10 s), as pandas can on a loaded machine.
+    std::fs::write(
+        ws.path().join("slow_import.py"),
+        "import time\ntime.sleep(12)\nREADY = True\n",
+    )
+    .unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .host_env(preload_env("slow_import"))
+        .build();
+    ex.start().await.unwrap();
+    let first = ex.kernel_pid().await.unwrap();
+    let template = template_of(first).expect("forked");
+    // The template is idle now: it starts importing slow_import after 0.5 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    ex.reset().await.unwrap();
+    let waited = t.elapsed();
+    let second = ex.kernel_pid().await.unwrap();
+    assert_eq!(
+        template_of(second),
+        Some(template),
+        "forked by the same template, after the import"
+    );
+    assert!(waited >= Duration::from_secs(8), "{waited:?}");
+    assert_eq!(
+        run(
+            &ex,
+            "import sys\nprint('slow_import' in sys.modules, 'slow_import' in dir())"
+        )
+        .await,
+        "True False"
+    );
+    ex.stop().await;
+}

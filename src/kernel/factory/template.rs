@@ -127,9 +127,22 @@ enum Request<'a> {
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Message {
-    Forked { id: String },
-    Refused { id: String, reason: String },
-    Exit { id: String, code: i32 },
+    Forked {
+        id: String,
+    },
+    Refused {
+        id: String,
+        reason: String,
+    },
+    Exit {
+        id: String,
+        code: i32,
+    },
+    /// The template is importing one of its preloaded data libraries (`IPYBOX_KERNEL_PRELOAD`):
+    /// a fork request waits until that import ends.
+    Preloading,
+    /// It is done with that import.
+    Preloaded,
 }
 
 /// The template's answer to one fork request.
@@ -163,6 +176,8 @@ pub(crate) struct Template {
     closed: watch::Receiver<bool>,
     /// True once a request could not be written within [`SEND_TIMEOUT`].
     stalled: std::sync::atomic::AtomicBool,
+    /// True while the template imports a preloaded data library (it answers no request then).
+    preloading: Arc<std::sync::atomic::AtomicBool>,
     listener: Arc<Listener>,
     tasks: Vec<JoinHandle<()>>,
     _stdin: Option<tokio::process::ChildStdin>,
@@ -292,6 +307,8 @@ impl Template {
         let routes: Arc<Mutex<Routes>> = Arc::default();
         let (closed_tx, closed) = watch::channel(false);
         let reader_routes = routes.clone();
+        let preloading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader_preloading = preloading.clone();
         let mut reader = hello.reader;
         tasks.push(tokio::spawn(async move {
             let mut line = Vec::new();
@@ -318,6 +335,8 @@ impl Template {
                 };
                 let mut routes = lock(&reader_routes);
                 match msg {
+                    Message::Preloading => reader_preloading.store(true, Ordering::SeqCst),
+                    Message::Preloaded => reader_preloading.store(false, Ordering::SeqCst),
                     Message::Forked { id } => {
                         if let Some(tx) = routes.replies.remove(&id) {
                             let _ = tx.send(Reply::Forked);
@@ -350,6 +369,7 @@ impl Template {
             routes,
             closed,
             stalled: std::sync::atomic::AtomicBool::new(false),
+            preloading,
             listener,
             tasks,
             _stdin: stdin,
@@ -448,7 +468,14 @@ impl Template {
             id: id.clone(),
             armed: false,
         };
-        match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
+        let mut reply_rx = reply_rx;
+        let mut reply = tokio::time::timeout(REPLY_TIMEOUT, &mut reply_rx).await;
+        if reply.is_err() && self.preloading.load(Ordering::SeqCst) {
+            // Busy importing a preloaded library (seconds on a loaded machine): it forks when
+            // that import ends. Bounded like a kernel's start.
+            reply = tokio::time::timeout(config.start_timeout, &mut reply_rx).await;
+        }
+        match reply {
             Ok(Ok(Reply::Forked)) => unclaimed.armed = true,
             Ok(Ok(Reply::Refused(reason))) => {
                 return Err(fail(format!("the template refused to fork: {reason}")));
@@ -463,7 +490,12 @@ impl Template {
             Err(_) => {
                 return Err(fail(format!(
                     "the template did not answer a fork request within {} s",
-                    REPLY_TIMEOUT.as_secs()
+                    if self.preloading.load(Ordering::SeqCst) {
+                        REPLY_TIMEOUT + config.start_timeout
+                    } else {
+                        REPLY_TIMEOUT
+                    }
+                    .as_secs()
                 )));
             }
         }
@@ -767,6 +799,18 @@ fn suffix(stderr: &StderrTail) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_template_says_when_it_preloads() {
+        for (line, preloading) in [
+            (r#"{"op": "preloading", "module": "pandas"}"#, true),
+            (r#"{"op": "preloaded", "module": "pandas"}"#, false),
+        ] {
+            let msg: Message = serde_json::from_str(line).unwrap();
+            assert_eq!(matches!(msg, Message::Preloading), preloading, "{line}");
+            assert!(matches!(msg, Message::Preloading | Message::Preloaded));
+        }
+    }
 
     #[test]
     fn the_preload_list_comes_from_ipybox_kernel_preload() {
