@@ -124,7 +124,7 @@ _BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS
 
 
 def main() -> None:
-    """Runs the template: ``sys.argv`` is ``[-c, SOCKET, TOKEN]``."""
+    """Runs the template: ``sys.argv`` is ``[-c, SOCKET, TOKEN, MODULES]`` (``MODULES`` optional)."""
     socket_path, token = sys.argv[1], sys.argv[2]
     modules = [m for m in (sys.argv[3] if len(sys.argv) > 3 else "").split(",") if m]
     # The environment as started, before any import can change it: what every kernel gets.
