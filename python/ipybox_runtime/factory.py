@@ -5,7 +5,7 @@ The host starts it like a kernel, with the kernel environment, the workspace as 
 and, under ``--sandbox``, inside the sandbox wrapper, so every kernel it forks is confined exactly
 as a kernel started on its own::
 
-    python -c "from ipybox_runtime.factory import main; main()" SOCKET TOKEN
+    python -c "from ipybox_runtime.factory import main; main()" SOCKET TOKEN [MODULES]
 
 After its imports it connects to the host's factory socket ``SOCKET`` and says
 ``ipybox-factory TOKEN``. That connection is its request channel (JSON lines) and its lifeline: on
@@ -19,6 +19,9 @@ EOF (the host is gone) it kills the kernels it forked that still run, and exits.
                                                             it connected, with its process group,
                                                             if not reaped yet)
     template: {"op": "forked", "id": ID, "pid": PID}      (PID in the template's pid namespace)
+              {"op": "preloading", "module": M} ... {"op": "preloaded", "module": M}
+                                                           (around the import of one of MODULES:
+                                                            a request sent meanwhile waits)
               {"op": "refused", "id": ID, "reason": TEXT}  (nothing was forked)
               {"op": "exit", "id": ID, "code": N}          (os.waitstatus_to_exitcode: -9 = SIGKILL)
 
@@ -48,6 +51,19 @@ becomes free: when it reaps the kernel. So it never signals a kernel it has reap
 exits, the template sees it with ``waitid(WNOWAIT)`` (the kernel stays a zombie, its pid and group id
 still its own), SIGKILLs what is left of the kernel's process group, and only then reaps it and
 reports its status. The host kills a kernel through a pidfd and leaves its group to this.
+
+``MODULES`` (comma-separated, may be empty) are data libraries the template imports too, but only
+once it is idle (no request for ``IDLE_BEFORE_PRELOAD`` seconds after connecting or after its last
+request), one module at a time, each only if it is installed: a kernel's own ``import pandas``
+and a snapshot restore's re-import of it are then free, and the library's pages are shared by
+every kernel forked later. The first kernels are not kept waiting for them; a fork request that
+comes while one of them is being imported waits for that import. BLAS libraries start their
+thread pools when loaded, and a template with a thread cannot fork: the template imports them with
+``OPENBLAS_NUM_THREADS=1`` (and the ``OMP``/``MKL`` equivalents), and each forked kernel sets the
+OpenBLAS thread count its own environment asks for (``_blas_threads``). A module whose import
+leaves a thread running anyway is reported on stderr and the template stops preloading; its forks
+are then refused (``_unsafe_to_fork``) and the host builds the next template (the module stays in
+the list: name such a module in ``IPYBOX_KERNEL_PRELOAD`` and the factory turns itself off).
 
 Shared by every kernel of one template: the imported modules (copy-on-write pages; ``gc.freeze``
 keeps the collector from writing to them) and Python's string-hash seed (``PYTHONHASHSEED`` is
@@ -101,10 +117,16 @@ PRELOAD = (
 
 _HELLO = "ipybox-factory"
 
+# Seconds without a request before the template imports the next of its ``MODULES``.
+IDLE_BEFORE_PRELOAD = 0.5
+# Imported with these at 1, so that their BLAS starts no thread in the template.
+_BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 def main() -> None:
-    """Runs the template: ``sys.argv`` is ``[-c, SOCKET, TOKEN]``."""
+    """Runs the template: ``sys.argv`` is ``[-c, SOCKET, TOKEN, MODULES]`` (``MODULES`` optional)."""
     socket_path, token = sys.argv[1], sys.argv[2]
+    modules = [m for m in (sys.argv[3] if len(sys.argv) > 3 else "").split(",") if m]
     # The environment as started, before any import can change it: what every kernel gets.
     env = dict(os.environ)
     from ipykernel import kernelapp  # noqa: F401  (a template without it is no use)
@@ -127,12 +149,14 @@ def main() -> None:
     chan = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     chan.connect(socket_path)
     chan.sendall(f"{_HELLO} {token}\n".encode())
-    _Template(chan, (wake_r, wake_w), socket_path, env).serve()
+    _Template(chan, (wake_r, wake_w), socket_path, env, modules).serve()
 
 
 class _Template:
-    def __init__(self, chan: socket.socket, wake: tuple[int, int], socket_path: str, env: dict):
+    def __init__(self, chan: socket.socket, wake: tuple[int, int], socket_path: str, env: dict, modules: list[str]):
         self.chan = chan
+        # Data libraries still to import once idle (see the module docstring).
+        self.preload = list(modules)
         self.wake = wake
         self.socket_path = socket_path
         self.env = env
@@ -149,7 +173,11 @@ class _Template:
     def serve(self) -> None:
         buf = b""
         while True:
-            ready, _, _ = select.select([self.chan, self.wake[0]], [], [])
+            timeout = IDLE_BEFORE_PRELOAD if self.preload else None
+            ready, _, _ = select.select([self.chan, self.wake[0]], [], [], timeout)
+            if not ready:
+                self.preload_next()
+                continue
             if self.wake[0] in ready:
                 try:
                     while os.read(self.wake[0], 4096):
@@ -173,6 +201,38 @@ class _Template:
                         print(f"ipybox kernel factory: unreadable request {line[:200]!r}", file=sys.stderr)
                         continue
                     self.handle(req)
+
+    def preload_next(self) -> None:
+        """Imports the next module of ``MODULES``, if installed (idle time only)."""
+        import importlib.util
+
+        name = self.preload.pop(0)
+        try:
+            if importlib.util.find_spec(name) is None:
+                return
+        except (ImportError, ValueError):
+            return
+        # The host then waits longer for the answer to a fork request sent meanwhile.
+        self.send({"op": "preloading", "module": name})
+        saved = {k: os.environ.get(k) for k in _BLAS_THREAD_VARS}
+        os.environ.update({k: "1" for k in _BLAS_THREAD_VARS})
+        try:
+            __import__(name)
+        except Exception as e:  # the kernel imports it itself, and sees the error then
+            print(f"ipybox kernel factory: not preloading {name}: {type(e).__name__}: {e}", file=sys.stderr)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self.send({"op": "preloaded", "module": name})
+        reason = _unsafe_to_fork()
+        if reason is not None:
+            print(f"ipybox kernel factory: importing {name} left the template unable to fork ({reason}); preloading stops", file=sys.stderr)
+            self.preload = []
+        gc.collect()
+        gc.freeze()
 
     def reap(self) -> None:
         while True:
@@ -428,6 +488,36 @@ def _fresh_state() -> None:
     import time
 
     time.tzset()
+    _blas_threads()
+
+
+def _blas_threads() -> None:
+    """Gives OpenBLAS (loaded by a preloaded numpy with one thread, see the module docstring) the
+    thread count the kernel's own environment asks for, as if the kernel had loaded it."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split(None, 5)[5].strip() for line in f if "openblas" in line and len(line.split(None, 5)) == 6}
+    except OSError:
+        return
+    if not libs:
+        return
+    want = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    try:
+        n = int(want.split(",")[0]) if want else len(os.sched_getaffinity(0))
+    except ValueError:
+        n = len(os.sched_getaffinity(0))
+    import ctypes
+
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for sym in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_", "openblas_set_num_threads"):
+            setter = getattr(lib, sym, None)
+            if setter is not None:
+                setter(max(1, n))
+                break
 
 
 def _close_inherited() -> None:

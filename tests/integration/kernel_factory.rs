@@ -376,3 +376,160 @@ async fn what_a_dead_forked_kernel_started_is_killed_through_its_template() {
     );
     s.close().await;
 }
+
+/// The kernel interpreter with numpy and pandas (`scripts/test-env.sh`).
+fn data_python() -> std::path::PathBuf {
+    crate::support::root().join("target/test-env/kernel-data/bin/python")
+}
+
+/// The process environment with `IPYBOX_KERNEL_PRELOAD` set to `preload`.
+fn preload_env(preload: &str) -> HostEnv {
+    let mut vars = HostEnv::from_process().vars().clone();
+    vars.insert("IPYBOX_KERNEL_PRELOAD".into(), preload.into());
+    HostEnv::from_vars(vars)
+}
+
+/// In the kernel: which of numpy and pandas were imported before any code ran, whether the
+/// user namespace has them, and OpenBLAS's thread count against what the kernel's environment
+/// asks for (`OPENBLAS_NUM_THREADS`, else the CPUs it may run on).
+const PRELOADED: &str = r#"
+import sys
+print(sorted(m for m in ("numpy", "pandas") if m in sys.modules), "np" in dir(), "pandas" in dir())
+"#;
+
+const BLAS: &str = r#"
+import ctypes, glob, os
+import numpy
+lib = ctypes.CDLL(glob.glob(os.path.dirname(numpy.__file__) + ".libs/libscipy_openblas64_*.so")[0])
+want = int(os.environ.get("OPENBLAS_NUM_THREADS") or len(os.sched_getaffinity(0)))
+print(lib.scipy_openblas_get_num_threads64_() == want, want)
+"#;
+
+/// Resets `ex` until its fresh kernel was forked from a template that had preloaded numpy and
+/// pandas (the template imports them once idle), and returns what [`PRELOADED`] printed then.
+async fn reset_until_preloaded(ex: &CodeExecutor) -> String {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        ex.reset().await.unwrap();
+        let out = run(ex, PRELOADED).await;
+        if out.starts_with("['numpy', 'pandas']") || Instant::now() > deadline {
+            return out;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_template_preloads_numpy_and_pandas_for_the_kernels_it_forks() {
+    crate::support::require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .python(data_python())
+        .without_spare_kernel()
+        .host_env(preload_env("numpy,pandas"))
+        .build();
+    ex.start().await.unwrap();
+    // Imported in the template, not in the user namespace.
+    assert_eq!(
+        reset_until_preloaded(&ex).await,
+        "['numpy', 'pandas'] False False"
+    );
+    // The user's imports work, and the libraries behave as in a kernel that imported them itself.
+    let out = run(
+        &ex,
+        "import numpy as np, pandas as pd\nprint(pd.DataFrame({'a': np.arange(4)}).a.sum(), pd.__name__)",
+    )
+    .await;
+    assert_eq!(out, "6 pandas");
+    // BLAS was loaded with one thread (a template with threads cannot fork); the kernel has
+    // the thread count its own environment asks for.
+    let out = run(&ex, BLAS).await;
+    assert!(out.starts_with("True "), "{out}");
+    // Two kernels forked from the template do not share numpy's random state.
+    let a = run(&ex, "import numpy as np\nprint(np.random.randint(1 << 30))").await;
+    ex.reset().await.unwrap();
+    let b = run(&ex, "import numpy as np\nprint(np.random.randint(1 << 30))").await;
+    assert_ne!(a, b);
+    ex.stop().await;
+
+    // A kernel environment that asks for one BLAS thread gets one.
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .python(data_python())
+        .without_spare_kernel()
+        .host_env(preload_env("numpy"))
+        .kernel_env([("OPENBLAS_NUM_THREADS", "1")])
+        .build();
+    ex.start().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        ex.reset().await.unwrap();
+        if run(&ex, PRELOADED).await == "['numpy'] False False" || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(run(&ex, PRELOADED).await, "['numpy'] False False");
+    assert_eq!(run(&ex, BLAS).await, "True 1");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_preload_off_a_template_imports_no_data_library() {
+    crate::support::require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .python(data_python())
+        .without_spare_kernel()
+        .host_env(preload_env("none"))
+        .build();
+    ex.start().await.unwrap();
+    // Long past the idle time after which a template preloads.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ex.reset().await.unwrap();
+    assert_eq!(run(&ex, PRELOADED).await, "[] False False");
+    ex.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_asked_for_while_the_template_preloads_waits_for_the_import() {
+    let ws = tempfile::tempdir().unwrap();
+    // A preloaded module whose import takes longer than the template may take to answer a
+    // fork request otherwise (10 s), as pandas can on a loaded machine.
+    std::fs::write(
+        ws.path().join("slow_import.py"),
+        "import time\ntime.sleep(12)\nREADY = True\n",
+    )
+    .unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .without_spare_kernel()
+        .host_env(preload_env("slow_import"))
+        .build();
+    ex.start().await.unwrap();
+    let first = ex.kernel_pid().await.unwrap();
+    let template = template_of(first).expect("forked");
+    // The template is idle now: it starts importing slow_import after 0.5 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    ex.reset().await.unwrap();
+    let waited = t.elapsed();
+    let second = ex.kernel_pid().await.unwrap();
+    assert_eq!(
+        template_of(second),
+        Some(template),
+        "forked by the same template, after the import"
+    );
+    assert!(waited >= Duration::from_secs(8), "{waited:?}");
+    assert_eq!(
+        run(
+            &ex,
+            "import sys\nprint('slow_import' in sys.modules, 'slow_import' in dir())"
+        )
+        .await,
+        "True False"
+    );
+    ex.stop().await;
+}

@@ -735,3 +735,127 @@ c = C()
     );
     ex.stop().await;
 }
+
+/// The process environment with `IPYBOX_KERNEL_PRELOAD` set to `preload`.
+fn preload_env(preload: &str) -> ipybox::host_env::HostEnv {
+    let mut vars = ipybox::host_env::HostEnv::from_process().vars().clone();
+    vars.insert("IPYBOX_KERNEL_PRELOAD".into(), preload.into());
+    ipybox::host_env::HostEnv::from_vars(vars)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_into_a_kernel_forked_from_a_preloaded_template_reports_the_same_as_into_a_fresh_one()
+ {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let store = store(home.path());
+    let python = data_python();
+    std::fs::write(ws.path().join("gone_soon.py"), "class Thing:\n    pass\n").unwrap();
+    let ex = started(ws.path(), Some(&python), None).await;
+    run(
+        &ex,
+        r#"
+import numpy as np
+import pandas as pd
+import gone_soon
+arr = np.arange(10.0)
+df = pd.DataFrame({"n": np.arange(3), "s": list("xyz")})
+def total():
+    return float(arr.sum()) + int(df.n.sum())
+thing = gone_soon.Thing()
+fh = open("gone_soon.py")
+"#,
+    )
+    .await;
+    ex.snapshot(&store, &binding("pre"), TIMEOUT).await.unwrap();
+    ex.stop().await;
+    std::fs::remove_file(ws.path().join("gone_soon.py")).unwrap();
+
+    // A fresh kernel whose template imports nothing.
+    let fresh = CodeExecutor::builder()
+        .workspace(ws.path())
+        .python(&python)
+        .without_spare_kernel()
+        .host_env(preload_env("none"))
+        .build();
+    fresh.start().await.unwrap();
+    assert_eq!(
+        run(&fresh, "import sys\nprint('pandas' in sys.modules)").await,
+        "False"
+    );
+    fresh.reset().await.unwrap();
+    let from_fresh = fresh
+        .restore(&store, &binding("pre"), TIMEOUT)
+        .await
+        .unwrap();
+
+    // A kernel forked from a shared template that has preloaded numpy and pandas.
+    let factory = ipybox::kernel::SharedKernelFactory::default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    let forked = loop {
+        let ex = CodeExecutor::builder()
+            .workspace(ws.path())
+            .python(&python)
+            .without_spare_kernel()
+            .shared_kernel_factory(factory.clone())
+            .host_env(preload_env("numpy,pandas"))
+            .build();
+        ex.start().await.unwrap();
+        let probe = ex
+            .execute("import sys\nprint('pandas' in sys.modules)", TIMEOUT)
+            .await
+            .unwrap();
+        if probe.text == "True" {
+            // The probe ran code: reset so the restore loads into an untouched kernel.
+            ex.reset().await.unwrap();
+            break ex;
+        }
+        ex.stop().await;
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the shared template did not preload pandas within 90 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let from_forked = forked
+        .restore(&store, &binding("pre"), TIMEOUT)
+        .await
+        .unwrap();
+
+    assert_eq!(from_forked, from_fresh);
+    let restored: Vec<&str> = from_forked
+        .restored
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(restored, ["arr", "df", "total"]);
+    let failed: Vec<(&str, &str)> = from_forked
+        .failed
+        .iter()
+        .map(|f| (f.name.as_str(), f.reason.as_str()))
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            (
+                "gone_soon",
+                "import gone_soon failed: ModuleNotFoundError: No module named 'gone_soon'"
+            ),
+            ("thing", "ModuleNotFoundError: No module named 'gone_soon'")
+        ]
+    );
+    for ex in [&fresh, &forked] {
+        assert_eq!(
+            run(
+                ex,
+                "print(total(), df.s.tolist(), np.__name__, pd.__name__)"
+            )
+            .await,
+            "48.0 ['x', 'y', 'z'] numpy pandas"
+        );
+    }
+    fresh.stop().await;
+    forked.stop().await;
+    factory.shutdown().await;
+}

@@ -47,6 +47,44 @@ use crate::kernel::{KernelConfig, KernelError};
 /// Python run with `-c` by the template process.
 const BOOT: &str = "from ipybox_runtime.factory import main; main()";
 
+/// The data libraries a template imports once idle when `IPYBOX_KERNEL_PRELOAD` is not set
+/// (each only if the kernel environment has it; ipybox's managed environment has neither).
+pub(crate) const DEFAULT_PRELOAD: &str = "numpy,pandas";
+
+/// The modules the template imports once idle (`factory.py`, "MODULES"), comma-separated:
+/// `IPYBOX_KERNEL_PRELOAD` from ipybox's environment (empty, `0`, `off`, `none`: none), else
+/// [`DEFAULT_PRELOAD`]. A name that is not a dotted module name is left out with a warning.
+pub(crate) fn preload_modules(host: &crate::host_env::HostEnv) -> String {
+    let Some(value) = host.vars().get("IPYBOX_KERNEL_PRELOAD") else {
+        return DEFAULT_PRELOAD.to_string();
+    };
+    if matches!(
+        value.trim().to_ascii_lowercase().as_str(),
+        "" | "0" | "off" | "none" | "no" | "false"
+    ) {
+        return String::new();
+    }
+    let mut names = Vec::new();
+    for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let valid = name.split('.').all(|part| {
+            let mut chars = part.chars();
+            chars
+                .next()
+                .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
+                && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+        });
+        if valid {
+            names.push(name);
+        } else {
+            tracing::warn!(
+                "IPYBOX_KERNEL_PRELOAD: {} is not a module name (dotted identifiers, comma-separated); left out",
+                printable(name)
+            );
+        }
+    }
+    names.join(",")
+}
+
 /// How long the template may take to answer a fork request (it answers right after `fork()`).
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -89,9 +127,22 @@ enum Request<'a> {
 #[derive(Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Message {
-    Forked { id: String },
-    Refused { id: String, reason: String },
-    Exit { id: String, code: i32 },
+    Forked {
+        id: String,
+    },
+    Refused {
+        id: String,
+        reason: String,
+    },
+    Exit {
+        id: String,
+        code: i32,
+    },
+    /// The template is importing one of its preloaded data libraries (`IPYBOX_KERNEL_PRELOAD`):
+    /// a fork request waits until that import ends.
+    Preloading,
+    /// It is done with that import.
+    Preloaded,
 }
 
 /// The template's answer to one fork request.
@@ -125,6 +176,8 @@ pub(crate) struct Template {
     closed: watch::Receiver<bool>,
     /// True once a request could not be written within [`SEND_TIMEOUT`].
     stalled: std::sync::atomic::AtomicBool,
+    /// True while the template imports a preloaded data library (it answers no request then).
+    preloading: Arc<std::sync::atomic::AtomicBool>,
     listener: Arc<Listener>,
     tasks: Vec<JoinHandle<()>>,
     _stdin: Option<tokio::process::ChildStdin>,
@@ -192,6 +245,7 @@ impl Template {
             BOOT.to_string(),
             listener.path().display().to_string(),
             expected.token.clone(),
+            preload_modules(&config.host),
         ];
         let dir = TemplateDir::create(dir)?;
         let mut child = local::spawn_kernel_command(config, argv, &dir.0)?;
@@ -253,6 +307,8 @@ impl Template {
         let routes: Arc<Mutex<Routes>> = Arc::default();
         let (closed_tx, closed) = watch::channel(false);
         let reader_routes = routes.clone();
+        let preloading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader_preloading = preloading.clone();
         let mut reader = hello.reader;
         tasks.push(tokio::spawn(async move {
             let mut line = Vec::new();
@@ -279,6 +335,8 @@ impl Template {
                 };
                 let mut routes = lock(&reader_routes);
                 match msg {
+                    Message::Preloading => reader_preloading.store(true, Ordering::SeqCst),
+                    Message::Preloaded => reader_preloading.store(false, Ordering::SeqCst),
                     Message::Forked { id } => {
                         if let Some(tx) = routes.replies.remove(&id) {
                             let _ = tx.send(Reply::Forked);
@@ -311,6 +369,7 @@ impl Template {
             routes,
             closed,
             stalled: std::sync::atomic::AtomicBool::new(false),
+            preloading,
             listener,
             tasks,
             _stdin: stdin,
@@ -409,7 +468,14 @@ impl Template {
             id: id.clone(),
             armed: false,
         };
-        match tokio::time::timeout(REPLY_TIMEOUT, reply_rx).await {
+        let mut reply_rx = reply_rx;
+        let mut reply = tokio::time::timeout(REPLY_TIMEOUT, &mut reply_rx).await;
+        if reply.is_err() && self.preloading.load(Ordering::SeqCst) {
+            // Busy importing a preloaded library (seconds on a loaded machine): it forks when
+            // that import ends. Bounded like a kernel's start.
+            reply = tokio::time::timeout(config.start_timeout, &mut reply_rx).await;
+        }
+        match reply {
             Ok(Ok(Reply::Forked)) => unclaimed.armed = true,
             Ok(Ok(Reply::Refused(reason))) => {
                 return Err(fail(format!("the template refused to fork: {reason}")));
@@ -424,7 +490,12 @@ impl Template {
             Err(_) => {
                 return Err(fail(format!(
                     "the template did not answer a fork request within {} s",
-                    REPLY_TIMEOUT.as_secs()
+                    if self.preloading.load(Ordering::SeqCst) {
+                        REPLY_TIMEOUT + config.start_timeout
+                    } else {
+                        REPLY_TIMEOUT
+                    }
+                    .as_secs()
                 )));
             }
         }
@@ -728,6 +799,41 @@ fn suffix(stderr: &StderrTail) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_template_says_when_it_preloads() {
+        for (line, preloading) in [
+            (r#"{"op": "preloading", "module": "pandas"}"#, true),
+            (r#"{"op": "preloaded", "module": "pandas"}"#, false),
+        ] {
+            let msg: Message = serde_json::from_str(line).unwrap();
+            assert_eq!(matches!(msg, Message::Preloading), preloading, "{line}");
+            assert!(matches!(msg, Message::Preloading | Message::Preloaded));
+        }
+    }
+
+    #[test]
+    fn the_preload_list_comes_from_ipybox_kernel_preload() {
+        let with = |v: Option<&str>| {
+            let vars = v
+                .map(|v| [("IPYBOX_KERNEL_PRELOAD".to_string(), v.to_string())].into())
+                .unwrap_or_default();
+            preload_modules(&crate::host_env::HostEnv::from_vars(vars))
+        };
+        assert_eq!(with(None), "numpy,pandas");
+        for off in ["", " ", "0", "off", "None", "no", "false"] {
+            assert_eq!(with(Some(off)), "", "{off:?}");
+        }
+        assert_eq!(
+            with(Some(" polars, scipy.sparse ,,sklearn")),
+            "polars,scipy.sparse,sklearn"
+        );
+        // Only dotted identifiers reach the template's command line.
+        assert_eq!(
+            with(Some("numpy,os; rm -rf /,-c,a..b,1x,_ok.x2")),
+            "numpy,_ok.x2"
+        );
+    }
 
     #[tokio::test]
     async fn a_line_without_end_from_the_template_is_cut_off() {
