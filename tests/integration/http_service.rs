@@ -14,7 +14,7 @@ use crate::http_support::*;
 use crate::mcp_eras::{CallTool, Era};
 use crate::support::*;
 
-const EXPIRED_SUFFIX: &str = " expired: it was idle for more than 1 s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session";
+const EXPIRED_SUFFIX: &str = " expired: it was idle for more than 3 s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session";
 
 /// The handle shape `text` shows its reader (`ipybox-s1.<route>.<...>`: from `ipybox-s1` to the
 /// next backtick, quote or space).
@@ -414,21 +414,27 @@ async fn handles_and_mcp_sessions_of_another_token_are_refused() {
 async fn idle_sessions_expire_with_a_clear_error() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
+    // 3 s: long enough that starting the other client's kernel, or a slow round trip on a
+    // loaded machine, never makes a session idle for longer between its calls (1 s did, at a
+    // load of 10 on 2 cores).
     let service = Service::start(
         ws.path(),
         &[],
-        &["--idle-timeout", "1", "--warm-sessions", "0"],
+        &["--idle-timeout", "3", "--warm-sessions", "0"],
     );
     let modern = connect(&service.url(), None, Era::Stateless).await;
     let legacy = connect(&service.url(), None, Era::Handshake).await;
-    let (_, h) = new_session(&modern, "x = 1").await;
+    // The handshake-era session's kernel starts first, so that the new session's next call
+    // follows it at once.
     assert_eq!(cell(&legacy, "x = 1", None).await, (false, String::new()));
+    let (_, h) = new_session(&modern, "x = 1").await;
     // A cell that runs longer than the idle timeout keeps its session.
     assert_eq!(
-        cell(&modern, "import time\ntime.sleep(2.5)\nprint(x)", Some(&h)).await,
+        cell(&modern, "import time\ntime.sleep(4)\nprint(x)", Some(&h)).await,
         (false, "1".into())
     );
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Well past the idle timeout and the reaper's tick (300 ms) for both.
+    tokio::time::sleep(Duration::from_millis(5000)).await;
     // 2026-07-28: the expired handle gets the error (the client leaves `session` out to start
     // anew).
     let (is_error, text) = cell(&modern, "print(x)", Some(&h)).await;
@@ -447,7 +453,7 @@ async fn idle_sessions_expire_with_a_clear_error() {
     assert!(!is_error && session_tag_ok(tag), "{text}");
     assert_eq!(
         rest,
-        " expired: it was idle for more than 1 s (--idle-timeout), so its kernel was stopped and its state is gone. This call runs in a new kernel session: variables, imports and definitions from before are gone]"
+        " expired: it was idle for more than 3 s (--idle-timeout), so its kernel was stopped and its state is gone. This call runs in a new kernel session: variables, imports and definitions from before are gone]"
     );
     assert_eq!(
         cell(&legacy, "print('x' in dir())", None).await,
