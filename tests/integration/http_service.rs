@@ -634,15 +634,12 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
 
     // Several tokens sharing local kernels: refused unless the operator says they trust each
     // other.
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--http", &format!("127.0.0.1:{}", free_port())])
-        .args(["--token", TOKEN_A, "--token", TOKEN_B])
-        .arg("--workspace")
-        .arg(ws.path())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused(
+        "127.0.0.1",
+        ws.path(),
+        &["--token", TOKEN_A, "--token", TOKEN_B],
+        &[],
+    );
     assert!(
         stderr.contains("2 tokens (tenants) would share local kernels")
             && stderr.contains("pass --trust-tenants if these tenants trust each other")
@@ -651,15 +648,7 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
     );
 
     // Binding beyond loopback without a token: refused at start.
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--http", &format!("0.0.0.0:{}", free_port())])
-        .arg("--workspace")
-        .arg(ws.path())
-        .env_remove("IPYBOX_TOKEN")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused("0.0.0.0", ws.path(), &[], &[("IPYBOX_TOKEN", None)]);
     assert!(
         stderr.contains("refusing to serve on 0.0.0.0:")
             && stderr.contains("without a bearer token: anyone who reaches it could run code\n  help: pass --token-file FILE"),
@@ -807,18 +796,7 @@ async fn approvals_are_per_session(era: Era) {
     use crate::mcp_eras::{Answer, ScriptedClient};
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(fixture_stdio_params("stdio").to_string())
-        .arg("--root")
-        .arg(ws.path().join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    register_fixture(ws.path());
     let service = Service::start(ws.path(), &[], &["--approve", "ask", "--token", TOKEN_A]);
     let first = ScriptedClient::new(era, true, &[Answer::AcceptForSession]);
     let a = connect_with(&service.url(), Some(TOKEN_A), first.clone(), era).await;
@@ -915,18 +893,7 @@ async fn trust_rule_per_session_and_request_state_per_token() {
     use crate::mcp_approvals::CALL_ADD;
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(fixture_params_who().to_string())
-        .arg("--root")
-        .arg(ws.path().join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    apigen_fx(ws.path(), &fixture_params_who(), None);
 
     // Two sessions, each kernel held to the workspace's registrations.
     let service = Service::start(ws.path(), &[], &[]);
