@@ -41,6 +41,8 @@ use common::ms;
 #[path = "common/support.rs"]
 mod support;
 
+#[path = "../tests/integration/apigen_cli.rs"]
+mod apigen_cli;
 #[allow(dead_code)]
 #[path = "../tests/integration/jupyter_servers.rs"]
 mod jupyter_servers;
@@ -143,6 +145,47 @@ async fn session(url: &str, setup: &str) -> (Client, String) {
     (c, handle)
 }
 
+/// `n` new sessions, each made with `setup`, 4 at a time.
+async fn sessions(url: &str, n: usize, setup: &str) -> Vec<(Client, String)> {
+    let mut made = Vec::new();
+    while made.len() < n {
+        let batch = (n - made.len()).min(4);
+        made.extend(futures::future::join_all((0..batch).map(|_| session(url, setup))).await);
+    }
+    made
+}
+
+/// Every session of `sessions` runs `code` back to back for [`WINDOW`], then its client is
+/// closed: every call's latency (sorted) and the seconds it all took.
+async fn drive(sessions: Vec<(Client, String)>, code: &str) -> (Vec<Duration>, f64) {
+    let started = Instant::now();
+    let latencies: Vec<Vec<Duration>> =
+        futures::future::join_all(sessions.iter().map(|(c, h)| async move {
+            let mut times = Vec::new();
+            while started.elapsed() < WINDOW {
+                let t = Instant::now();
+                call(c, code, Some(h)).await;
+                times.push(t.elapsed());
+            }
+            times
+        }))
+        .await;
+    let elapsed = started.elapsed().as_secs_f64();
+    for (c, _) in sessions {
+        let _ = c.cancel().await;
+    }
+    let mut all: Vec<Duration> = latencies.into_iter().flatten().collect();
+    all.sort();
+    (all, elapsed)
+}
+
+/// PSS of `pid` and its descendants (MB).
+fn tree_pss_mb(pid: u32) -> f64 {
+    let mut pids = proc_tree::descendants(pid);
+    pids.push(pid);
+    common::pss_rss(&pids).0 as f64 / 1024.0
+}
+
 fn rss_kb(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
@@ -169,43 +212,17 @@ async fn load(url: &str, rss_pids: &[u32], n: usize, code: &str, label: &str) ->
     // The warm kernel is up before and after: the difference is the sessions' kernels.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let base: f64 = rss_pids.iter().map(|p| tree_rss_mb(*p)).sum();
-    let mut sessions = Vec::new();
-    while sessions.len() < n {
-        let batch = (n - sessions.len()).min(4);
-        sessions.extend(
-            futures::future::join_all(
-                // The first tool call starts the session's MCP server (a Python process):
-                // part of creating the session, not of the measured calls.
-                (0..batch).map(|_| {
-                    session(
-                        url,
-                        "from mcptools.fx import add\nadd.run(add.Params(a=1, b=2))",
-                    )
-                }),
-            )
-            .await,
-        );
-    }
+    // The first tool call starts the session's MCP server (a Python process): part of creating
+    // the session, not of the measured calls.
+    let made = sessions(
+        url,
+        n,
+        "from mcptools.fx import add\nadd.run(add.Params(a=1, b=2))",
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let per_session = (rss_pids.iter().map(|p| tree_rss_mb(*p)).sum::<f64>() - base) / n as f64;
-    let started = Instant::now();
-    let latencies: Vec<Vec<Duration>> =
-        futures::future::join_all(sessions.iter().map(|(c, h)| async move {
-            let mut times = Vec::new();
-            while started.elapsed() < WINDOW {
-                let t = Instant::now();
-                call(c, code, Some(h)).await;
-                times.push(t.elapsed());
-            }
-            times
-        }))
-        .await;
-    let elapsed = started.elapsed().as_secs_f64();
-    for (c, _) in sessions {
-        let _ = c.cancel().await;
-    }
-    let mut all: Vec<Duration> = latencies.into_iter().flatten().collect();
-    all.sort();
+    let (all, elapsed) = drive(made, code).await;
     format!(
         "| {n} | {label} | {:.0} | {} | {} | {per_session:.0} MB |",
         all.len() as f64 / elapsed,
@@ -279,17 +296,10 @@ async fn stdio(ws: &Path) -> String {
 fn register_fixture(ws: &Path) {
     let python = support::root().join("target/test-env/venv/bin/python");
     let fixture = support::root().join("tests/fixtures/mcp_fixture.py");
-    let out = Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(json!({"command": python, "args": [fixture, "stdio"]}).to_string())
-        .arg("--root")
-        .arg(ws.join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    apigen_cli::apigen_fx(
+        ws,
+        &json!({"command": python, "args": [fixture, "stdio"]}),
+        None,
     );
 }
 
@@ -298,37 +308,11 @@ fn register_fixture(ws: &Path) {
 /// confines them, after the sessions were made, less before).
 async fn confined_load(url: &str, pid: u32, n: usize) -> (Duration, Duration, f64) {
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let tree_pss = || {
-        let mut pids = proc_tree::descendants(pid);
-        pids.push(pid);
-        common::pss_rss(&pids).0 as f64 / 1024.0
-    };
-    let base = tree_pss();
-    let mut sessions = Vec::new();
-    while sessions.len() < n {
-        let batch = (n - sessions.len()).min(4);
-        sessions
-            .extend(futures::future::join_all((0..batch).map(|_| session(url, "print(0)"))).await);
-    }
+    let base = tree_pss_mb(pid);
+    let made = sessions(url, n, "print(0)").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let per_session = (tree_pss() - base) / n as f64;
-    let started = Instant::now();
-    let latencies: Vec<Vec<Duration>> =
-        futures::future::join_all(sessions.iter().map(|(c, h)| async move {
-            let mut times = Vec::new();
-            while started.elapsed() < WINDOW {
-                let t = Instant::now();
-                call(c, PRINT, Some(h)).await;
-                times.push(t.elapsed());
-            }
-            times
-        }))
-        .await;
-    for (c, _) in sessions {
-        let _ = c.cancel().await;
-    }
-    let mut all: Vec<Duration> = latencies.into_iter().flatten().collect();
-    all.sort();
+    let per_session = (tree_pss_mb(pid) - base) / n as f64;
+    let (all, _) = drive(made, PRINT).await;
     (percentile(&all, 0.50), percentile(&all, 0.99), per_session)
 }
 
@@ -389,25 +373,15 @@ async fn density(ws: &Path) {
         for n in [1, 8, 32] {
             let service = Service::start(ws, flags, &[]);
             let (pid, url) = (service.child.id(), service.url());
-            let tree_pss = || {
-                let mut pids = proc_tree::descendants(pid);
-                pids.push(pid);
-                common::pss_rss(&pids).0 as f64 / 1024.0
-            };
             // The first session starts what every session shares (the template).
             let first = session(&url, SETUP).await;
             tokio::time::sleep(Duration::from_secs(5)).await;
-            base = tree_pss();
-            let mut sessions = vec![first];
-            while sessions.len() < n + 1 {
-                let batch = (n + 1 - sessions.len()).min(4);
-                sessions.extend(
-                    futures::future::join_all((0..batch).map(|_| session(&url, SETUP))).await,
-                );
-            }
+            base = tree_pss_mb(pid);
+            let mut made = vec![first];
+            made.extend(sessions(&url, n, SETUP).await);
             tokio::time::sleep(Duration::from_secs(5)).await;
-            cells.push(format!("{:.1} MB", (tree_pss() - base) / n as f64));
-            for (c, _) in sessions {
+            cells.push(format!("{:.1} MB", (tree_pss_mb(pid) - base) / n as f64));
+            for (c, _) in made {
                 let _ = c.cancel().await;
             }
         }

@@ -11,7 +11,7 @@
 //! Tool calling (issue 3): register a stdio MCP server (spawn included), the warm tool call
 //! round trip measured inside kernel code, a cell with one tool call (accepted by `execute`, or
 //! through `stream` answering the approval at once), and a reset right after a tool call (the
-//! stdio server is closed in the background).
+//! stdio server is closed in the background; `reset()` alone, which must not wait for it).
 //! Needs `bash scripts/test-env.sh` (fixture servers).
 
 use std::collections::{HashMap, HashSet};
@@ -277,6 +277,7 @@ fn main() {
         let ex = ipybox::CodeExecutor::builder().workspace(ws.path()).build();
         ex.start().await.unwrap();
         let mut after_call = Vec::new();
+        let mut reset_alone = Vec::new();
         for _ in 0..5 {
             tokio::time::sleep(Duration::from_millis(1500)).await; // spare ready
             assert_eq!(
@@ -291,6 +292,7 @@ fn main() {
             );
             let t = Instant::now();
             ex.reset().await.unwrap();
+            reset_alone.push(t.elapsed());
             ex.execute("1", None).await.unwrap();
             after_call.push(t.elapsed());
         }
@@ -363,6 +365,12 @@ fn main() {
         println!(
             "| reset right after a tool call (stdio server open) -> next result (median of 5) | {} | <= 50 ms |",
             ms(median(after_call))
+        );
+        // The server gets up to 500 ms to exit after its stdin closes: a reset that waited for
+        // it would show here (tests/integration/tool_calls.rs used to assert this bound).
+        println!(
+            "| `reset()` alone, stdio server open (not waiting for its exit; median of 5) | {} | <= 300 ms |",
+            ms(median(reset_alone))
         );
     });
 }

@@ -2,7 +2,7 @@
 //!
 //! stdout carries program output only (for the MCP server: the protocol); logs go to stderr.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,7 +20,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ipybox::CodeExecutor;
 use ipybox::apigen::ApiStyle;
-use ipybox::executor::{ExecutionEvent, ExecutorError};
+use ipybox::executor::ExecutorError;
 use ipybox::host_env::HostEnv;
 use ipybox::pyenv::{Progress, PyEnvError};
 use std::sync::Arc;
@@ -986,28 +986,11 @@ async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Resu
                 other => anyhow::Error::new(other),
             })?;
             let timeout = timeout.map(Duration::from_secs_f64);
-            let mut execution = executor.stream(&code, timeout);
+            let execution = executor.stream(&code, timeout);
             let mut approver = terminal_approval::TerminalApprover::new(yes);
-            let mut stdout = std::io::stdout();
-            let mut result = None;
-            let mut needs_newline = false;
-            while let Some(event) = execution.next().await {
-                match event {
-                    ExecutionEvent::Chunk(text) => {
-                        stdout.write_all(text.as_bytes())?;
-                        stdout.flush()?;
-                        needs_newline = !text.ends_with('\n');
-                    }
-                    ExecutionEvent::Image(path) => writeln!(stdout, "[image: {}]", path.display())?,
-                    ExecutionEvent::Approval(request) => approver.decide(request).await,
-                    ExecutionEvent::Result(r) => result = Some(r),
-                }
-            }
+            let result = terminal_approval::print_execution(execution, &mut approver).await;
             executor.stop().await;
-            if needs_newline {
-                writeln!(stdout)?;
-            }
-            match result.context("the execution ended without a result")? {
+            match result?.context("the execution ended without a result")? {
                 Ok(_) => Ok(SUCCESS),
                 Err(e) => {
                     eprintln!("{e}");

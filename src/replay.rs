@@ -9,16 +9,15 @@
 //! here: reading notebooks and comparing outputs (the library), terminal prompts
 //! ([`super::terminal_approval`]).
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use ipybox::executor::{CodeExecutorBuilder, ExecutionEvent, ExecutorError, RunOptions};
+use ipybox::executor::{CodeExecutorBuilder, ExecutorError, RunOptions};
 use ipybox::notebook::NotebookConfig;
 use ipybox::notebook::read::{self, Entry};
 
-use super::terminal_approval::TerminalApprover;
+use super::terminal_approval::{TerminalApprover, print_execution};
 
 /// What `ipybox replay` is told besides the executor's flags.
 pub(crate) struct Replay {
@@ -54,7 +53,6 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         .build();
     executor.start().await?;
     let mut approver = TerminalApprover::new(replay.yes);
-    let mut stdout = std::io::stdout();
     let mut differing = Vec::new();
     let mut ran_since_reset = false;
     let mut replayed = 0;
@@ -87,27 +85,8 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
                     notebook_output_chars: cell.output_limit,
                     ..RunOptions::default()
                 };
-                let mut execution = executor.stream_with_options(&cell.source, options);
-                let mut result = None;
-                let mut needs_newline = false;
-                while let Some(event) = execution.next().await {
-                    match event {
-                        ExecutionEvent::Chunk(text) => {
-                            stdout.write_all(text.as_bytes())?;
-                            stdout.flush()?;
-                            needs_newline = !text.ends_with('\n');
-                        }
-                        ExecutionEvent::Image(path) => {
-                            writeln!(stdout, "[image: {}]", path.display())?
-                        }
-                        ExecutionEvent::Approval(request) => approver.decide(request).await,
-                        ExecutionEvent::Result(r) => result = Some(r),
-                    }
-                }
-                if needs_newline {
-                    writeln!(stdout)?;
-                }
-                match result {
+                let execution = executor.stream_with_options(&cell.source, options);
+                match print_execution(execution, &mut approver).await? {
                     Some(Ok(_)) => {}
                     Some(Err(ExecutorError::Kernel(ipybox::kernel::KernelError::Stopped)))
                     | None => anyhow::bail!("the kernel stopped during cell {}", cell.number),

@@ -7,10 +7,43 @@
 //! line by line with `| `, nothing cut; `ipybox exec` refuses requests too long to show, see
 //! `ipybox::tools::shown::HUMAN_TEXT_LIMIT`), so nothing a kernel sends can move the cursor,
 //! recolour the terminal or print a line that passes for a prompt.
+//!
+//! [`print_execution`] is the terminal side of one execution for both `ipybox exec` and
+//! `ipybox replay`: its output on stdout as it arrives, its approvals asked here.
 
 use std::io::{BufRead, Write};
 
+use ipybox::executor::{Execution, ExecutionEvent, ExecutionResult, ExecutorError};
 use ipybox::tools::ApprovalRequest;
+
+/// Prints `execution`'s output on stdout as it arrives (text as is, an image as
+/// `[image: <path>]`), asks `approver` about each approval request, ends the output with a
+/// newline if it did not end with one, and returns the result (`None`: the execution ended
+/// without one).
+pub(crate) async fn print_execution(
+    mut execution: Execution,
+    approver: &mut TerminalApprover,
+) -> std::io::Result<Option<Result<ExecutionResult, ExecutorError>>> {
+    let mut stdout = std::io::stdout();
+    let mut result = None;
+    let mut needs_newline = false;
+    while let Some(event) = execution.next().await {
+        match event {
+            ExecutionEvent::Chunk(text) => {
+                stdout.write_all(text.as_bytes())?;
+                stdout.flush()?;
+                needs_newline = !text.ends_with('\n');
+            }
+            ExecutionEvent::Image(path) => writeln!(stdout, "[image: {}]", path.display())?,
+            ExecutionEvent::Approval(request) => approver.decide(request).await,
+            ExecutionEvent::Result(r) => result = Some(r),
+        }
+    }
+    if needs_newline {
+        writeln!(stdout)?;
+    }
+    Ok(result)
+}
 
 pub(crate) struct TerminalApprover {
     yes: bool,

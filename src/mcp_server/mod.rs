@@ -25,6 +25,7 @@ mod mrtr;
 mod notebook;
 mod progress;
 mod request;
+mod results;
 pub(crate) mod session;
 mod skills;
 mod stdio;
@@ -36,7 +37,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use base64::Engine;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::{InputResponses as ToolInputResponses, RequestState};
 use rmcp::handler::server::wrapper::Parameters;
@@ -54,11 +54,11 @@ use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
 use ipybox::CodeExecutor;
-use ipybox::executor::ExecutorError;
 
 use caller::Caller;
 use cell::CellRun;
 use request::Outcome;
+use results::{cell_result, kept_bytes, start_failed, text_error};
 use session::{KernelSession, SessionSource};
 
 /// What the server is told by its command line.
@@ -235,30 +235,6 @@ impl std::fmt::Debug for IpyboxServer {
             .field("workspace", &self.shared.config.workspace)
             .finish()
     }
-}
-
-fn text_error(text: String) -> CallToolResult {
-    CallToolResult::error(vec![ContentBlock::text(text)])
-}
-
-/// Keeps the first `max` characters, appending the truncation notice.
-pub(crate) fn truncate_output(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_string(),
-        Some((cut, _)) => {
-            format!(
-                "{}\n\n[Output truncated: exceeded {max} character limit]",
-                &text[..cut]
-            )
-        }
-    }
-}
-
-/// The bytes of output a cell keeps for a request that returns `max_chars` characters: enough
-/// that the first half holds them all (4 bytes a character at most), so the result is exactly
-/// what it would be with everything kept. The server's `--max-output-bytes` caps it further.
-fn kept_bytes(max_chars: usize) -> usize {
-    max_chars.saturating_mul(8).max(1024)
 }
 
 /// Whether this request speaks a revision without server-to-client requests (2026-07-28 on).
@@ -775,68 +751,6 @@ fn session_span(session: &KernelSession) -> tracing::Span {
     tracing::info_span!("session", id = %session.tag)
 }
 
-/// The error text when a session's kernel cannot be started.
-fn start_failed(e: &ExecutorError) -> String {
-    match e {
-        ExecutorError::Kernel(ipybox::kernel::KernelError::Gone { what }) => format!(
-            "this session's kernel is gone: {what}\n  help: call again without `session` to start a new session (its state starts empty)"
-        ),
-        e => format!("the kernel could not be started: {e}"),
-    }
-}
-
-/// The tool's result for a cell's result: the output (truncated to `max_chars`) and the images,
-/// or the error with the output printed before it.
-async fn cell_result(
-    result: Result<ipybox::executor::ExecutionResult, ExecutorError>,
-    max_chars: usize,
-    image_limits: (usize, usize),
-) -> CallToolResult {
-    let result = match result {
-        Ok(result) => result,
-        Err(e) => return text_error(truncate_output(&failure_text(&e), max_chars)),
-    };
-    let mut text = truncate_output(&result.text, max_chars);
-    let mut content = Vec::new();
-    if result.images_dropped > 0 {
-        if !text.is_empty() {
-            text.push_str("\n\n");
-        }
-        text.push_str(&format!(
-            "[ipybox: {} more image(s) not saved or returned: a cell keeps at most {} images and {} bytes of images (--max-images, --max-image-bytes)]",
-            result.images_dropped, image_limits.0, image_limits.1
-        ));
-    }
-    if !result.images.is_empty() {
-        if !text.is_empty() {
-            text.push_str("\n\n");
-        }
-        text.push_str("Generated images:");
-        // The bytes the kernel sent, kept in memory: the files are in the workspace, where a
-        // sandboxed kernel can swap them for links.
-        for (path, bytes) in result.images.iter().zip(&result.image_data) {
-            text.push_str(&format!("\n- {}", path.display()));
-            content.push(ContentBlock::image(
-                base64::engine::general_purpose::STANDARD.encode(bytes),
-                "image/png",
-            ));
-        }
-    }
-    content.insert(0, ContentBlock::text(text));
-    CallToolResult::success(content)
-}
-
-/// The text of a failed execution: what was printed before, then the error.
-pub(crate) fn failure_text(e: &ExecutorError) -> String {
-    let output = e.output();
-    let error = e.error_text();
-    if output.is_empty() {
-        error
-    } else {
-        format!("{output}\n\n{error}")
-    }
-}
-
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for IpyboxServer {
     fn get_info(&self) -> rmcp::model::ServerConfig {
@@ -953,20 +867,5 @@ impl ServerHandler for IpyboxServer {
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceDirectoryResult, ErrorData> {
         self.shared.skills.read_directory(&request.uri)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::truncate_output;
-
-    #[test]
-    fn truncates_by_characters() {
-        assert_eq!(truncate_output("héllo", 10), "héllo");
-        assert_eq!(truncate_output("héllo", 5), "héllo");
-        assert_eq!(
-            truncate_output("héllo", 2),
-            "hé\n\n[Output truncated: exceeded 2 character limit]"
-        );
     }
 }

@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use super::caller::Caller;
 use super::cell::CellRun;
 use super::elicit;
+use super::results::{failure_text, truncate_output};
 use super::session::KernelSession;
 
 /// How many rounds that cannot be resumed any more are remembered (the oldest are forgotten).
@@ -305,12 +306,9 @@ impl Rounds {
                         r.images.len()
                     ));
                 }
-                (super::truncate_output(&text, LATE_TEXT_CHARS), false)
+                (truncate_output(&text, LATE_TEXT_CHARS), false)
             }
-            Err(e) => (
-                super::truncate_output(&super::failure_text(&e), LATE_TEXT_CHARS),
-                true,
-            ),
+            Err(e) => (truncate_output(&failure_text(&e), LATE_TEXT_CHARS), true),
         });
         tracing::info!("run {id} ended while round {round} waited: kept what happened");
         self.gone().insert(

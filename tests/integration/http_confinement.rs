@@ -394,15 +394,12 @@ async fn unconfined_sessions_are_an_explicit_choice() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     // No bwrap on PATH: refused, with the install command and the flag.
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--http", &format!("127.0.0.1:{}", free_port())])
-        .arg("--workspace")
-        .arg(ws.path())
-        .env("PATH", "/nonexistent")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused(
+        "127.0.0.1",
+        ws.path(),
+        &[],
+        &[("PATH", Some("/nonexistent"))],
+    );
     assert!(
         stderr.contains("cannot confine kernels: bubblewrap (`bwrap`) is not on PATH")
             && stderr.contains("apt-get install bubblewrap")
@@ -411,21 +408,7 @@ async fn unconfined_sessions_are_an_explicit_choice() {
     );
 
     // An MCP server the sessions call (a host child of ipybox): it must not get the secrets.
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(
-            serde_json::json!({"command": python(), "args": [fixture_script(), "stdio"]})
-                .to_string(),
-        )
-        .arg("--root")
-        .arg(ws.path().join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    register_fixture(ws.path());
     let service = Service::start(
         ws.path(),
         &[

@@ -19,19 +19,7 @@ const SECRET: &str = "replicas-share-this-secret-0123456789";
 /// Registers the fixture MCP server for `ws` as an operator does (`ipybox apigen`), with
 /// `home` as IPYBOX_HOME (where registrations are kept; the replicas share it).
 fn register_fixture(ws: &Path, home: &Path) {
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(fixture_stdio_params("stdio").to_string())
-        .arg("--root")
-        .arg(ws.join("mcptools"))
-        .env("IPYBOX_HOME", home)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    apigen_fx(ws, &fixture_stdio_params("stdio"), Some(home));
 }
 
 /// A replica named `name` against `eg`, sharing `ws`, `home` and the session secret.

@@ -14,7 +14,7 @@ use crate::http_support::*;
 use crate::mcp_eras::{CallTool, Era};
 use crate::support::*;
 
-const EXPIRED_SUFFIX: &str = " expired: it was idle for more than 1 s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session";
+const EXPIRED_SUFFIX: &str = " expired: it was idle for more than 3 s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session";
 
 /// The handle shape `text` shows its reader (`ipybox-s1.<route>.<...>`: from `ipybox-s1` to the
 /// next backtick, quote or space).
@@ -414,21 +414,27 @@ async fn handles_and_mcp_sessions_of_another_token_are_refused() {
 async fn idle_sessions_expire_with_a_clear_error() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
+    // 3 s: long enough that starting the other client's kernel, or a slow round trip on a
+    // loaded machine, never makes a session idle for longer between its calls (1 s did, at a
+    // load of 10 on 2 cores).
     let service = Service::start(
         ws.path(),
         &[],
-        &["--idle-timeout", "1", "--warm-sessions", "0"],
+        &["--idle-timeout", "3", "--warm-sessions", "0"],
     );
     let modern = connect(&service.url(), None, Era::Stateless).await;
     let legacy = connect(&service.url(), None, Era::Handshake).await;
-    let (_, h) = new_session(&modern, "x = 1").await;
+    // The handshake-era session's kernel starts first, so that the new session's next call
+    // follows it at once.
     assert_eq!(cell(&legacy, "x = 1", None).await, (false, String::new()));
+    let (_, h) = new_session(&modern, "x = 1").await;
     // A cell that runs longer than the idle timeout keeps its session.
     assert_eq!(
-        cell(&modern, "import time\ntime.sleep(2.5)\nprint(x)", Some(&h)).await,
+        cell(&modern, "import time\ntime.sleep(4)\nprint(x)", Some(&h)).await,
         (false, "1".into())
     );
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Well past the idle timeout and the reaper's tick (300 ms) for both.
+    tokio::time::sleep(Duration::from_millis(5000)).await;
     // 2026-07-28: the expired handle gets the error (the client leaves `session` out to start
     // anew).
     let (is_error, text) = cell(&modern, "print(x)", Some(&h)).await;
@@ -447,7 +453,7 @@ async fn idle_sessions_expire_with_a_clear_error() {
     assert!(!is_error && session_tag_ok(tag), "{text}");
     assert_eq!(
         rest,
-        " expired: it was idle for more than 1 s (--idle-timeout), so its kernel was stopped and its state is gone. This call runs in a new kernel session: variables, imports and definitions from before are gone]"
+        " expired: it was idle for more than 3 s (--idle-timeout), so its kernel was stopped and its state is gone. This call runs in a new kernel session: variables, imports and definitions from before are gone]"
     );
     assert_eq!(
         cell(&legacy, "print('x' in dir())", None).await,
@@ -628,15 +634,12 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
 
     // Several tokens sharing local kernels: refused unless the operator says they trust each
     // other.
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--http", &format!("127.0.0.1:{}", free_port())])
-        .args(["--token", TOKEN_A, "--token", TOKEN_B])
-        .arg("--workspace")
-        .arg(ws.path())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused(
+        "127.0.0.1",
+        ws.path(),
+        &["--token", TOKEN_A, "--token", TOKEN_B],
+        &[],
+    );
     assert!(
         stderr.contains("2 tokens (tenants) would share local kernels")
             && stderr.contains("pass --trust-tenants if these tenants trust each other")
@@ -645,15 +648,7 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
     );
 
     // Binding beyond loopback without a token: refused at start.
-    let out = std::process::Command::new(BIN)
-        .args(["serve", "--http", &format!("0.0.0.0:{}", free_port())])
-        .arg("--workspace")
-        .arg(ws.path())
-        .env_remove("IPYBOX_TOKEN")
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refused("0.0.0.0", ws.path(), &[], &[("IPYBOX_TOKEN", None)]);
     assert!(
         stderr.contains("refusing to serve on 0.0.0.0:")
             && stderr.contains("without a bearer token: anyone who reaches it could run code\n  help: pass --token-file FILE"),
@@ -801,18 +796,7 @@ async fn approvals_are_per_session(era: Era) {
     use crate::mcp_eras::{Answer, ScriptedClient};
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(fixture_stdio_params("stdio").to_string())
-        .arg("--root")
-        .arg(ws.path().join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    register_fixture(ws.path());
     let service = Service::start(ws.path(), &[], &["--approve", "ask", "--token", TOKEN_A]);
     let first = ScriptedClient::new(era, true, &[Answer::AcceptForSession]);
     let a = connect_with(&service.url(), Some(TOKEN_A), first.clone(), era).await;
@@ -909,18 +893,7 @@ async fn trust_rule_per_session_and_request_state_per_token() {
     use crate::mcp_approvals::CALL_ADD;
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(fixture_params_who().to_string())
-        .arg("--root")
-        .arg(ws.path().join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    apigen_fx(ws.path(), &fixture_params_who(), None);
 
     // Two sessions, each kernel held to the workspace's registrations.
     let service = Service::start(ws.path(), &[], &[]);

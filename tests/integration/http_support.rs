@@ -1,7 +1,7 @@
 //! What the tests of `ipybox serve --http` share: the service as a child process (waited for on
 //! `/healthz`, stopped with SIGTERM), rmcp clients of either MCP era connected to it over
 //! Streamable HTTP with a bearer token, a cell call that returns (is_error, text) and the
-//! session handle a result names, and a tiny round-robin HTTP proxy (what "a plain load
+//! session handle a result names, a start that must be refused, and a tiny round-robin HTTP proxy (what "a plain load
 //! balancer" does: every request to the next backend, a dead backend skipped).
 
 use std::path::{Path, PathBuf};
@@ -143,6 +143,32 @@ impl Drop for Service {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// `ipybox serve --http <host>:<free port> --workspace WS FLAGS...` that must refuse to start:
+/// asserts exit status 1 and returns its stderr. `env`: variables set (`Some`) or removed
+/// (`None`) for it.
+pub(crate) fn serve_refused(
+    host: &str,
+    ws: &Path,
+    flags: &[&str],
+    env: &[(&str, Option<&str>)],
+) -> String {
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--http", &format!("{host}:{}", free_port())])
+        .args(flags)
+        .arg("--workspace")
+        .arg(ws);
+    for (name, value) in env {
+        match value {
+            Some(value) => command.env(name, value),
+            None => command.env_remove(name),
+        };
+    }
+    let out = command.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// The status of `GET /healthz`, if the port answers.

@@ -10,6 +10,7 @@
 // These start fixtures and ipybox itself, not host children of ipybox (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
+mod apigen_cli;
 mod http_support;
 mod mcp_eras;
 mod support;

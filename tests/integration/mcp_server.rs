@@ -452,30 +452,37 @@ async fn concurrent_requests_queue_executions_and_register_while_running(era: Er
     let ws = tempfile::tempdir().unwrap();
     let s = std::sync::Arc::new(connect(ws.path(), &[], era).await);
     exec(&s, "log = []").await;
+    // The slow cell runs until the test creates `go` (no timing: a loaded machine only makes
+    // it slower); `started` says it is running.
     let slow = {
         let s = s.clone();
         tokio::spawn(async move {
-            exec(&s, "import time\nlog.append('slow start')\ntime.sleep(8)\nlog.append('slow end')\n'slow'").await
+            exec(&s, "import os, time\nlog.append('slow start')\nopen('started', 'w').close()\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\nlog.append('slow end')\n'slow'").await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !ws.path().join("started").exists() {
+        assert!(Instant::now() < deadline, "the slow cell did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let queued = {
         let s = s.clone();
         tokio::spawn(async move { exec(&s, "log.append('queued')\n'queued'").await })
     };
-    // Registration does not wait for the running execution.
-    let start = Instant::now();
-    ok_text(
-        &s,
-        "register_mcp_server",
-        json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")}),
+    // Registration does not wait for the running execution (which waits for it: a
+    // registration that waited would never return).
+    tokio::time::timeout(
+        Duration::from_secs(120),
+        ok_text(
+            &s,
+            "register_mcp_server",
+            json!({"server_name": "fx", "server_params": fixture_stdio_params("stdio")}),
+        ),
     )
-    .await;
-    assert!(
-        !slow.is_finished(),
-        "registration waited for the execution ({:?})",
-        start.elapsed()
-    );
+    .await
+    .expect("registration waited for the execution");
+    assert!(!slow.is_finished(), "registration waited for the execution");
+    std::fs::write(ws.path().join("go"), "").unwrap();
     assert_eq!(slow.await.unwrap(), "'slow'");
     assert_eq!(queued.await.unwrap(), "'queued'");
     assert_eq!(

@@ -22,6 +22,7 @@ use ipybox::executor::{ExecutionEvent, ExecutorError};
 use ipybox::tools::{DEFAULT_CONNECT_TIMEOUT, tool_output};
 use rmcp::model::CallToolResult;
 
+pub(crate) use crate::apigen_cli::apigen_fx;
 pub(crate) use crate::mcp_eras::CallTool;
 use serde_json::{Map, Value, json};
 
@@ -547,16 +548,5 @@ pub(crate) fn fixture_params_who() -> Value {
 /// Registers the Python fixture server as `fx` for workspace `ws` with `ipybox apigen`, as an
 /// operator does.
 pub(crate) fn register_fixture(ws: &Path) {
-    let out = std::process::Command::new(BIN)
-        .args(["apigen", "fx", "--params"])
-        .arg(fixture_stdio_params("stdio").to_string())
-        .arg("--root")
-        .arg(ws.join("mcptools"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    apigen_fx(ws, &fixture_stdio_params("stdio"), None);
 }

@@ -332,19 +332,14 @@ async fn reset_closes_sessions_and_calls_reconnect() {
     .unwrap();
     assert!(pid_exists(pid));
     assert_eq!(ex.mcp_sessions().await, 1);
-    // The reset does not wait for the server to exit (stdin closed, up to 500 ms of grace): it
-    // is closed in the background, and is gone soon after.
-    let started = Instant::now();
+    // The server is closed in the background (stdin closed, up to 500 ms of grace) and is gone
+    // soon after. That the reset does not wait for it is a timing, measured by `cargo bench
+    // --bench mcp_server` ("`reset()` alone, stdio server open"), not asserted here.
     ex.reset().await.unwrap();
-    let took = started.elapsed();
     assert_eq!(ex.mcp_sessions().await, 0);
     assert!(
         wait_reaped(pid, Duration::from_secs(3)).await,
         "MCP server {pid} survived reset"
-    );
-    assert!(
-        took < Duration::from_millis(300),
-        "reset waited for the MCP server: {took:?}"
     );
     let again: u32 = run(
         &ex,
