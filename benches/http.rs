@@ -18,6 +18,9 @@
 //! (the default) against a bubblewrap per kernel (`--no-kernel-factory`); `cargo bench --bench http
 //! -- density` runs that part alone.
 //!
+//! Then a thousand sessions, 100 active and the rest hibernated (issue 30); `cargo bench --bench
+//! http -- thousand` runs that part alone (about 10 minutes).
+//!
 //! Needs `bash scripts/test-env.sh` (fixture server, Enterprise Gateway).
 
 // It starts ipybox, the fixture and the gateway itself, not host children of ipybox.
@@ -71,7 +74,12 @@ impl Service {
             .args(["serve", "--http", &format!("127.0.0.1:{port}")])
             .arg("--workspace")
             .arg(ws)
-            .args(["--log-level", "error", "--max-sessions", "40"])
+            .args(["--log-level", "error"])
+            .args(if flags.contains(&"--max-sessions") {
+                &[][..]
+            } else {
+                &["--max-sessions", "40"][..]
+            })
             .args(flags)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -136,13 +144,16 @@ async fn call(c: &Client, code: &str, session: Option<&str>) -> String {
 async fn session(url: &str, setup: &str) -> (Client, String) {
     let c = connect(url).await;
     let text = call(&c, setup, None).await;
-    let handle = text
-        .rsplit("[ipybox session ")
+    (c, handle_in(&text))
+}
+
+/// The handle a new session's first result names.
+fn handle_in(text: &str) -> String {
+    text.rsplit("[ipybox session ")
         .next()
         .and_then(|t| t.split(':').next())
         .unwrap()
-        .to_string();
-    (c, handle)
+        .to_string()
 }
 
 /// `n` new sessions, each made with `setup`, 4 at a time.
@@ -389,13 +400,179 @@ async fn density(ws: &Path) {
     }
 }
 
+/// The gauge `name` from the service's `/metrics`.
+async fn metric(port: u16, name: &str) -> f64 {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            })
+            .sum()
+    })
+}
+
+/// A thousand sessions (issue 30, docs/benchmarks.md): 1 000 sessions created (each defines a
+/// small namespace: a list and a function), those idle for `HIBERNATE_AFTER` s hibernated; then
+/// 100 of them woken and kept active while the other 900 sleep. Prints the service's PSS
+/// (ipybox's process tree) with no session, with every session hibernated and with 100 active;
+/// the snapshot disk per hibernated session; the first call to a hibernated session (it restores
+/// its kernel); and `print(1)` p50/p99 in the active sessions. `cargo bench --bench http --
+/// thousand` runs this part alone.
+async fn thousand(ws: &Path) {
+    const TOTAL: usize = 1000;
+    const ACTIVE: usize = 100;
+    const HIBERNATE_AFTER: &str = "20";
+    const SETUP: &str = "x = list(range(1000))\ndef f(n):\n    return n + 1";
+    let snapshots = tempfile::tempdir().unwrap();
+    let snapshot_dir = snapshots.path().to_str().unwrap();
+    let service = Service::start(
+        ws,
+        &[
+            "--warm-sessions",
+            "2",
+            "--max-sessions",
+            "400",
+            "--hibernate-after",
+            HIBERNATE_AFTER,
+            "--checkpoint-after",
+            "off",
+            "--snapshot-dir",
+            snapshot_dir,
+            "--replica-id",
+            "bench-thousand",
+        ],
+        &[],
+    );
+    let (pid, port, url) = (service.child.id(), service.port, service.url());
+    let c = connect(&url).await;
+    // The template and the warm kernels up, no session left open.
+    let first = handle_in(&call(&c, PRINT, None).await);
+    let idle = |want_open: f64, want_hibernated: f64| async move {
+        let deadline = Instant::now() + Duration::from_secs(1200);
+        while metric(port, "ipybox_sessions").await > want_open
+            || metric(port, "ipybox_sessions_hibernated").await < want_hibernated
+        {
+            assert!(Instant::now() < deadline, "sessions did not hibernate");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    idle(0.0, 1.0).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let base = tree_pss_mb(pid);
+    let disk_before = dir_bytes(snapshots.path());
+    let created = Instant::now();
+    let mut handles = Vec::with_capacity(TOTAL);
+    while handles.len() < TOTAL {
+        let batch = (TOTAL - handles.len()).min(4);
+        let texts = futures::future::join_all((0..batch).map(|_| call(&c, SETUP, None))).await;
+        handles.extend(texts.iter().map(|t| handle_in(t)));
+    }
+    let creation = created.elapsed();
+    idle(0.0, (TOTAL + 1) as f64).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all_hibernated = tree_pss_mb(pid);
+    let disk = dir_bytes(snapshots.path()).saturating_sub(disk_before);
+    // Wake 100, 4 at a time: the first call of each restores its kernel.
+    let mut wake = Vec::new();
+    for chunk in handles[..ACTIVE].chunks(4) {
+        wake.extend(
+            futures::future::join_all(chunk.iter().map(|h| {
+                let c = &c;
+                async move {
+                    let t = Instant::now();
+                    let text = call(c, "print(f(x[-1]))", Some(h)).await;
+                    assert!(text.contains("1000"), "{text}");
+                    t.elapsed()
+                }
+            }))
+            .await,
+        );
+    }
+    wake.sort();
+    // Keep them active: 8 callers, round robin over the 100, for the window.
+    let started = Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let times: Vec<Vec<Duration>> = futures::future::join_all((0..8).map(|_| {
+        let (c, next, handles) = (&c, &next, &handles);
+        async move {
+            let mut times = Vec::new();
+            while started.elapsed() < WINDOW {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % ACTIVE;
+                let t = Instant::now();
+                call(c, PRINT, Some(&handles[i])).await;
+                times.push(t.elapsed());
+            }
+            times
+        }
+    }))
+    .await;
+    let active = tree_pss_mb(pid);
+    let open = metric(port, "ipybox_sessions").await;
+    let mut all: Vec<Duration> = times.into_iter().flatten().collect();
+    all.sort();
+    let _ = (c.cancel().await, first);
+    println!(
+        "\n## A thousand sessions: {TOTAL} created, {ACTIVE} active, the rest hibernated (`--hibernate-after {HIBERNATE_AFTER}`)\n\n| measure | value |\n|---|---|"
+    );
+    println!(
+        "| creating {TOTAL} sessions (4 at a time, each a first cell) | {:.0} s |",
+        creation.as_secs_f64()
+    );
+    println!("| the service, no session open (template, warm kernels) | {base:.0} MB PSS |");
+    println!(
+        "| the service, {TOTAL} sessions hibernated | {all_hibernated:.0} MB PSS ({:.1} KB per hibernated session) |",
+        (all_hibernated - base) * 1024.0 / TOTAL as f64
+    );
+    println!(
+        "| snapshot disk per hibernated session | {:.1} KB |",
+        disk as f64 / 1024.0 / TOTAL as f64
+    );
+    println!(
+        "| the service, {ACTIVE} woken and active ({open} open) + {} hibernated | {active:.0} MB PSS ({:.1} MB per active session) |",
+        TOTAL - ACTIVE,
+        (active - all_hibernated) / ACTIVE as f64
+    );
+    println!(
+        "| first call to a hibernated session (restores it), 4 at a time, p50 / p99 | {} / {} |",
+        ms(percentile(&wake, 0.5)),
+        ms(percentile(&wake, 0.99))
+    );
+    println!(
+        "| `print(1)` in the {ACTIVE} active sessions, 8 callers, p50 / p99 | {} / {} ({:.0} calls/s) |",
+        ms(percentile(&all, 0.5)),
+        ms(percentile(&all, 0.99)),
+        all.len() as f64 / WINDOW.as_secs_f64()
+    );
+}
+
 const HEADER: &str = "| clients | cell | calls/s (total) | p50 | p99 | memory per session |\n|---|---|---|---|---|---|";
 
 fn main() {
     let only_confinement = std::env::args().any(|a| a == "confinement");
     let only_density = std::env::args().any(|a| a == "density");
+    let only_thousand = std::env::args().any(|a| a == "thousand");
     common::run(|| async move {
         let ws = tempfile::tempdir().unwrap();
+        if only_thousand {
+            thousand(ws.path()).await;
+            return;
+        }
         if only_density {
             density(ws.path()).await;
             return;
@@ -433,6 +610,7 @@ fn main() {
         }
         confinement(ws.path()).await;
         density(ws.path()).await;
+        thousand(ws.path()).await;
 
         let eg = JupyterServer::start(Kind::EnterpriseGateway);
         println!(
