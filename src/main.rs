@@ -92,6 +92,11 @@ struct ServeArgs {
     /// (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 300.0)]
     task_ttl: f64,
+    /// stdio: save the kernel's state (into $IPYBOX_HOME/snapshots, host-only) once the session
+    /// has been idle this long after a cell, so a resumed conversation that passes its
+    /// `session` handle gets its variables back (seconds; "off": no handle, no saving).
+    #[arg(long, value_name = "SECS", default_value = "3")]
+    checkpoint_after: String,
     /// The most of a cell's text output ipybox holds, whatever the client asks: the first and
     /// the last half are kept, the middle replaced by a line saying how much was cut; applied
     /// while the cell runs (bytes). A request holds no more than its max_output_chars needs.
@@ -574,6 +579,15 @@ async fn serve(
             args.task_ttl
         );
     }
+    let checkpoint_after = match args.checkpoint_after.as_str() {
+        "off" | "never" => None,
+        secs => match secs.parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s.min(86_400.0))),
+            _ => anyhow::bail!(
+                "invalid --checkpoint-after {secs}\n  help: pass a number of seconds or `off`"
+            ),
+        },
+    };
     let config = mcp_server::ServerConfig {
         workspace,
         approve: args.approve,
@@ -582,6 +596,7 @@ async fn serve(
         task_ttl: Duration::from_secs_f64(args.task_ttl.min(86_400.0 * 365.0)),
         max_images: args.max_images,
         max_image_bytes: args.max_image_bytes,
+        checkpoint_after,
     };
     match http {
         None => {

@@ -83,10 +83,6 @@ impl KernelSession {
 
     /// The next result of this session starts with `report` (what came back from a snapshot
     /// and what did not), once.
-    #[expect(
-        dead_code,
-        reason = "hibernation and stdio resume (issue 30) call it; remove this then"
-    )]
     pub(crate) fn set_restored(&self, report: String) {
         *self.restored.lock().unwrap_or_else(|p| p.into_inner()) = Some(report);
     }
