@@ -440,6 +440,11 @@ where
             return FAILURE;
         }
     };
+    let stdio_server = match &cli.command {
+        None => true,
+        Some(Command::Serve { http, .. }) => http.http.is_none(),
+        Some(_) => false,
+    };
     let result = match cli.command {
         Some(Command::Serve {
             serve: mut args,
@@ -455,8 +460,15 @@ where
         Some(command) => runtime.block_on(run(command, secrets)),
         None => runtime.block_on(serve(cli.serve, None, secrets)),
     };
-    // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive.
-    runtime.shutdown_timeout(Duration::from_millis(100));
+    // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive. The
+    // stdio MCP server has stopped everything within its exit budget by now: what is left (a
+    // checkpoint's store write, see mcp_server/resume.rs) is abandoned, not waited for; the
+    // store keeps the previous snapshot whole.
+    if stdio_server {
+        runtime.shutdown_background();
+    } else {
+        runtime.shutdown_timeout(Duration::from_millis(100));
+    }
     match result {
         Ok(code) => code,
         Err(e) => {
