@@ -12,7 +12,8 @@
 //!
 //! Over HTTP the tools that need a kernel take a `session` argument (a handle): 2026-07-28
 //! clients get a new session's handle in the first result and pass it back; a handshake-era
-//! MCP session has its own kernel session unless a handle is passed ([`Scope`]).
+//! MCP session has its own kernel session unless a handle is passed ([`Scope`]). Over stdio they
+//! take one too, so that a resumed conversation gets its kernel state back ([`resume`]).
 //!
 //! Not here: serving on stdio and shutting down ([`stdio`]), kernel sessions over HTTP
 //! (`crate::http::sessions`), the workspace/`.env` handling of the command line (the binary's
