@@ -334,3 +334,50 @@ async fn exits_within_100_ms_during_a_checkpoint(era: Era) {
 }
 
 both_eras!(exits_within_100_ms_during_a_checkpoint);
+
+/// A stdio session's snapshot expires 14 days after its last checkpoint: the next server start
+/// deletes it, and its handle then names nothing saved.
+async fn old_sessions_expire_at_the_next_start(era: Era) {
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let s = server(ws.path(), home.path(), era).await;
+    let (_, handle) = handle_note(&ok(&s, "kept = 'yes'", None).await);
+    checkpointed_after(home.path(), SystemTime::now()).await;
+    s.close().await;
+    let snapshots = || {
+        std::fs::read_dir(home.path().join("snapshots"))
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .count()
+    };
+    assert_eq!(snapshots(), 1);
+    // Its last checkpoint, 15 days ago.
+    let entries: Vec<_> = std::fs::read_dir(home.path().join("stdio-sessions"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert_eq!(entries.len(), 1);
+    let old = SystemTime::now() - Duration::from_secs(15 * 24 * 3600);
+    std::fs::File::options()
+        .write(true)
+        .open(entries[0].path())
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let s = server(ws.path(), home.path(), era).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while snapshots() > 0 {
+        assert!(std::time::Instant::now() < deadline, "not deleted at start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!entries[0].path().exists());
+    let text = err(&s, "kept", Some(&handle)).await;
+    assert!(
+        text.starts_with(&format!("session {handle} has no saved state")),
+        "{text}"
+    );
+    s.close().await;
+}
+
+both_eras!(old_sessions_expire_at_the_next_start);
