@@ -460,15 +460,18 @@ where
         Some(command) => runtime.block_on(run(command, secrets)),
         None => runtime.block_on(serve(cli.serve, None, secrets)),
     };
-    // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive. The
-    // stdio MCP server has stopped everything within its exit budget by now: what is left (a
-    // checkpoint's store write, see mcp_server/resume.rs) is abandoned, not waited for; the
-    // store keeps the previous snapshot whole.
-    if stdio_server {
-        runtime.shutdown_background();
+    // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive; the
+    // wait lets the workers drop the tasks left (their children are killed on drop). A stdio
+    // server whose checkpoint or restore was under way (mcp_server/resume.rs; it runs while the
+    // session is idle) waits less: its store write on a blocking thread would hold the exit for
+    // the whole wait, past the 100 ms budget, and is abandoned instead (the store keeps the
+    // previous snapshot whole).
+    let wait = if stdio_server && mcp_server::snapshot_in_flight() {
+        Duration::from_millis(20)
     } else {
-        runtime.shutdown_timeout(Duration::from_millis(100));
-    }
+        Duration::from_millis(100)
+    };
+    runtime.shutdown_timeout(wait);
     match result {
         Ok(code) => code,
         Err(e) => {

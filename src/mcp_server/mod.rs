@@ -32,6 +32,7 @@ mod skills;
 mod stdio;
 mod tasks;
 
+pub(crate) use resume::snapshot_in_flight;
 pub(crate) use stdio::{refuse_stdio, serve_stdio};
 
 use std::path::PathBuf;

@@ -57,6 +57,36 @@ const KERNEL_TIMEOUT: Option<Duration> = Some(Duration::from_secs(300));
 /// The directory (under the data directory) that lists stdio sessions' snapshots.
 const INDEX_DIR: &str = "stdio-sessions";
 
+/// Whether a checkpoint or a restore is under way: its store write or copy runs on a blocking
+/// thread that the process's exit should not wait for (see [`snapshot_in_flight`]).
+static IN_FLIGHT: AtomicBool = AtomicBool::new(false);
+
+/// Whether a checkpoint or restore is under way (the binary then waits less for blocking
+/// threads at exit: the store keeps the previous snapshot whole).
+pub(crate) fn snapshot_in_flight() -> bool {
+    IN_FLIGHT.load(Ordering::SeqCst)
+}
+
+/// Marks a checkpoint or restore under way until [`InFlight::done`]. A future dropped before
+/// (the executor stopped at exit) leaves the mark: its blocking thread may still be writing.
+struct InFlight;
+
+impl InFlight {
+    fn start() -> Self {
+        IN_FLIGHT.store(true, Ordering::SeqCst);
+        Self
+    }
+
+    /// Clears the mark, unless `result` says the executor stopped (it returns at once then,
+    /// while the blocking thread may still be writing).
+    fn done<T>(self, result: Result<T, SnapshotError>) -> Result<T, SnapshotError> {
+        if !matches!(result, Err(SnapshotError::Kernel(KernelError::Stopped))) {
+            IN_FLIGHT.store(false, Ordering::SeqCst);
+        }
+        result
+    }
+}
+
 /// The stdio server's resumable session: its handle, checkpoints and restores.
 pub(crate) struct Resume {
     store: SnapshotStore,
@@ -250,11 +280,12 @@ impl Resume {
             if let Err(e) = session.executor.start().await {
                 return Err(format!("the kernel could not be started: {e}"));
             }
-            match session
+            let in_flight = InFlight::start();
+            let restored = session
                 .executor
                 .restore(&self.store, &binding, KERNEL_TIMEOUT)
-                .await
-            {
+                .await;
+            match in_flight.done(restored) {
                 Ok(report) => text = report.text(),
                 Err(e) => {
                     return Err(format!(
@@ -290,10 +321,12 @@ impl Resume {
         session: &KernelSession,
         id: &[u8; 16],
     ) -> Result<(), SnapshotError> {
-        session
+        let in_flight = InFlight::start();
+        let saved = session
             .executor
             .snapshot(&self.store, &self.binding(id), KERNEL_TIMEOUT)
-            .await?;
+            .await;
+        in_flight.done(saved)?;
         self.touch(id);
         Ok(())
     }
