@@ -225,9 +225,39 @@ struct HttpArgs {
     /// The largest request body accepted (bytes; larger: 413).
     #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024, requires = "http")]
     max_body_bytes: usize,
-    /// A session with no call for this long is closed and its kernel stopped (seconds).
-    #[arg(long, value_name = "SECS", default_value_t = 1800.0, requires = "http")]
-    idle_timeout: f64,
+    /// A session with no call for this long is gone: its kernel stopped, or, hibernated, its
+    /// saved state deleted (seconds). Default: 604800 (7 days) with hibernation, 1800 with
+    /// --hibernate-after off.
+    #[arg(long, value_name = "SECS", requires = "http")]
+    idle_timeout: Option<f64>,
+    /// A session with no call for this long is hibernated: its state saved to disk and its
+    /// kernel stopped; its next call restores it (seconds, or `off`). Local kernels only.
+    #[arg(
+        long,
+        value_name = "SECS|off",
+        default_value = "600",
+        requires = "http"
+    )]
+    hibernate_after: String,
+    /// A session whose handle a client holds is saved (and kept open) once it has had no call
+    /// for this long after being used: what a crash of ipybox loses is bounded by it (seconds,
+    /// or `off`).
+    #[arg(long, value_name = "SECS|off", default_value = "60", requires = "http")]
+    checkpoint_after: String,
+    /// The disk a token's saved sessions may take (bytes, or `off`); past it, its least
+    /// recently used hibernated sessions are deleted.
+    #[arg(
+        long,
+        value_name = "BYTES|off",
+        default_value = "4294967296",
+        requires = "http"
+    )]
+    snapshot_quota: String,
+    /// Where saved sessions (snapshots, their records, the snapshot key) live instead of
+    /// ipybox's data directory: storage the replicas share, so that a replica restores the
+    /// hibernated sessions of a replica that died. Kernels never see it.
+    #[arg(long, value_name = "DIR", requires = "http")]
+    snapshot_dir: Option<PathBuf>,
     /// At most this many kernel sessions at once; one more is refused (nothing is evicted).
     #[arg(long, value_name = "N", default_value_t = 32, requires = "http")]
     max_sessions: usize,
@@ -249,7 +279,8 @@ struct HttpArgs {
     #[arg(long, requires = "http")]
     session_header: bool,
     /// A file with the key of session handles; replicas behind one load balancer share it
-    /// (IPYBOX_SESSION_SECRET also works). Default: a random key (handles die with the process).
+    /// (IPYBOX_SESSION_SECRET also works). Default: a key kept in
+    /// $IPYBOX_HOME/keys/session.key, so handles outlive a restart.
     #[arg(long, value_name = "FILE", requires = "http")]
     session_secret_file: Option<PathBuf>,
     /// Let clients call install_package (it changes the kernel environment every session
@@ -640,7 +671,8 @@ async fn serve(
                     .with_context(|| format!("cannot create {}", images.display()))?;
             }
             if confined {
-                builder = builder.confine(confinement(&config.workspace).await?);
+                builder = builder
+                    .confine(confinement(&config.workspace, http.snapshot_dir.as_deref()).await?);
             } else if !gateway && !args.sandbox {
                 tracing::warn!(
                     "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
@@ -690,7 +722,33 @@ async fn http_options(
             anyhow::bail!("invalid {flag} {value}\n  help: pass a positive number of seconds")
         }
     };
-    let idle_timeout = secs(args.idle_timeout, "--idle-timeout")?;
+    let optional_secs = |value: &str, flag: &str| -> anyhow::Result<Option<Duration>> {
+        match value.trim() {
+            "off" | "0" => Ok(None),
+            v => match v.parse::<f64>() {
+                Ok(n) => secs(n, flag).map(Some),
+                Err(_) => anyhow::bail!(
+                    "invalid {flag} `{value}`\n  help: pass a number of seconds, or `off`"
+                ),
+            },
+        }
+    };
+    let hibernate_after = optional_secs(&args.hibernate_after, "--hibernate-after")?;
+    let checkpoint_after = optional_secs(&args.checkpoint_after, "--checkpoint-after")?;
+    let snapshot_quota = match args.snapshot_quota.trim() {
+        "off" | "0" => None,
+        v => Some(v.parse::<u64>().map_err(|_| {
+            anyhow::anyhow!(
+                "invalid --snapshot-quota `{v}`\n  help: pass a number of bytes, or `off`"
+            )
+        })?),
+    };
+    let default_idle = if hibernate_after.is_some() && !gateway {
+        86_400.0 * 7.0
+    } else {
+        1800.0
+    };
+    let idle_timeout = secs(args.idle_timeout.unwrap_or(default_idle), "--idle-timeout")?;
     let shutdown_grace = secs(args.shutdown_grace, "--shutdown-grace")?;
     let first_request = secs(args.first_request_timeout, "--first-request-timeout")?;
     let keep_alive = secs(args.keep_alive_timeout, "--keep-alive-timeout")?;
@@ -708,6 +766,7 @@ async fn http_options(
             anyhow::bail!("invalid {flag} 0\n  help: pass a positive number");
         }
     }
+    let data_dir = HostEnv::from_process().data_dir();
     let replica = match args.replica_id {
         Some(name) if http::handle::valid_replica(&name) => name,
         Some(name) => anyhow::bail!(
@@ -732,7 +791,27 @@ async fn http_options(
         (None, Some(_)) => anyhow::bail!(
             "IPYBOX_SESSION_SECRET is shorter than 16 bytes\n  help: use a long random value, e.g. `openssl rand -hex 32`"
         ),
-        (None, None) => rand::random::<[u8; 32]>().to_vec(),
+        // Kept in the data directory, so handles outlive a restart (the key of replicas
+        // that share sessions is --session-secret-file).
+        (None, None) => match &data_dir {
+            Some(dir) => {
+                let path = ipybox::snapshot::session_key_path(dir);
+                ipybox::snapshot::host_key(&path)
+                    .with_context(|| {
+                        format!(
+                            "cannot read or create the session key {}\n  help: check that ipybox's data directory is writable, or pass --session-secret-file",
+                            path.display()
+                        )
+                    })?
+                    .to_vec()
+            }
+            None => {
+                tracing::warn!(
+                    "no data directory (set IPYBOX_HOME): session handles will not outlive this process"
+                );
+                rand::random::<[u8; 32]>().to_vec()
+            }
+        },
     };
     Ok(http::HttpOptions {
         addr,
@@ -753,6 +832,11 @@ async fn http_options(
             warm_sessions: args.warm_sessions,
             allow_install: args.allow_install,
             allow_register: args.allow_register,
+            hibernate_after,
+            checkpoint_after,
+            snapshot_quota,
+            data_dir: data_dir.clone(),
+            snapshot_dir: args.snapshot_dir.clone(),
         },
         session_key,
         connections: http::connections::Limits {
@@ -767,7 +851,10 @@ async fn http_options(
 /// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
 /// names the install command and `--unconfined-sessions`); the workspace's `.env` and the
 /// sessions' images are hidden from every kernel.
-async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::confine::Confinement> {
+async fn confinement(
+    workspace: &std::path::Path,
+    snapshot_dir: Option<&std::path::Path>,
+) -> anyhow::Result<ipybox::confine::Confinement> {
     let refuse = |e: ipybox::confine::ConfineError| {
         anyhow::anyhow!(
             "{e}\n  help: or, to run every session's code unconfined (as this user, able to reach every other session), pass --unconfined-sessions"
@@ -780,8 +867,14 @@ async fn confinement(workspace: &std::path::Path) -> anyhow::Result<ipybox::conf
         "sessions are confined: each kernel runs in a bubblewrap of its own ({}), the workspace read-only",
         bwrap.display()
     );
+    let mut hidden = vec![workspace.join(".env"), workspace.join("images")];
+    if let Some(dir) = snapshot_dir {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create --snapshot-dir {}", dir.display()))?;
+        hidden.push(dir.to_path_buf());
+    }
     Ok(ipybox::confine::Confinement {
-        hidden: vec![workspace.join(".env"), workspace.join("images")],
+        hidden,
         bwrap: Some(bwrap),
     })
 }

@@ -72,6 +72,11 @@ struct Metrics {
     sessions_attached: AtomicU64,
     sessions_refused: AtomicU64,
     sessions_closed: [AtomicU64; 4],
+    sessions_saved: AtomicU64,
+    hibernations: AtomicU64,
+    restores: AtomicU64,
+    checkpoints: AtomicU64,
+    saved_expired: AtomicU64,
     cells: [AtomicU64; 5],
     cell_buckets: [AtomicU64; BUCKETS.len()],
     cell_count: AtomicU64,
@@ -91,6 +96,11 @@ static METRICS: Metrics = Metrics {
     sessions_attached: ZERO,
     sessions_refused: ZERO,
     sessions_closed: [ZERO; 4],
+    sessions_saved: ZERO,
+    hibernations: ZERO,
+    restores: ZERO,
+    checkpoints: ZERO,
+    saved_expired: ZERO,
     cells: [ZERO; 5],
     cell_buckets: [ZERO; BUCKETS.len()],
     cell_count: ZERO,
@@ -135,6 +145,33 @@ pub(crate) fn session_opened(attached: bool) {
 pub(crate) fn session_closed(why: Closed) {
     METRICS.sessions_open.fetch_sub(1, Ordering::Relaxed);
     add(&METRICS.sessions_closed[why as usize]);
+}
+
+/// An idle session was hibernated: saved, its kernel stopped (it is no longer open).
+pub(crate) fn session_hibernated() {
+    METRICS.sessions_open.fetch_sub(1, Ordering::Relaxed);
+    add(&METRICS.hibernations);
+}
+
+/// A saved session was restored into a new kernel (it is open again).
+pub(crate) fn session_restored() {
+    add(&METRICS.sessions_open);
+    add(&METRICS.restores);
+}
+
+/// An open session was checkpointed (saved, kept open).
+pub(crate) fn session_checkpointed() {
+    add(&METRICS.checkpoints);
+}
+
+/// A saved session's snapshot was deleted (idle timeout, quota).
+pub(crate) fn saved_session_expired() {
+    add(&METRICS.saved_expired);
+}
+
+/// How many sessions are saved and not open (hibernated) now.
+pub(crate) fn set_sessions_saved(n: u64) {
+    METRICS.sessions_saved.store(n, Ordering::Relaxed);
 }
 
 /// A new session was refused (`--max-sessions`).
@@ -202,6 +239,33 @@ pub(crate) fn render() -> String {
                 get(&METRICS.sessions_closed[i]),
             )
         }),
+    );
+    metric(
+        "ipybox_sessions_hibernated",
+        "gauge",
+        "Sessions saved to disk with no kernel (they come back on their next call).",
+        &[(String::new(), get(&METRICS.sessions_saved))],
+    );
+    metric(
+        "ipybox_session_saves_total",
+        "counter",
+        "Session snapshots: hibernations (kernel stopped) and checkpoints (kept open).",
+        &[
+            ("{kind=\"hibernate\"}".into(), get(&METRICS.hibernations)),
+            ("{kind=\"checkpoint\"}".into(), get(&METRICS.checkpoints)),
+        ],
+    );
+    metric(
+        "ipybox_session_restores_total",
+        "counter",
+        "Saved sessions restored into a new kernel.",
+        &[(String::new(), get(&METRICS.restores))],
+    );
+    metric(
+        "ipybox_saved_sessions_expired_total",
+        "counter",
+        "Saved sessions deleted (--idle-timeout, --snapshot-quota).",
+        &[(String::new(), get(&METRICS.saved_expired))],
     );
     metric(
         "ipybox_sessions_refused_total",

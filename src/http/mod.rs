@@ -16,6 +16,7 @@
 pub(crate) mod auth;
 pub(crate) mod connections;
 pub(crate) mod handle;
+pub(crate) mod session_store;
 pub(crate) mod sessions;
 
 use std::collections::HashMap;
@@ -385,8 +386,17 @@ pub(crate) async fn serve_http(
         options.sessions.max_sessions,
         options.sessions.idle_timeout.as_secs()
     );
-    let tick = (options.sessions.idle_timeout / 10)
-        .clamp(Duration::from_millis(100), Duration::from_secs(5));
+    // The reaper looks often enough for the shortest of the idle times it acts on.
+    let shortest = [
+        Some(options.sessions.idle_timeout),
+        options.sessions.hibernate_after,
+        options.sessions.checkpoint_after,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(options.sessions.idle_timeout);
+    let tick = (shortest / 10).clamp(Duration::from_millis(100), Duration::from_secs(5));
     let reaper = {
         let (registry, state) = (registry.clone(), state.clone());
         tokio::spawn(async move {

@@ -14,6 +14,10 @@
 //!   than one connection) only detaches from it, to attach again if a call comes back. With local kernels the
 //!   handle names the replica that holds the kernel, and another replica says so.
 //!
+//! - **Hibernation** (local kernels, [`hibernate`]): a session idle for `--hibernate-after` is
+//!   saved and its kernel stopped; the next call with its handle restores it. Saved sessions
+//!   outlive restarts of the service (records in [`super::session_store`]).
+//!
 //! Not here: what a session holds ([`super::super::mcp_server::session`]), the HTTP side.
 
 use std::collections::{HashMap, VecDeque};
@@ -31,6 +35,9 @@ use super::super::mcp_server::caller::Caller;
 use super::super::mcp_server::session::{KernelSession, SessionSource};
 use super::super::metrics::{self, Closed};
 use super::handle::{Handle, Handles, Place};
+
+mod hibernate;
+pub(crate) use hibernate::Hibernation;
 
 /// How many closed sessions' reasons are kept (for "expired" answers).
 const CLOSED_KEPT: usize = 100_000;
@@ -50,6 +57,16 @@ pub(crate) struct SessionConfig {
     pub(crate) warm_sessions: usize,
     pub(crate) allow_install: bool,
     pub(crate) allow_register: bool,
+    /// `--hibernate-after` (`None`: off).
+    pub(crate) hibernate_after: Option<Duration>,
+    /// `--checkpoint-after` (`None`: off).
+    pub(crate) checkpoint_after: Option<Duration>,
+    /// `--snapshot-quota`, bytes per token (`None`: no quota).
+    pub(crate) snapshot_quota: Option<u64>,
+    /// ipybox's data directory (snapshots, saved sessions' records); `None`: nothing is saved.
+    pub(crate) data_dir: Option<std::path::PathBuf>,
+    /// `--snapshot-dir`: saved sessions on storage the replicas share (else `data_dir`).
+    pub(crate) snapshot_dir: Option<std::path::PathBuf>,
 }
 
 /// Makes the executor of a session: the one place a session's kernel comes from.
@@ -144,6 +161,15 @@ impl ExecutorFactory {
         }
     }
 
+    /// Removes the files session `id` left in the workspace (its images) when it has no
+    /// executor any more (it expired while hibernated).
+    pub(crate) fn remove_images(&self, id: &[u8; 16]) {
+        if let Err(e) = self.executor(id, None).remove_images_dir() {
+            let tag: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
+            tracing::warn!(session = %tag, "cannot remove the closed session's images: {e}");
+        }
+    }
+
     /// The shared workspace's executor, never started (registrations).
     pub(crate) fn workspace_executor(&self) -> CodeExecutor {
         self.builder.clone().build()
@@ -165,6 +191,8 @@ pub(crate) struct Registry {
     refills: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set at shutdown: no new sessions.
     closing: std::sync::atomic::AtomicBool,
+    /// Saving idle sessions ([`hibernate`]); `None`: off (also on a kernel gateway).
+    sleep: Option<Hibernation>,
 }
 
 /// Why recently closed sessions were closed, oldest first out.
@@ -190,6 +218,7 @@ impl ClosedLog {
 impl Registry {
     pub(crate) fn new(config: SessionConfig, key: Vec<u8>, factory: ExecutorFactory) -> Arc<Self> {
         let (warm_tx, warm_rx) = mpsc::channel(config.warm_sessions.max(1));
+        let sleep = Self::hibernation(&config);
         let registry = Arc::new(Self {
             handles: Handles::new(key),
             workspace: factory.workspace_executor(),
@@ -200,12 +229,56 @@ impl Registry {
             warm_tx,
             refills: Mutex::default(),
             closing: Default::default(),
+            sleep,
             config,
         });
+        if let Some(sleep) = &registry.sleep {
+            // Sessions nobody can name again (a handshake-era MCP session's own, from a
+            // process that is gone): their state is deleted.
+            for record in sleep.records.all() {
+                if !record.named {
+                    sleep.forget(&record.id);
+                }
+            }
+        }
         for _ in 0..registry.config.warm_sessions {
             registry.refill_warm();
         }
         registry
+    }
+
+    /// Where idle sessions are saved, if they are: local kernels, a data directory, and
+    /// `--hibernate-after` or `--checkpoint-after` on.
+    fn hibernation(config: &SessionConfig) -> Option<Hibernation> {
+        if config.gateway || (config.hibernate_after.is_none() && config.checkpoint_after.is_none())
+        {
+            return None;
+        }
+        let Some(data) = config.snapshot_dir.as_ref().or(config.data_dir.as_ref()) else {
+            tracing::warn!("no data directory (set IPYBOX_HOME): idle sessions are not hibernated");
+            return None;
+        };
+        let store = match ipybox::snapshot::SnapshotStore::open(
+            data.join("snapshots"),
+            &data.join("keys").join("snapshot.key"),
+        ) {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::warn!("idle sessions are not hibernated: {e}");
+                return None;
+            }
+        };
+        let records = super::session_store::SessionStore::open(data, &config.replica);
+        if config.snapshot_dir.is_some() && records.persistent() {
+            records.heartbeat();
+        }
+        Some(Hibernation::new(
+            store,
+            records,
+            config.hibernate_after,
+            config.checkpoint_after,
+            config.snapshot_quota,
+        ))
     }
 
     fn open(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 16], Arc<KernelSession>>> {
@@ -269,10 +342,16 @@ impl Registry {
         }
         if open >= self.config.max_sessions {
             metrics::session_refused();
+            let freed = match self.sleep.as_ref().and_then(|s| s.after) {
+                Some(after) => format!("sessions idle for {} s are hibernated", after.as_secs()),
+                None => format!(
+                    "sessions idle for {} s are closed",
+                    self.config.idle_timeout.as_secs()
+                ),
+            };
             return Err(format!(
-                "too many sessions: this ipybox already runs the maximum of {} kernel sessions (--max-sessions)\n  help: retry later (sessions idle for {} s are closed), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions",
+                "too many sessions: this ipybox already runs the maximum of {} kernel sessions (--max-sessions)\n  help: retry later ({freed}), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions",
                 self.config.max_sessions,
-                self.config.idle_timeout.as_secs()
             ));
         }
         Ok(())
@@ -425,6 +504,9 @@ impl Registry {
         session.mark_closed(message.clone());
         metrics::session_closed(why);
         tracing::info!(session = %session.tag, reason = ?why, "kernel session closed");
+        if let Some(sleep) = &self.sleep {
+            sleep.forget(&session.id);
+        }
         if !self.config.gateway {
             self.closed().insert(session.id, message);
             let session = session.clone();
@@ -464,6 +546,7 @@ impl Registry {
                 self.close_with(&session, Closed::Idle, message);
             }
         }
+        self.reap_saved();
     }
 
     /// Shutdown: no new sessions; waits up to `grace` for calls in progress and running cells
@@ -478,6 +561,7 @@ impl Registry {
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        self.hibernate_for_restart(deadline).await;
         let sessions: Vec<Arc<KernelSession>> = self.open().drain().map(|(_, s)| s).collect();
         let gateway = self.config.gateway;
         let stops = sessions.into_iter().map(|session| async move {
@@ -517,6 +601,51 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// Shutdown: hibernates the idle sessions whose handle a client holds, so that they come
+    /// back after a restart; until `deadline` (what is left of `--shutdown-grace`). Those not
+    /// saved by then are closed as the others are (a checkpoint taken earlier stays).
+    async fn hibernate_for_restart(self: &Arc<Self>, deadline: tokio::time::Instant) {
+        let Some(sleep) = &self.sleep else { return };
+        if !sleep.records.persistent() {
+            return;
+        }
+        let idle: Vec<Arc<KernelSession>> = self
+            .open()
+            .values()
+            .filter(|s| s.named() && s.idle_for().is_some())
+            .cloned()
+            .collect();
+        if idle.is_empty() {
+            return;
+        }
+        let count = idle.len();
+        let saves = futures::future::join_all(
+            idle.iter()
+                .map(|session| self.save(session, Duration::ZERO, false)),
+        );
+        match tokio::time::timeout_at(deadline, saves).await {
+            Ok(saved) => {
+                tracing::info!(
+                    "shutdown: {} of {count} idle sessions hibernated",
+                    saved.iter().filter(|s| **s).count()
+                );
+                // Their kernels stop in the background after a hibernation: waited for here,
+                // before the process exits.
+                let stops = idle
+                    .iter()
+                    .zip(saved)
+                    .filter(|(_, saved)| *saved)
+                    .map(|(session, _)| session.executor.stop());
+                futures::future::join_all(stops).await;
+            }
+            Err(_) => tracing::warn!(
+                "shutdown: --shutdown-grace ran out while hibernating {count} idle sessions; those not saved yet are closed"
+            ),
+        }
+    }
+}
+
 /// Stops a closed session's kernel on a gateway; returns whether it was only detached from.
 /// A kernel another replica is connected to (more connections than this one) is left
 /// running: that replica uses it, and closes it in turn when the session is idle there too.
@@ -550,7 +679,48 @@ impl SessionSource for Arc<Registry> {
                 return self.mint(caller).await;
             };
             let handle = self.handles.decode(text, caller).map_err(|e| e.message())?;
+            if let (Some(sleep), Place::Local { replica }) = (&self.sleep, &handle.place)
+                && *replica == self.config.replica
+            {
+                // One transition at a time: a call waits for a hibernation in progress, and
+                // concurrent calls restore once.
+                let _guard = sleep.lock(handle.id).await;
+                if let Some(session) = self.open().get(&handle.id).cloned()
+                    && session.owner == *caller
+                {
+                    session.touch();
+                    return Ok(session);
+                }
+                if let Some(session) = self.wake(caller, handle.id).await? {
+                    return Ok(session);
+                }
+            }
+            if let (Some(sleep), Place::Local { replica }) = (&self.sleep, &handle.place)
+                && *replica != self.config.replica
+                && self.config.snapshot_dir.is_some()
+            {
+                // Another replica's session, on shared storage: taken over only if that
+                // replica is dead (see `session_store::SessionStore::take_over`).
+                let _guard = sleep.lock(handle.id).await;
+                if let Some(session) = self.open().get(&handle.id).cloned()
+                    && session.owner == *caller
+                {
+                    session.touch();
+                    return Ok(session);
+                }
+                if sleep.records.take_over(replica, &handle.id)
+                    && let Some(session) = self.wake(caller, handle.id).await?
+                {
+                    tracing::info!(session = %session.tag, "took over a session of dead replica `{replica}`");
+                    return Ok(session);
+                }
+            }
             let found = self.open().get(&handle.id).cloned();
+            // The handle's tag binds it to its owner's token; checked again here, so that a
+            // handle forged with a leaked key still names nobody else's session.
+            if found.as_ref().is_some_and(|s| s.owner != *caller) {
+                return Err(super::handle::Invalid::NotYours.message());
+            }
             match (&handle.place, found) {
                 (
                     Place::Gateway {
@@ -593,7 +763,7 @@ impl SessionSource for Arc<Registry> {
                             self.config.replica
                         )),
                         Place::Local { .. } => Err(
-                            "this session is unknown here: ipybox was restarted since it was made (or it closed long ago), and its kernel is gone\n  help: call without `session` to start a new session".into(),
+                            "this session is unknown here: ipybox was restarted since it was made and its state was not saved (hibernation is off, or it was busy at the restart), or it closed long ago\n  help: call without `session` to start a new session".into(),
                         ),
                     }
                 }
@@ -615,6 +785,7 @@ impl SessionSource for Arc<Registry> {
                 replica: self.config.replica.clone(),
             }
         };
+        session.set_named();
         Some(self.handles.encode(
             &Handle {
                 id: session.id,
@@ -625,11 +796,40 @@ impl SessionSource for Arc<Registry> {
     }
 
     fn close(&self, session: &Arc<KernelSession>, why: &str) {
+        // A hibernated session nobody can name (a handshake-era MCP session's own) ends with
+        // its MCP session.
+        if let Some(sleep) = &self.sleep
+            && !session.named()
+            && !self.open().contains_key(&session.id)
+        {
+            sleep.forget(&session.id);
+        }
         let message = format!(
             "session {} was closed: {why}; its kernel was stopped\n  help: call without `session` to start a new session",
             session.tag
         );
         self.close_with(session, Closed::McpSession, message);
+    }
+
+    fn reopen<'a>(
+        &'a self,
+        caller: &'a Caller,
+        closed: &'a Arc<KernelSession>,
+    ) -> BoxFuture<'a, Result<Option<Arc<KernelSession>>, String>> {
+        Box::pin(async move {
+            let Some(sleep) = &self.sleep else {
+                return Ok(None);
+            };
+            let _guard = sleep.lock(closed.id).await;
+            if let Some(session) = self.open().get(&closed.id).cloned() {
+                if Arc::ptr_eq(&session, closed) || session.owner != *caller {
+                    return Ok(None);
+                }
+                session.touch();
+                return Ok(Some(session));
+            }
+            self.wake(caller, closed.id).await
+        })
     }
 
     fn workspace_executor(&self) -> &CodeExecutor {

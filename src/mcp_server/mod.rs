@@ -523,18 +523,26 @@ impl IpyboxServer {
             if session.owner != caller {
                 return Err("this MCP session belongs to another credential\n  help: start your own MCP session (initialize) with your token".into());
             }
-            match session.closed() {
+            // (issue 30, hibernation) A hibernated session comes back on its next call.
+            let why = match session.closed() {
                 None => return Ok(Some((session.clone(), announce(session)))),
-                // Expired (or its kernel gone): this client cannot pass a handle, so it gets a
-                // new kernel session, told that the old state is gone.
-                Some(why) => {
-                    let first = why.lines().next().unwrap_or_default().to_string();
-                    lost = Some(format!(
-                        "{first}. This call runs in a new kernel session: variables, imports and definitions from before are gone"
-                    ));
-                    *slot = None;
-                }
-            }
+                Some(why) => match source.reopen(&caller, session).await {
+                    Ok(Some(back)) => {
+                        *slot = Some(back.clone());
+                        return Ok(Some((back.clone(), announce(&back))));
+                    }
+                    Ok(None) => why,
+                    Err(failed) => failed,
+                },
+            };
+            // (end issue 30)
+            // Expired (or its kernel gone): this client cannot pass a handle, so it gets a
+            // new kernel session, told that the old state is gone.
+            let first = why.lines().next().unwrap_or_default().to_string();
+            lost = Some(format!(
+                "{first}. This call runs in a new kernel session: variables, imports and definitions from before are gone"
+            ));
+            *slot = None;
         }
         if !create {
             return Ok(None);

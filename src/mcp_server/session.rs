@@ -46,6 +46,9 @@ pub(crate) struct KernelSession {
     /// What the next result tells the model about a restore of this session's state (the
     /// restore report, see `ipybox::snapshot::RestoreReport::text`), until a result takes it.
     restored: Mutex<Option<String>>,
+    /// Whether a result gave its handle to a client (over HTTP: a client that can name it
+    /// again, after a restart too; a handshake-era MCP session's own kernel session is not).
+    named: std::sync::atomic::AtomicBool,
 }
 
 struct Activity {
@@ -78,7 +81,29 @@ impl KernelSession {
             closed: Mutex::default(),
             generation: Mutex::default(),
             restored: Mutex::default(),
+            named: Default::default(),
         }
+    }
+
+    /// Records that a client was given this session's handle.
+    pub(crate) fn set_named(&self) {
+        self.named.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether a client was given this session's handle (see [`KernelSession::set_named`]).
+    pub(crate) fn named(&self) -> bool {
+        self.named.load(Ordering::SeqCst)
+    }
+
+    /// Counts as use now (a call found the session and is about to enter it): closing it as
+    /// idle must wait for its idle time again.
+    pub(crate) fn touch(&self) {
+        self.activity().last_used = Instant::now();
+    }
+
+    /// When the last call ended (or the session was made, or touched).
+    pub(crate) fn last_used(&self) -> Instant {
+        self.activity().last_used
     }
 
     /// The next result of this session starts with `report` (what came back from a snapshot
@@ -219,6 +244,15 @@ pub(crate) trait SessionSource: Send + Sync + 'static {
 
     /// Closes `session` (its MCP session ended): its kernel stops.
     fn close(&self, session: &Arc<KernelSession>, why: &str);
+
+    /// What became of `closed`, a session this server held that is closed now: `Ok(Some)` if it
+    /// was hibernated (it is restored now, or was already), `Ok(None)` if it is gone for good.
+    /// The error is the text for the model (it could not be brought back).
+    fn reopen<'a>(
+        &'a self,
+        caller: &'a Caller,
+        closed: &'a Arc<KernelSession>,
+    ) -> BoxFuture<'a, Result<Option<Arc<KernelSession>>, String>>;
 
     /// An executor of the shared workspace for what needs no kernel session
     /// (`register_mcp_server`).

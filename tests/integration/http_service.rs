@@ -485,7 +485,7 @@ async fn max_sessions_and_calls_per_session_are_refused_not_evicted() {
     let c = connect(&service.url(), None, Era::Stateless).await;
     let (_, one) = new_session(&c, "x = 1").await;
     let (_, two) = new_session(&c, "x = 2").await;
-    let refused = "too many sessions: this ipybox already runs the maximum of 2 kernel sessions (--max-sessions)\n  help: retry later (sessions idle for 1800 s are closed), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions";
+    let refused = "too many sessions: this ipybox already runs the maximum of 2 kernel sessions (--max-sessions)\n  help: retry later (sessions idle for 600 s are hibernated), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions";
     assert_eq!(cell(&c, "x = 3", None).await, (true, refused.into()));
     let legacy = connect(&service.url(), None, Era::Handshake).await;
     assert_eq!(cell(&legacy, "x = 3", None).await, (true, refused.into()));

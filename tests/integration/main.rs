@@ -25,6 +25,7 @@ mod hardening;
 mod host_confinement;
 mod http_confinement;
 mod http_density;
+mod http_hibernate;
 mod http_replicas;
 mod http_service;
 mod jupyter_servers;
