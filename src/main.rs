@@ -92,11 +92,12 @@ struct ServeArgs {
     /// (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 300.0)]
     task_ttl: f64,
-    /// stdio: save the kernel's state (into $IPYBOX_HOME/snapshots, host-only) once the session
-    /// has been idle this long after a cell, so a resumed conversation that passes its
-    /// `session` handle gets its variables back (seconds; "off": no handle, no saving).
-    #[arg(long, value_name = "SECS", default_value = "3")]
-    checkpoint_after: String,
+    /// A session is saved (host-only, and kept open) once it has been idle this long after
+    /// being used (seconds, or `off`). Over stdio (default 3): a resumed conversation that
+    /// passes its `session` handle gets its variables back; `off`: no handle, no saving. With
+    /// --http (default 60): what a crash of ipybox loses is bounded by it.
+    #[arg(long, value_name = "SECS|off")]
+    checkpoint_after: Option<String>,
     /// The most of a cell's text output ipybox holds, whatever the client asks: the first and
     /// the last half are kept, the middle replaced by a line saying how much was cut; applied
     /// while the cell runs (bytes). A request holds no more than its max_output_chars needs.
@@ -239,10 +240,8 @@ struct HttpArgs {
         requires = "http"
     )]
     hibernate_after: String,
-    /// A session whose handle a client holds is saved (and kept open) once it has had no call
-    /// for this long after being used: what a crash of ipybox loses is bounded by it (seconds,
-    /// or `off`).
-    #[arg(long, value_name = "SECS|off", default_value = "60", requires = "http")]
+    /// `--checkpoint-after` (a flag of the server, shared with stdio: set from it, default 60).
+    #[arg(skip)]
     checkpoint_after: String,
     /// The disk a token's saved sessions may take (bytes, or `off`); past it, its least
     /// recently used hibernated sessions are deleted.
@@ -625,7 +624,11 @@ async fn serve(
             args.task_ttl
         );
     }
-    let checkpoint_after = match args.checkpoint_after.as_str() {
+    let checkpoint_spec = args
+        .checkpoint_after
+        .clone()
+        .unwrap_or_else(|| if http.is_some() { "60" } else { "3" }.into());
+    let checkpoint_after = match checkpoint_spec.as_str() {
         "off" | "never" => None,
         secs => match secs.parse::<f64>() {
             Ok(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s.min(86_400.0))),
@@ -689,6 +692,8 @@ async fn serve(
             if let Some(factory) = &shared_factory {
                 builder = builder.shared_kernel_factory(factory.clone());
             }
+            let mut http = http;
+            http.checkpoint_after = checkpoint_spec;
             let options = http_options(http, secrets, gateway, confined).await?;
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone())
                 .with_notebooks(notebooks)
