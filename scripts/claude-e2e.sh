@@ -180,9 +180,16 @@ for m in messages:
 got = [(u["name"], bool(results.get(u["id"], {}).get("is_error")), text_of(results.get(u["id"], {}).get("content", "<no tool_result>"))) for u in uses]
 plan = json.load(open(os.path.join(work, "plan.json")))
 check("the model's tool calls reached ipybox through Claude Code, in order", [u["name"] for u in uses], [s["tool"] for s in plan if "tool" in s])
+# The first result of the conversation names its session handle (docs/mcp-server.md, "Resuming
+# a conversation"); the handle is random, its note's text is not.
+import re
+first = got[1][2] if len(got) > 1 and isinstance(got[1][2], str) else ""
+handle = re.search(r"ipybox-s1\.stdio\.[A-Za-z0-9_-]+", first)
+handle = handle.group(0) if handle else "<no handle in the first result>"
+handle_note = f'[ipybox session {handle}: pass session="{handle}" in later calls; a resumed conversation passes it to get its state back]'
 want = [
     ("ToolSearch select: loads the deferred ipybox tools", None),
-    ("execute_ipython_cell: answer = 6 * 7", (False, "set answer")),
+    ("execute_ipython_cell: answer = 6 * 7, and the session's handle", (False, "set answer\n\n" + handle_note)),
     ("execute_ipython_cell: the next cell reads answer (state kept)", (False, "answer is 42")),
     ("register_mcp_server fx", (False, "record")),
     ("register_mcp_server notes", (False, "record")),

@@ -25,7 +25,8 @@ done
 echo "smoke-clients: MCP Inspector tools/call execute_ipython_cell"
 call="$(cd "$work/project" && HOME="$work/home" timeout 120 node "$INSPECTOR" --cli -e "IPYBOX_HOME=$kernel_home" "$ipybox" --workspace "$work/project" \
   --method tools/call --tool-name execute_ipython_cell --tool-arg 'code=print(6 * 7)' 2>/dev/null)" || fail "tools/call did not answer"
-grep -q '"text": "42"' <<<"$call" || fail "tools/call answered: $call"
+# 42, then (the first result of a conversation) the session's handle note.
+grep -qE '"text": "42(\\n\\n\[ipybox session ipybox-s1\.stdio\.[^"]*)?"' <<<"$call" || fail "tools/call answered: $call"
 
 echo "smoke-clients: Claude Code $("$CLAUDE" --version 2>/dev/null | head -1) mcp add / mcp list"
 (cd "$work/project" && HOME="$work/home" timeout 60 "$CLAUDE" mcp add ipybox -e "IPYBOX_HOME=$kernel_home" -- "$ipybox" --workspace "$work/project" >/dev/null)

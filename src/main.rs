@@ -92,6 +92,12 @@ struct ServeArgs {
     /// (seconds).
     #[arg(long, value_name = "SECS", default_value_t = 300.0)]
     task_ttl: f64,
+    /// A session is saved (host-only, and kept open) once it has been idle this long after
+    /// being used (seconds, or `off`). Over stdio (default 3): a resumed conversation that
+    /// passes its `session` handle gets its variables back; `off`: no handle, no saving. With
+    /// --http (default 60): what a crash of ipybox loses is bounded by it.
+    #[arg(long, value_name = "SECS|off")]
+    checkpoint_after: Option<String>,
     /// The most of a cell's text output ipybox holds, whatever the client asks: the first and
     /// the last half are kept, the middle replaced by a line saying how much was cut; applied
     /// while the cell runs (bytes). A request holds no more than its max_output_chars needs.
@@ -234,10 +240,8 @@ struct HttpArgs {
         requires = "http"
     )]
     hibernate_after: String,
-    /// A session whose handle a client holds is saved (and kept open) once it has had no call
-    /// for this long after being used: what a crash of ipybox loses is bounded by it (seconds,
-    /// or `off`).
-    #[arg(long, value_name = "SECS|off", default_value = "60", requires = "http")]
+    /// `--checkpoint-after` (a flag of the server, shared with stdio: set from it, default 60).
+    #[arg(skip)]
     checkpoint_after: String,
     /// The disk a token's saved sessions may take (bytes, or `off`); past it, its least
     /// recently used hibernated sessions are deleted.
@@ -466,6 +470,11 @@ where
             return FAILURE;
         }
     };
+    let stdio_server = match &cli.command {
+        None => true,
+        Some(Command::Serve { http, .. }) => http.http.is_none(),
+        Some(_) => false,
+    };
     let result = match cli.command {
         Some(Command::Serve {
             serve: mut args,
@@ -481,8 +490,18 @@ where
         Some(command) => runtime.block_on(run(command, secrets)),
         None => runtime.block_on(serve(cli.serve, None, secrets)),
     };
-    // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive.
-    runtime.shutdown_timeout(Duration::from_millis(100));
+    // Leftover blocking tasks (e.g. a terminal prompt) must not keep the process alive; the
+    // wait lets the workers drop the tasks left (their children are killed on drop). A stdio
+    // server whose checkpoint or restore was under way (mcp_server/resume.rs; it runs while the
+    // session is idle) waits less: its store write on a blocking thread would hold the exit for
+    // the whole wait, past the 100 ms budget, and is abandoned instead (the store keeps the
+    // previous snapshot whole).
+    let wait = if stdio_server && mcp_server::snapshot_in_flight() {
+        Duration::from_millis(20)
+    } else {
+        Duration::from_millis(100)
+    };
+    runtime.shutdown_timeout(wait);
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -605,6 +624,19 @@ async fn serve(
             args.task_ttl
         );
     }
+    let checkpoint_spec = args
+        .checkpoint_after
+        .clone()
+        .unwrap_or_else(|| if http.is_some() { "60" } else { "3" }.into());
+    let checkpoint_after = match checkpoint_spec.as_str() {
+        "off" | "never" => None,
+        secs => match secs.parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s.min(86_400.0))),
+            _ => anyhow::bail!(
+                "invalid --checkpoint-after {secs}\n  help: pass a number of seconds or `off`"
+            ),
+        },
+    };
     let config = mcp_server::ServerConfig {
         workspace,
         approve: args.approve,
@@ -613,6 +645,7 @@ async fn serve(
         task_ttl: Duration::from_secs_f64(args.task_ttl.min(86_400.0 * 365.0)),
         max_images: args.max_images,
         max_image_bytes: args.max_image_bytes,
+        checkpoint_after,
     };
     match http {
         None => {
@@ -659,6 +692,8 @@ async fn serve(
             if let Some(factory) = &shared_factory {
                 builder = builder.shared_kernel_factory(factory.clone());
             }
+            let mut http = http;
+            http.checkpoint_after = checkpoint_spec;
             let options = http_options(http, secrets, gateway, confined).await?;
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone())
                 .with_notebooks(notebooks)

@@ -12,7 +12,8 @@
 //!
 //! Over HTTP the tools that need a kernel take a `session` argument (a handle): 2026-07-28
 //! clients get a new session's handle in the first result and pass it back; a handshake-era
-//! MCP session has its own kernel session unless a handle is passed ([`Scope`]).
+//! MCP session has its own kernel session unless a handle is passed ([`Scope`]). Over stdio they
+//! take one too, so that a resumed conversation gets its kernel state back ([`resume`]).
 //!
 //! Not here: serving on stdio and shutting down ([`stdio`]), kernel sessions over HTTP
 //! (`crate::http::sessions`), the workspace/`.env` handling of the command line (the binary's
@@ -26,11 +27,13 @@ mod notebook;
 mod progress;
 mod request;
 mod results;
+mod resume;
 pub(crate) mod session;
 mod skills;
 mod stdio;
 mod tasks;
 
+pub(crate) use resume::snapshot_in_flight;
 pub(crate) use stdio::{refuse_stdio, serve_stdio};
 
 use std::path::PathBuf;
@@ -80,6 +83,10 @@ pub(crate) struct ServerConfig {
     /// executors are built with: named in a result that dropped some.
     pub max_images: usize,
     pub max_image_bytes: usize,
+    /// stdio: checkpoint the session after it has been idle this long after a change, so a
+    /// resumed conversation can get its state back ([`resume`]); `None`: no handle, no
+    /// checkpoints.
+    pub checkpoint_after: Option<Duration>,
 }
 
 /// `--approve`: who approves the tool calls (and approved-category shell commands) of executed
@@ -109,6 +116,16 @@ const SESSION_INSTRUCTIONS: &str = " This server keeps one kernel per session: t
 `execute_ipython_cell` without `session` starts a new kernel and its result names the session \
 handle; pass that handle as `session` in every later call (`execute_ipython_cell`, `reset`) to \
 keep your variables.";
+
+/// What the instructions add over stdio when sessions can be resumed.
+const RESUME_INSTRUCTIONS: &str = " Results name this kernel's session handle once: pass it as \
+`session` in later calls (`execute_ipython_cell`, `reset`); in a resumed conversation it brings the \
+kernel's variables back.";
+
+/// The `session` argument's description over stdio.
+const STDIO_SESSION_DOC: &str = "The kernel session to continue: the handle a previous result named (`ipybox-s1.stdio.<...>`). \
+Leave it out to use this server's current kernel. Pass it in later calls: when the conversation was resumed \
+(the server restarted since), it restores that session's variables, functions and classes into the kernel.";
 
 /// The `session` argument's description (HTTP only).
 const SESSION_DOC: &str = "The kernel session to use: the handle a previous result named (`ipybox-s1.<route>.<...>`). \
@@ -198,8 +215,11 @@ struct Shared {
     tasks: tasks::CellTasks,
     /// The codeact skill (the skills extension).
     skills: skills::Skills,
-    /// The tools, with the `session` argument over HTTP.
+    /// The tools, with the `session` argument over HTTP (and over stdio with [`resume`]).
     router: ToolRouter<IpyboxServer>,
+    /// stdio: the session's handle, checkpoints and restores (`None`: turned off, or no data
+    /// directory).
+    resume: Option<Arc<resume::Resume>>,
 }
 
 /// Where a request's kernel session comes from.
@@ -267,6 +287,8 @@ struct Announce {
     /// Why the state the client had is gone (its MCP session's kernel session was closed, and
     /// this request got a new one).
     lost: Option<String>,
+    /// stdio: the note naming the session's handle ([`resume::Resume::resolve`]).
+    stdio_note: Option<String>,
 }
 
 impl Announce {
@@ -274,6 +296,9 @@ impl Announce {
     fn note(&self) -> Option<String> {
         if let Some(lost) = &self.lost {
             return Some(format!("[ipybox: {lost}]"));
+        }
+        if let Some(note) = &self.stdio_note {
+            return Some(note.clone());
         }
         let source = self.source.as_ref()?;
         if !self.keeps_handle {
@@ -332,13 +357,32 @@ impl IpyboxServer {
         });
         let session = Arc::new(KernelSession::new(executor, Caller::Local, [0; 16], None));
         let task_ttl = config.task_ttl;
+        let resume = config.checkpoint_after.and_then(|after| {
+            let data_dir = ipybox::host_env::HostEnv::from_process().data_dir()?;
+            match resume::Resume::open(&data_dir, &config.workspace, after) {
+                Ok(resume) => Some(Arc::new(resume)),
+                Err(e) => {
+                    tracing::warn!(
+                        "resuming conversations is off: {}",
+                        ipybox::log_text::escaped(&e)
+                    );
+                    None
+                }
+            }
+        });
+        let mut router = Self::tool_router_template();
+        if let Some(resume) = &resume {
+            tokio::spawn(resume.clone().checkpoints(session.clone()));
+            with_session_argument(&mut router, STDIO_SESSION_DOC, false);
+        }
         Self::with_shared(Arc::new(Shared {
             config,
             scope: Scope::Single(session),
             rounds: Arc::new(mrtr::Rounds::new()),
             tasks: tasks::CellTasks::new(task_ttl),
             skills: skills::Skills::load(),
-            router: Self::tool_router_template(),
+            router,
+            resume,
         }))
     }
 
@@ -355,22 +399,7 @@ impl IpyboxServer {
         session_header: bool,
     ) -> impl Fn() -> Self + Send + Sync + 'static {
         let mut router = Self::tool_router_template();
-        for name in ["execute_ipython_cell", "install_package", "reset"] {
-            if let Some(route) = router.map.get_mut(name) {
-                let mut schema = (*route.attr.input_schema).clone();
-                let properties = schema
-                    .entry("properties")
-                    .or_insert_with(|| Value::Object(Map::new()));
-                if let Some(properties) = properties.as_object_mut() {
-                    let mut session = json!({"type": "string", "description": SESSION_DOC});
-                    if session_header {
-                        session["x-mcp-header"] = json!("Session");
-                    }
-                    properties.insert("session".into(), session);
-                }
-                route.attr.input_schema = Arc::new(schema);
-            }
-        }
+        with_session_argument(&mut router, SESSION_DOC, session_header);
         let task_ttl = config.task_ttl;
         let shared = Arc::new(Shared {
             config,
@@ -379,6 +408,7 @@ impl IpyboxServer {
             tasks: tasks::CellTasks::new(task_ttl),
             skills: skills::Skills::load(),
             router,
+            resume: None,
         });
         move || Self::with_shared(shared.clone())
     }
@@ -426,12 +456,19 @@ impl IpyboxServer {
     ) -> Result<Option<(Arc<KernelSession>, Announce)>, String> {
         let source = match &self.shared.scope {
             Scope::Single(session) => {
+                // stdio: `given` may name a saved session of a resumed conversation; `create`
+                // is false only for `reset`, which switches without restoring.
+                let stdio_note = match &self.shared.resume {
+                    Some(resume) => resume.resolve(session, given, create).await?,
+                    None => None,
+                };
                 let announce = Announce {
                     source: None,
                     session: session.clone(),
                     given: None,
                     keeps_handle: false,
                     lost: None,
+                    stdio_note,
                 };
                 return Ok(Some((session.clone(), announce)));
             }
@@ -445,6 +482,7 @@ impl IpyboxServer {
             given: given.map(str::to_string),
             keeps_handle: stateless || given.is_some(),
             lost: None,
+            stdio_note: None,
         };
         if given.is_some() || stateless {
             if given.is_none() && !create {
@@ -564,6 +602,7 @@ impl IpyboxServer {
                             given: p.session.clone(),
                             keeps_handle: stateless(&context) || p.session.is_some(),
                             lost: None,
+                            stdio_note: None,
                         };
                         (run, Some(round), session, announce, entered)
                     }
@@ -598,6 +637,9 @@ impl IpyboxServer {
                     return Ok(announce.apply(text_error(why)).into());
                 }
                 let _in_span = span.enter();
+                if let Some(resume) = &self.shared.resume {
+                    resume.changed();
+                }
                 let execution = session.executor.stream_with_options(
                     &p.code,
                     ipybox::executor::RunOptions {
@@ -736,12 +778,39 @@ impl IpyboxServer {
             return Ok(announce.apply(text_error(start_failed(&e))));
         }
         let result = match session.executor.reset().await {
-            Ok(()) => CallToolResult::success(vec![ContentBlock::text(
-                "Kernel reset: a fresh kernel is running and MCP sessions were closed.",
-            )]),
+            Ok(()) => {
+                // The session's saved state becomes the empty kernel's at the next checkpoint.
+                if let Some(resume) = &self.shared.resume {
+                    resume.changed();
+                }
+                CallToolResult::success(vec![ContentBlock::text(
+                    "Kernel reset: a fresh kernel is running and MCP sessions were closed.",
+                )])
+            }
             Err(e) => text_error(format!("reset failed: {e}")),
         };
         Ok(announce.apply(result))
+    }
+}
+
+/// Adds the `session` argument (described by `doc`; with `header`, the `x-mcp-header`
+/// annotation) to the tools that use a kernel session.
+fn with_session_argument(router: &mut ToolRouter<IpyboxServer>, doc: &str, header: bool) {
+    for name in ["execute_ipython_cell", "install_package", "reset"] {
+        if let Some(route) = router.map.get_mut(name) {
+            let mut schema = (*route.attr.input_schema).clone();
+            let properties = schema
+                .entry("properties")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(properties) = properties.as_object_mut() {
+                let mut session = json!({"type": "string", "description": doc});
+                if header {
+                    session["x-mcp-header"] = json!("Session");
+                }
+                properties.insert("session".into(), session);
+            }
+            route.attr.input_schema = Arc::new(schema);
+        }
     }
 }
 
@@ -755,6 +824,9 @@ fn session_span(session: &KernelSession) -> tracing::Span {
 impl ServerHandler for IpyboxServer {
     fn get_info(&self) -> rmcp::model::ServerConfig {
         let instructions = match &self.shared.scope {
+            Scope::Single(_) if self.shared.resume.is_some() => {
+                format!("{INSTRUCTIONS}{RESUME_INSTRUCTIONS}")
+            }
             Scope::Single(_) => INSTRUCTIONS.to_string(),
             Scope::Service(_) => format!("{INSTRUCTIONS}{SESSION_INSTRUCTIONS}"),
         };

@@ -35,7 +35,8 @@ const MAX_REPORT_BYTES: u64 = 4 << 20;
 
 /// A fresh directory the kernel writes (or reads) a snapshot in, removed when dropped.
 struct Exchange {
-    parent: NoFollowDir,
+    /// `None` once dropped.
+    parent: Option<NoFollowDir>,
     name: String,
     dir: NoFollowDir,
 }
@@ -53,7 +54,11 @@ impl Exchange {
         // Whatever a kernel left at that name (a link, a directory) goes first.
         parent.remove_tree(&name).map_err(io)?;
         let dir = parent.subdir(&name, Some(0o700)).map_err(io)?;
-        Ok(Self { parent, name, dir })
+        Ok(Self {
+            parent: Some(parent),
+            name,
+            dir,
+        })
     }
 
     /// The directory's path as the kernel sees it (the same path inside the sandbox).
@@ -78,8 +83,25 @@ impl Exchange {
 }
 
 impl Drop for Exchange {
+    /// Removes the directory, on a blocking thread when there is a runtime: a snapshot abandoned
+    /// because the executor stops leaves a kernel still writing its data here, and removing a
+    /// file while another process writes it waits for that write (~0.4 s for 200 MB on tmpfs),
+    /// which would hold up the stop that kills the kernel (stdio's exit within 100 ms).
     fn drop(&mut self) {
-        let _ = self.parent.remove_tree(&self.name);
+        let Some(parent) = self.parent.take() else {
+            return;
+        };
+        let name = std::mem::take(&mut self.name);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn_blocking(move || {
+                    let _ = parent.remove_tree(&name);
+                });
+            }
+            Err(_) => {
+                let _ = parent.remove_tree(&name);
+            }
+        }
     }
 }
 

@@ -48,6 +48,7 @@ mod sandbox;
 mod sandbox_environ;
 mod shell_approval;
 mod snapshot;
+mod stdio_resume;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;

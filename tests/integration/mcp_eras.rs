@@ -134,7 +134,9 @@ where
 }
 
 /// Starts `ipybox --workspace WS FLAGS...` (with `env` added to its environment) and connects
-/// `handler` to it in `era`; asserts the negotiated revision.
+/// `handler` to it in `era`; asserts the negotiated revision. Unless `flags` name
+/// `--checkpoint-after`, it is `off`: no session handle in results (their exact text is what
+/// the tests compare) and nothing saved into the data directory; `stdio_resume` tests resuming.
 pub(crate) async fn start_with<H: ClientHandler>(
     ws: &Path,
     env: &[(&str, &str)],
@@ -147,6 +149,7 @@ pub(crate) async fn start_with<H: ClientHandler>(
         .arg(ws)
         .args(["--log-level", "warn"])
         .args(flags)
+        .args(checkpoints_off(flags))
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -161,6 +164,15 @@ pub(crate) async fn start_with<H: ClientHandler>(
     Connected {
         service,
         _child: child,
+    }
+}
+
+/// `--checkpoint-after off` unless `flags` set it (see [`start_with`]).
+pub(crate) fn checkpoints_off(flags: &[&str]) -> &'static [&'static str] {
+    if flags.contains(&"--checkpoint-after") {
+        &[]
+    } else {
+        &["--checkpoint-after", "off"]
     }
 }
 

@@ -515,6 +515,9 @@ impl Raw {
         let mut child = command
             .args(["--workspace"])
             .arg(ws)
+            // No session handle in results (see `mcp_eras::start_with`);
+            // `stdio_resume` has the exit test with checkpoints on.
+            .args(["--checkpoint-after", "off"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -669,7 +672,7 @@ const EXIT_WITHIN: Duration = Duration::from_millis(100);
 /// (`/run/user/UID`) is on a desktop where Claude Code runs. Without it the runtime directory
 /// is in `/tmp`, on this machine a disk shared with concurrent builds, where removing its ~30
 /// entries took 3 to 50 ms: the exit bound would measure the disk's queue, not ipybox.
-fn tmpfs_runtime_base() -> Option<tempfile::TempDir> {
+pub(crate) fn tmpfs_runtime_base() -> Option<tempfile::TempDir> {
     let shm = Path::new("/dev/shm");
     let dir = tempfile::Builder::new()
         .prefix("ipybox-test-xdg-")

@@ -357,6 +357,12 @@ pub(crate) async fn connect_ipybox_with(
         json!("warn"),
     ];
     args.extend(extra_args.iter().map(|a| json!(a)));
+    // No session handle in results (see `mcp_eras::start_with`).
+    args.extend(
+        crate::mcp_eras::checkpoints_off(extra_args)
+            .iter()
+            .map(|a| json!(a)),
+    );
     let params = json!({"command": BIN, "args": args, "env": env});
     let params = ipybox::tools::ServerParams::parse(&params).unwrap();
     ipybox::tools::McpSession::connect(&params, &process_env(), Duration::from_secs(60))

@@ -109,7 +109,9 @@ class Server:
         self.workspace = Path(self._tmp.name)
         params = StdioServerParameters(
             command=self.ipybox,
-            args=["--workspace", str(self.workspace), "--log-level", "warn"] + self.flags,
+            # No session handle in results (their exact text is checked here); resuming is
+            # tested in tests/integration/stdio_resume.rs.
+            args=["--workspace", str(self.workspace), "--log-level", "warn", "--checkpoint-after", "off"] + self.flags,
             env=dict(os.environ),
         )
         if ERA == "handshake":

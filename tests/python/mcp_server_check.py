@@ -13,6 +13,7 @@ Usage: mcp_server_check.py FIXTURE_URL -- COMMAND [ARGS...]
 Prints one line per check and a final `N passed, M failed`; exits 1 if any check failed.
 """
 
+import re
 import os
 import sys
 
@@ -73,7 +74,15 @@ async def one_era(url, command):
             r = await session.call_tool("execute_ipython_cell", {"code": code})
             return r.is_error, text(r)
 
-        check("execute: assignment", await run("x = 21"), (False, ""))
+        # The first result names the session's handle (docs/mcp-server.md, "Resuming a
+        # conversation"), unless the server cannot keep snapshots (no writable data directory).
+        err, out = await run("x = 21")
+        note = re.fullmatch(
+            r'\[ipybox session (ipybox-s1\.stdio\.[A-Za-z0-9_-]+): pass session="\1" in later calls; '
+            r"a resumed conversation passes it to get its state back\]",
+            out,
+        )
+        check("execute: assignment (the first result names the session's handle)", (err, out == "" or bool(note)), (False, True))
         check("execute: state kept", await run("x * 2"), (False, "42"))
         check(
             "execute: runs in the workspace",
