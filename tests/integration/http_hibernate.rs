@@ -9,7 +9,7 @@
 //! sessions in a temporary `--snapshot-dir` (removed with the test); the session key is in
 //! ipybox's data directory, which the tests share.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::http_support::*;
@@ -31,18 +31,22 @@ fn replica() -> String {
     format!("hib-{:08x}", rand::random::<u32>())
 }
 
-/// The metric `name` (with its labels) from `/metrics`.
-async fn metric(port: u16, token: Option<&str>, name: &str) -> f64 {
-    let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{port}/metrics"));
-    if let Some(token) = token {
-        req = req.bearer_auth(token);
-    }
-    let text = req.send().await.unwrap().text().await.unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
-        .parse()
-        .unwrap()
+/// A service that hibernates sessions idle for 1 s, with no warm kernel, a replica name of its
+/// own and its saved sessions in `saved`; `extra` flags on top.
+fn hibernating(ws: &Path, saved: &Path, extra: &[&str]) -> Service {
+    let replica = replica();
+    let mut flags = vec![
+        "--hibernate-after",
+        "1",
+        "--warm-sessions",
+        "0",
+        "--replica-id",
+        &replica,
+        "--snapshot-dir",
+        saved.to_str().unwrap(),
+    ];
+    flags.extend_from_slice(extra);
+    Service::start(ws, &[], &flags)
 }
 
 /// Polls `/metrics` until `name` is at least `want` (at most 30 s).
@@ -98,23 +102,8 @@ fn expected_report(cwd: &str) -> String {
 async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let replica = replica();
     let saved = tempfile::tempdir().unwrap();
-    let saved_dir = saved.path().to_str().unwrap();
-    let service = Service::start(
-        ws.path(),
-        &[],
-        &[
-            "--hibernate-after",
-            "1",
-            "--warm-sessions",
-            "0",
-            "--replica-id",
-            &replica,
-            "--snapshot-dir",
-            saved_dir,
-        ],
-    );
+    let service = hibernating(ws.path(), saved.path(), &[]);
     let modern = connect(&service.url(), None, Era::Stateless).await;
     let legacy = connect(&service.url(), None, Era::Handshake).await;
     let (_, h) = new_session(&modern, STATE).await;
@@ -178,23 +167,8 @@ async fn idle_sessions_hibernate_and_come_back_in_both_eras() {
 async fn concurrent_calls_restore_once() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let replica = replica();
     let saved = tempfile::tempdir().unwrap();
-    let saved_dir = saved.path().to_str().unwrap();
-    let service = Service::start(
-        ws.path(),
-        &[],
-        &[
-            "--hibernate-after",
-            "1",
-            "--warm-sessions",
-            "0",
-            "--replica-id",
-            &replica,
-            "--snapshot-dir",
-            saved_dir,
-        ],
-    );
+    let service = hibernating(ws.path(), saved.path(), &[]);
     let client = connect(&service.url(), None, Era::Stateless).await;
     let (_, h) = new_session(&client, "n = 7").await;
     wait_metric(&service, None, HIBERNATED, 1.0).await;
@@ -218,27 +192,11 @@ async fn concurrent_calls_restore_once() {
 async fn another_tokens_handle_and_another_sessions_snapshot_are_refused() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let replica = replica();
     let saved = tempfile::tempdir().unwrap();
-    let saved_dir = saved.path().to_str().unwrap();
-    let service = Service::start(
+    let service = hibernating(
         ws.path(),
-        &[],
-        &[
-            "--hibernate-after",
-            "1",
-            "--warm-sessions",
-            "0",
-            "--replica-id",
-            &replica,
-            "--snapshot-dir",
-            saved_dir,
-            "--token",
-            TOKEN_A,
-            "--token",
-            TOKEN_B,
-            "--trust-tenants",
-        ],
+        saved.path(),
+        &["--token", TOKEN_A, "--token", TOKEN_B, "--trust-tenants"],
     );
     let marker = format!("{:016x}", rand::random::<u64>());
     let alice = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
@@ -356,26 +314,11 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
 async fn hibernated_sessions_expire_and_a_token_keeps_within_its_quota() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let replica = replica();
     let saved = tempfile::tempdir().unwrap();
-    let saved_dir = saved.path().to_str().unwrap();
-    let service = Service::start(
+    let service = hibernating(
         ws.path(),
-        &[],
-        &[
-            "--hibernate-after",
-            "1",
-            "--idle-timeout",
-            "4",
-            "--snapshot-quota",
-            "2000000",
-            "--warm-sessions",
-            "0",
-            "--replica-id",
-            &replica,
-            "--snapshot-dir",
-            saved_dir,
-        ],
+        saved.path(),
+        &["--idle-timeout", "4", "--snapshot-quota", "2000000"],
     );
     let client = connect(&service.url(), None, Era::Stateless).await;
     // Two sessions of 1.2 MB each: the second one's hibernation deletes the first (least

@@ -434,3 +434,17 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// The metric `name` (with its labels) from `/metrics`.
+pub(crate) async fn metric(port: u16, token: Option<&str>, name: &str) -> f64 {
+    let mut req = reqwest::Client::new().get(format!("http://127.0.0.1:{port}/metrics"));
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    let text = req.send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .parse()
+        .unwrap()
+}

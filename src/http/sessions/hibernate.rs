@@ -193,13 +193,7 @@ impl Registry {
         }
         let now = now_secs();
         let timeout = self.config.idle_timeout.as_secs();
-        let hibernated = sleep
-            .records
-            .all()
-            .iter()
-            .filter(|r| !self.open().contains_key(&r.id))
-            .count();
-        metrics::set_sessions_saved(hibernated as u64);
+        self.refresh_saved_gauge();
         for record in sleep.records.all() {
             if now.saturating_sub(record.last_used) < timeout
                 || self.open().contains_key(&record.id)
@@ -216,9 +210,20 @@ impl Registry {
                 if sleep.forget(&record.id).is_some() {
                     registry.expired(&record.id, "its saved state was deleted");
                     metrics::saved_session_expired();
+                    registry.refresh_saved_gauge();
                 }
             });
         }
+    }
+
+    /// Sets `ipybox_sessions_hibernated` to the sessions saved and not open now (after every
+    /// reap and every change of the records, so the gauge never lags behind the counters).
+    pub(super) fn refresh_saved_gauge(&self) {
+        let records = self.sleep_ref().records.all();
+        let open = self.open();
+        let hibernated = records.iter().filter(|r| !open.contains_key(&r.id)).count();
+        drop(open);
+        metrics::set_sessions_saved(hibernated as u64);
     }
 
     fn sleep_ref(&self) -> &Hibernation {
@@ -338,6 +343,7 @@ impl Registry {
         };
         if removed.is_some() {
             metrics::session_hibernated();
+            self.refresh_saved_gauge();
             tracing::info!(session = %session.tag, "session hibernated: its kernel is stopped until its next call");
             let executor = session.executor.clone();
             tokio::spawn(async move { executor.stop().await });
@@ -379,6 +385,7 @@ impl Registry {
                 metrics::saved_session_expired();
             }
         }
+        self.refresh_saved_gauge();
         if total > quota {
             tracing::warn!(
                 "a token's open sessions' snapshots take {total} bytes, over --snapshot-quota {quota}"
@@ -446,6 +453,7 @@ impl Registry {
                     ));
                 }
                 sleep.forget(&id);
+                self.refresh_saved_gauge();
                 let why = format!(
                     "session {tag} cannot be restored: {}; its saved state was deleted\n  help: call without `session` to start a new session",
                     e.to_string().lines().next().unwrap_or_default()
@@ -496,6 +504,7 @@ impl Registry {
         // The snapshot holds exactly this state: no checkpoint until it is used.
         lock(&sleep.covered).insert(id, session.last_used());
         metrics::session_restored();
+        self.refresh_saved_gauge();
         tracing::info!(
             session = %tag,
             "session restored in {} ms ({} names back, {} not)",
