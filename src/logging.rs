@@ -26,8 +26,8 @@ use tracing_subscriber::{EnvFilter, Layer};
 /// Logs to stderr at `level` for ipybox (`IPYBOX_LOG` overrides); `content`: `--log-content`.
 /// Once per process; later calls do nothing.
 pub(crate) fn init(level: &str, content: bool) {
-    let filter = EnvFilter::try_from_env("IPYBOX_LOG")
-        .unwrap_or_else(|_| EnvFilter::new(format!("ipybox={level},warn")));
+    let filter =
+        EnvFilter::try_from_env("IPYBOX_LOG").unwrap_or_else(|_| EnvFilter::new(directive(level)));
     let guard = tracing_subscriber::filter::filter_fn(move |meta| content || may_log(meta));
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(OneLine)
@@ -35,6 +35,19 @@ pub(crate) fn init(level: &str, content: bool) {
         .with_filter(filter)
         .with_filter(guard);
     let _ = tracing_subscriber::registry().with(layer).try_init();
+}
+
+/// The default filter: ipybox's records at `level`, other crates' at `warn` (`error` when
+/// `level` is). zeromq's `reconnect` records only at `error`: a kernel ipybox stops (a reset, a
+/// hibernated or closed session) leaves its sockets trying once to reconnect, which is not a
+/// problem; a kernel that is gone unasked for is reported by ipybox itself.
+fn directive(level: &str) -> String {
+    let others = if level.eq_ignore_ascii_case("error") {
+        "error"
+    } else {
+        "warn"
+    };
+    format!("ipybox={level},{others},zeromq::reconnect=error")
 }
 
 /// Whether a record (or span) may be logged without `--log-content`: ipybox's own at any level;
@@ -119,6 +132,14 @@ mod tests {
         assert!(may_log(&meta("rmcp::service", Level::WARN)));
         assert!(!may_log(&meta("zeromq::codec", Level::TRACE)));
         assert!(may_log(&meta("zeromq::reconnect", Level::INFO)));
+        assert_eq!(
+            directive("info"),
+            "ipybox=info,warn,zeromq::reconnect=error"
+        );
+        assert_eq!(
+            directive("error"),
+            "ipybox=error,error,zeromq::reconnect=error"
+        );
         assert!(!may_log(&meta("ipyboxx", Level::DEBUG)));
     }
 }
