@@ -158,7 +158,14 @@ fn path_without_uv() -> String {
 /// `ipybox --sandbox ARGS` as an MCP server whose working directory is `ws` (no `--workspace`:
 /// the default `.`), with `env` added to its minimal environment.
 async fn sandboxed_server(ws: &Path, args: &[&str], env: &[(&str, String)]) -> McpSession {
-    let mut argv = vec!["--sandbox", "--log-level", "warn"];
+    // No session handle in results (their exact text is asserted), no checkpoints written.
+    let mut argv = vec![
+        "--sandbox",
+        "--log-level",
+        "warn",
+        "--checkpoint-after",
+        "off",
+    ];
     argv.extend(args);
     let mut vars: serde_json::Map<String, Value> =
         env.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();

@@ -566,7 +566,7 @@ async fn install_package_reaches_a_sandboxed_kernel() {
     let home = tempfile::tempdir().unwrap(); // a private kernel environment for the install
     let params = json!({
         "command": env!("CARGO_BIN_EXE_ipybox"),
-        "args": ["--workspace", ws.path(), "--sandbox", "--log-level", "warn"],
+        "args": ["--workspace", ws.path(), "--sandbox", "--log-level", "warn", "--checkpoint-after", "off"],
         "env": {"IPYBOX_SRT": srt(), "IPYBOX_HOME": home.path()},
     });
     let session = McpSession::connect(

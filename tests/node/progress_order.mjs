@@ -25,7 +25,8 @@ const client = new Client({ name: "ipybox-progress-check", version: "1.0.0" });
 client.onerror = (e) => errors.push(String(e?.message ?? e));
 const transport = new StdioClientTransport({
   command: bin,
-  args: ["--workspace", workspace],
+  // No session handle in the first result: every result is compared whole.
+  args: ["--workspace", workspace, "--checkpoint-after", "off"],
   env: { ...process.env },
   stderr: "ignore",
 });
