@@ -453,16 +453,7 @@ impl Registry {
                     &e,
                     ExecutorError::Kernel(ipybox::kernel::KernelError::Gone { .. })
                 );
-                let removed = {
-                    let mut open = self.open();
-                    match open.get(&handle.id) {
-                        Some(current) if Arc::ptr_eq(current, &session) => {
-                            open.remove(&handle.id).is_some()
-                        }
-                        _ => false,
-                    }
-                };
-                if removed {
+                if self.remove_if_current(&session) {
                     metrics::session_closed(Closed::Gone);
                 }
                 if gone {
@@ -484,6 +475,16 @@ impl Registry {
 
     /// Closes `session` for `why`: it leaves the registry, later calls with its handle get
     /// `message`, and its kernel stops (or, on a gateway, is detached from when another
+    /// Removes `session` from the open sessions if it is the one open under its id (not a
+    /// newer session of the same id); returns whether it was.
+    pub(super) fn remove_if_current(&self, session: &Arc<KernelSession>) -> bool {
+        let mut open = self.open();
+        match open.get(&session.id) {
+            Some(current) if Arc::ptr_eq(current, session) => open.remove(&session.id).is_some(),
+            _ => false,
+        }
+    }
+
     /// replica still uses it).
     pub(crate) fn close_with(
         self: &Arc<Self>,
@@ -491,14 +492,7 @@ impl Registry {
         why: Closed,
         message: String,
     ) {
-        let removed = {
-            let mut open = self.open();
-            match open.get(&session.id) {
-                Some(current) if Arc::ptr_eq(current, session) => open.remove(&session.id),
-                _ => None,
-            }
-        };
-        if removed.is_none() {
+        if !self.remove_if_current(session) {
             return;
         }
         session.mark_closed(message.clone());

@@ -334,14 +334,7 @@ impl Registry {
         if !session.close_if_idle(idle, message) {
             return false;
         }
-        let removed = {
-            let mut open = self.open();
-            match open.get(&session.id) {
-                Some(c) if Arc::ptr_eq(c, session) => open.remove(&session.id),
-                _ => None,
-            }
-        };
-        if removed.is_some() {
+        if self.remove_if_current(session) {
             metrics::session_hibernated();
             self.refresh_saved_gauge();
             tracing::info!(session = %session.tag, "session hibernated: its kernel is stopped until its next call");
