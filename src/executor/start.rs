@@ -53,6 +53,11 @@ impl CodeExecutor {
                     self.host_env(),
                     &workspace,
                     explicit.as_deref(),
+                    self.inner
+                        .builder
+                        .kernel_env
+                        .get("PYTHONPATH")
+                        .map(String::as_str),
                 )?;
                 Some(loaded)
             }

@@ -3,8 +3,13 @@
 //! `KERNEL_ENV_*` in the workspace `.env`), combined by one rule per variable — the table in
 //! docs/kernel.md ("The kernel's environment"):
 //!
-//! - `PYTHONPATH` merges: ipybox's runtime directory, then the workspace, then the caller's
-//!   entries in their order (empty entries are dropped: they would mean "the working directory");
+//! - `PYTHONPATH` merges: ipybox's runtime directory, then the caller's entries in their order
+//!   (empty entries are dropped: they would mean "the working directory"), except those inside
+//!   the workspace. The workspace (and the caller's entries inside it, and a confined kernel's
+//!   own working directory) is never on `PYTHONPATH`: the interpreter would import
+//!   `sitecustomize`, or a module shadowing one the kernel imports, from there as it starts, and
+//!   a sandboxed kernel can write the workspace. The kernel appends these directories to the end
+//!   of `sys.path` once it is up ([`import_path_after_start`], `ipybox_runtime.import_path`);
 //! - `PATH` merges: the kernel environment's `bin` first (so `!python` and `!pip` are the
 //!   kernel's), then the caller's `PATH` if given, else the host's;
 //! - `IPYBOX_TOOL_SOCKET` is ipybox's (the executor sets it after the caller's variables);
@@ -58,18 +63,58 @@ pub(crate) fn local(config: &KernelConfig) -> Vec<(String, String)> {
         "PATH".into(),
         join(venv_bin.into_iter().chain(split(&rest))),
     );
-    let own = config
-        .python_path
-        .iter()
-        .chain(std::iter::once(&config.workspace))
-        .map(|p| p.display().to_string());
-    let user = config
-        .env
-        .get("PYTHONPATH")
-        .map(String::as_str)
-        .unwrap_or("");
-    env.insert("PYTHONPATH".into(), join(own.chain(split(user))));
+    let own = config.python_path.iter().map(|p| p.display().to_string());
+    let user = caller_path(config).filter(|e| !in_workspace(config, e));
+    env.insert("PYTHONPATH".into(), join(own.chain(user)));
     env.into_iter().collect()
+}
+
+/// The directories the kernel appends to `sys.path` once it is up, in order: the workspace, the
+/// caller's `PYTHONPATH` entries inside it, and the kernel's working directory when it is not
+/// the workspace (a confined kernel's own). At the end of `sys.path`, after the standard library
+/// and the kernel environment's packages, so that nothing there is shadowed by a file in the
+/// workspace; and only after start, so that nothing there runs as the interpreter starts.
+pub(crate) fn import_path_after_start(config: &KernelConfig) -> Vec<String> {
+    let mut dirs = vec![config.workspace.display().to_string()];
+    dirs.extend(
+        caller_path(config)
+            .filter(|e| in_workspace(config, e))
+            .map(|e| config.cwd().join(e).display().to_string()),
+    );
+    if config.cwd() != config.workspace {
+        dirs.push(config.cwd().display().to_string());
+    }
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
+    dirs
+}
+
+/// The caller's `PYTHONPATH` entries (from `kernel_env`), empty ones dropped.
+fn caller_path(config: &KernelConfig) -> impl Iterator<Item = String> + '_ {
+    split(
+        config
+            .env
+            .get("PYTHONPATH")
+            .map(String::as_str)
+            .unwrap_or(""),
+    )
+}
+
+/// Whether a `PYTHONPATH` entry lies in the workspace (relative entries are taken from the
+/// kernel's working directory, as Python takes them). Lexical: `..` is not resolved, so an
+/// entry that climbs out with `..` is counted as inside (kept off `PYTHONPATH`).
+fn in_workspace(config: &KernelConfig, entry: &str) -> bool {
+    let path = std::path::Path::new(entry);
+    let abs = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        config.cwd().join(path)
+    };
+    abs.starts_with(&config.workspace)
+        || abs.starts_with(config.cwd())
+        || abs
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
 }
 
 /// The non-empty entries of a `:`-separated list.
@@ -120,21 +165,26 @@ mod tests {
     #[test]
     fn each_variable_follows_its_rule() {
         let table: &[Row] = &[
-            (&[], "PYTHONPATH", Some("/run/ipybox/python:/ws")),
+            (&[], "PYTHONPATH", Some("/run/ipybox/python")),
             (
                 &[("PYTHONPATH", "/a")],
                 "PYTHONPATH",
-                Some("/run/ipybox/python:/ws:/a"),
+                Some("/run/ipybox/python:/a"),
             ),
             (
                 &[("PYTHONPATH", "/a:/b::/c")],
                 "PYTHONPATH",
-                Some("/run/ipybox/python:/ws:/a:/b:/c"),
+                Some("/run/ipybox/python:/a:/b:/c"),
+            ),
+            (
+                &[("PYTHONPATH", "/a:/ws/lib:lib:/b/../ws/x")],
+                "PYTHONPATH",
+                Some("/run/ipybox/python:/a"),
             ),
             (
                 &[("PYTHONPATH", "")],
                 "PYTHONPATH",
-                Some("/run/ipybox/python:/ws"),
+                Some("/run/ipybox/python"),
             ),
             (&[], "PATH", Some("/env/bin:/host/bin:/usr/bin")),
             (&[("PATH", "/mine")], "PATH", Some("/env/bin:/mine")),
@@ -157,5 +207,14 @@ mod tests {
             let env = local(&config(user));
             assert_eq!(get(&env, key).as_deref(), *want, "{key} with {user:?}");
         }
+    }
+
+    #[test]
+    fn the_workspace_is_imported_only_after_start() {
+        let c = config(&[("PYTHONPATH", "/a:/ws/lib:lib:/ws")]);
+        assert_eq!(import_path_after_start(&c), ["/ws", "/ws/lib"]);
+        let mut confined = config(&[]);
+        confined.cwd = Some(PathBuf::from("/run/k/work"));
+        assert_eq!(import_path_after_start(&confined), ["/ws", "/run/k/work"]);
     }
 }

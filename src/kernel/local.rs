@@ -28,10 +28,11 @@ use super::{KernelConfig, KernelError, ShellApproval, proto};
 use crate::child_process::{ChildCommand, StderrTail, host_command, own_group};
 use crate::group_leader::GroupLeader;
 
-/// Python run with `-c`: a stdin watchdog (exit when ipybox goes away), the output-flushing
+/// Python run with `-c`: first the working directory goes from `sys.path` (see
+/// [`CLEAN_PATH`]), then a stdin watchdog (exit when ipybox goes away), the output-flushing
 /// ipykernel patch (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
 /// running comes in through `exec_lines`, see `startup_line`.)
-const LAUNCHER: &str = r#"import os, sys, threading
+const LAUNCHER: &str = r#"import os, threading
 def _ipybox_watch_parent():
     try:
         while os.read(0, 4096):
@@ -356,8 +357,13 @@ pub(super) async fn connect(
 /// The line the kernel runs once it is up (ipykernel's `exec_lines`), if any: the
 /// working-directory guard (`restore_cwd`) and shell-command approval. `__import__` binds no name
 /// in the user's namespace.
-fn startup_line(config: &KernelConfig) -> Option<String> {
-    let mut parts = Vec::new();
+fn startup_line(config: &KernelConfig) -> String {
+    // A JSON list of strings is a valid Python list literal.
+    let dirs = serde_json::to_string(&super::kernel_env::import_path_after_start(config))
+        .unwrap_or_else(|_| "[]".into());
+    let mut parts = vec![format!(
+        "__import__('ipybox_runtime.import_path', fromlist=['install']).install({dirs})"
+    )];
     if config.restore_cwd {
         // A JSON string is a valid Python string literal.
         let dir = serde_json::to_string(&config.cwd().display().to_string())
@@ -372,13 +378,20 @@ fn startup_line(config: &KernelConfig) -> Option<String> {
             "__import__('ipybox_runtime.shell_guard', fromlist=['install']).install({flag})"
         ));
     }
-    (!parts.is_empty()).then(|| parts.join("; "))
+    parts.join("; ")
 }
+
+/// The first statement of every `python -c` ipybox runs as a kernel or template: `-c` puts the
+/// working directory (`''`) first on `sys.path`, and the working directory is the workspace,
+/// which a sandboxed kernel can write; a module there (`threading.py`, `ipykernel/`,
+/// `ipybox_runtime/`) would shadow what the launcher imports next. `sys` is built in: importing
+/// it looks nothing up.
+pub(crate) const CLEAN_PATH: &str = "import sys; sys.path[:] = [p for p in sys.path if p]";
 
 /// The kernel app's arguments (what follows `python -c CODE`), for a launched or a forked kernel
 /// alike.
 pub(super) fn kernel_args(config: &KernelConfig, conn_file: &Path) -> Vec<String> {
-    let mut args = vec![
+    vec![
         "-f".to_string(),
         conn_file.display().to_string(),
         "--IPKernelApp.quiet=True".to_string(),
@@ -388,11 +401,11 @@ pub(super) fn kernel_args(config: &KernelConfig, conn_file: &Path) -> Vec<String
         "--IPythonKernel._execute_sleep=0".to_string(),
         "--InteractiveShell.colors=nocolor".to_string(),
         "--InteractiveShell.xmode=Context".to_string(),
-    ];
-    if let Some(line) = startup_line(config) {
-        args.push(format!("--IPKernelApp.exec_lines={line}"));
-    }
-    args
+        // The working directory is not put back on `sys.path`: the workspace goes at its end,
+        // after start (`startup_line`).
+        "--IPKernelApp.ignore_cwd=True".to_string(),
+        format!("--IPKernelApp.exec_lines={}", startup_line(config)),
+    ]
 }
 
 /// Starts `argv` (a kernel, or the kernel factory's template) the way every kernel process
@@ -459,7 +472,7 @@ fn spawn_process(
     let mut argv = vec![
         config.python.display().to_string(),
         "-c".to_string(),
-        LAUNCHER.to_string(),
+        format!("{CLEAN_PATH}\n{LAUNCHER}"),
     ];
     argv.extend(kernel_args(config, conn_file));
     spawn_kernel_command(config, argv, private_dir)

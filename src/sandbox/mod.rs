@@ -117,14 +117,18 @@ pub(crate) async fn load_policy(
 /// Refuses a setup in which the host would run or load code from a place the sandboxed kernel
 /// can write (the workspace and the policy's other writable directories): the home directory
 /// (dotfiles host programs run), the kernel's interpreter and its environment (the host runs it
-/// to check it and to install packages), ipybox's data directory, srt. Runs before any of them
-/// is started. `python` is the interpreter named by the caller, if any.
+/// to check it and to install packages), ipybox's data directory, srt, and the caller's
+/// `PYTHONPATH` entries outside the workspace (every kernel imports `sitecustomize` and the
+/// modules it starts with from them as it starts; entries inside the workspace are only appended
+/// to `sys.path` once the kernel is up, see `kernel::kernel_env`). Runs before any of them is
+/// started. `python` is the interpreter named by the caller, if any.
 pub(crate) fn check_layout(
     (policy, _): &LoadedPolicy,
     options: &SandboxOptions,
     host: &HostEnv,
     workspace: &Path,
     python: Option<&Path>,
+    python_path: Option<&str>,
 ) -> Result<(), SandboxError> {
     let home = host.get("HOME").map(PathBuf::from);
     let roots = policy.writable_roots(workspace, home.as_deref());
@@ -172,6 +176,20 @@ pub(crate) fn check_layout(
             srt,
             "install srt outside the workspace (npm install -g, or point IPYBOX_SRT elsewhere)",
         ));
+    }
+    for entry in python_path
+        .unwrap_or("")
+        .split(':')
+        .filter(|e| !e.is_empty())
+    {
+        let path = workspace.join(entry);
+        if !canonical(&path).starts_with(canonical(workspace)) {
+            checks.push((
+                format!("the PYTHONPATH entry {entry} of the kernel's environment"),
+                path,
+                "every kernel imports from it as it starts (sitecustomize.py, modules named like the ones it loads), so what the sandboxed kernel wrote there would run in later kernels; move it out of the policy's allowWrite, or into the workspace (whose modules are imported only once the kernel is up)",
+            ));
+        }
     }
     for (what, path, help) in checks {
         if let Some(root) = writable(&path) {
@@ -291,4 +309,57 @@ pub(crate) async fn prepare(
         inner_extra,
         sweeper,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// A `PYTHONPATH` entry the sandboxed kernel can write is refused unless it is inside the
+    /// workspace (imported only once the kernel is up); one it cannot write is kept.
+    #[test]
+    fn writable_pythonpath_entries_outside_the_workspace_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("ws");
+        let extra = dir.path().join("extra");
+        let other = dir.path().join("other");
+        for d in [&ws, &extra, &other] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        let policy = SandboxPolicy::from_value(serde_json::json!({
+            "filesystem": {"allowWrite": [".", extra.display().to_string()]}
+        }))
+        .unwrap();
+        let host = HostEnv::from_vars(HashMap::new());
+        let options = SandboxOptions {
+            srt: Some(PathBuf::from("/nonexistent/srt")),
+            ..Default::default()
+        };
+        let check = |path: &str| {
+            check_layout(
+                &(policy.clone(), None),
+                &options,
+                &host,
+                &ws,
+                None,
+                Some(path),
+            )
+        };
+        let inside = format!("{}:lib", ws.join("lib").display());
+        assert!(check(&inside).is_ok());
+        assert!(check(&other.display().to_string()).is_ok());
+        let err = check(&format!("{}:{}", other.display(), extra.display()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "refusing to start a sandboxed kernel: the PYTHONPATH entry {} of the kernel's environment is inside {}, which the sandboxed kernel can write",
+                extra.display(),
+                extra.display()
+            )),
+            "{err}"
+        );
+    }
 }

@@ -1,5 +1,6 @@
 //! `kernel_env` variables that ipybox also sets (issue: `kernel_env={"PYTHONPATH": ...}` killed the
-//! kernel): the caller's `PYTHONPATH` entries are added after ipybox's own and the workspace, for
+//! kernel): the caller's `PYTHONPATH` entries are added after ipybox's own and the workspace (those
+//! inside the workspace at the end of `sys.path` once the kernel is up, issue 36), for
 //! a local kernel (SDK), the MCP server's `.env` (`KERNEL_ENV_PYTHONPATH`), a sandboxed kernel and
 //! kernels on each kind of Jupyter server. Every case proves that ipybox's runtime still loads (a
 //! tool call goes through) and that the caller's entries are importable, in their order. The
@@ -103,7 +104,9 @@ async fn pythonpath_in_kernel_env_adds_entries_on_a_local_kernel() {
             .without_spare_kernel();
         check_executor(builder, ws.path(), &value, "local kernel").await;
     }
-    // The order on sys.path: ipybox's runtime, the workspace, then the caller's entries.
+    // The order on sys.path: ipybox's runtime first (the only entry of the kernel's own
+    // PYTHONPATH here), the workspace and then the caller's entries inside it last, appended once
+    // the kernel is up (nothing in the workspace runs as the interpreter starts).
     let ex = CodeExecutor::builder()
         .workspace(ws.path())
         .without_spare_kernel()
@@ -112,10 +115,10 @@ async fn pythonpath_in_kernel_env_adds_entries_on_a_local_kernel() {
     ex.start().await.unwrap();
     let out = run(
         &ex,
-        "import os\nprint('\\n'.join(os.environ['PYTHONPATH'].split(':')[1:]))\nimport ipybox_runtime, os.path\nprint(os.path.basename(os.path.dirname(os.path.dirname(ipybox_runtime.__file__))))",
+        "import os, sys\nprint(len(os.environ['PYTHONPATH'].split(':')))\nprint('\\n'.join(sys.path[-3:]))\nimport ipybox_runtime, os.path\nprint(os.path.basename(os.path.dirname(os.path.dirname(ipybox_runtime.__file__))))",
     )
     .await;
-    assert_eq!(out, format!("{}\n{b}\n{a}\npython", ws.path().display()));
+    assert_eq!(out, format!("1\n{}\n{b}\n{a}\npython", ws.path().display()));
     ex.stop().await;
 }
 

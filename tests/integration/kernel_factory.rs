@@ -278,8 +278,10 @@ async fn a_killed_template_is_replaced_even_in_the_middle_of_a_fork() {
 async fn a_template_that_cannot_fork_safely_is_not_used() {
     let ws = tempfile::tempdir().unwrap();
     // A user's module that starts a thread when Python starts (sitecustomize on the kernel's
-    // PYTHONPATH): forking the template would copy a process with two threads.
-    let lib = ws.path().join("lib");
+    // PYTHONPATH, outside the workspace: entries inside it are only imported from once the
+    // kernel is up): forking the template would copy a process with two threads.
+    let libs = tempfile::tempdir().unwrap();
+    let lib = libs.path().join("lib");
     std::fs::create_dir(&lib).unwrap();
     std::fs::write(
         lib.join("sitecustomize.py"),
@@ -497,14 +499,17 @@ async fn with_preload_off_a_template_imports_no_data_library() {
 async fn a_fork_asked_for_while_the_template_preloads_waits_for_the_import() {
     let ws = tempfile::tempdir().unwrap();
     // A preloaded module whose import takes longer than the template may take to answer a
-    // fork request otherwise (10 s), as pandas can on a loaded machine.
+    // fork request otherwise (10 s), as pandas can on a loaded machine. In a library directory
+    // of the kernel's PYTHONPATH: the template imports nothing from the workspace.
+    let lib = tempfile::tempdir().unwrap();
     std::fs::write(
-        ws.path().join("slow_import.py"),
+        lib.path().join("slow_import.py"),
         "import time\ntime.sleep(12)\nREADY = True\n",
     )
     .unwrap();
     let ex = CodeExecutor::builder()
         .workspace(ws.path())
+        .kernel_env([("PYTHONPATH", lib.path().display().to_string())])
         .without_spare_kernel()
         .host_env(preload_env("slow_import"))
         .build();

@@ -54,3 +54,4 @@ mod tool_calls_async;
 mod tool_reach;
 mod tool_socket;
 mod ts_client;
+mod workspace_startup;

@@ -45,6 +45,7 @@ use crate::kernel::status::{ExitInfo, describe_code, describe_exit, start_err_he
 use crate::kernel::{KernelConfig, KernelError};
 
 /// Python run with `-c` by the template process.
+/// (After [`local::CLEAN_PATH`]: nothing from the working directory, the workspace, is imported.)
 const BOOT: &str = "from ipybox_runtime.factory import main; main()";
 
 /// The data libraries a template imports once idle when `IPYBOX_KERNEL_PRELOAD` is not set
@@ -242,7 +243,7 @@ impl Template {
         let argv = vec![
             config.python.display().to_string(),
             "-c".to_string(),
-            BOOT.to_string(),
+            format!("{}; {BOOT}", local::CLEAN_PATH),
             listener.path().display().to_string(),
             expected.token.clone(),
             preload_modules(&config.host),
