@@ -1,0 +1,168 @@
+//! A sandboxed session's snapshot keeps its confinement (issue 36, part 2; docs/sandbox.md
+//! "Checkpoints and hibernated sessions"): a stdio `--sandbox` session keeps an object whose
+//! unpickling runs `touch MARKER` (`__reduce__` returning `os.system`) and is checkpointed. A
+//! server without `--sandbox`, or with another policy, given the handle refuses to restore it,
+//! says why and how to resume it, keeps working, and MARKER is not made; the snapshot is kept:
+//! a second `--sandbox` server with the same policy restores it (its `touch` then runs inside
+//! the sandbox, which denies the write). The control: the same object saved by an unsandboxed
+//! session and resumed unsandboxed makes MARKER, so the payload works where it is allowed to.
+//!
+//! MARKER lies under `target/probe-…` (outside /tmp and $HOME, which a sandboxed kernel sees
+//! empty or private, and outside the workspace, the only place the default policy writes).
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use ipybox::sandbox::SandboxPolicy;
+use ipybox::snapshot::KernelConfinement;
+use ipybox::tools::tool_output;
+use serde_json::json;
+
+use crate::mcp_eras::{Era, Plain, both_eras, start};
+use crate::stdio_resume::{checkpointed_after, err, handle_note, ok};
+use crate::support::{call, kernel_python, require, root};
+
+fn srt() -> PathBuf {
+    root().join("target/sandbox-deps/node_modules/.bin/srt")
+}
+
+/// A stdio server on `ws` with the data directory `home`, checkpointing 0.3 s after a cell,
+/// with `flags` added (`--sandbox`, ...).
+async fn server(ws: &Path, home: &Path, flags: &[&str], era: Era) -> Plain {
+    let python = kernel_python();
+    let srt = srt();
+    let mut all = vec!["--checkpoint-after", "0.3"];
+    all.extend_from_slice(flags);
+    start(
+        ws,
+        &[
+            ("IPYBOX_HOME", home.to_str().unwrap()),
+            ("IPYBOX_PYTHON", python.to_str().unwrap()),
+            ("IPYBOX_SRT", srt.to_str().unwrap()),
+        ],
+        &all,
+        era,
+    )
+    .await
+}
+
+/// Defines `boom`, whose unpickling runs `touch <marker>` wherever it is loaded.
+fn plant(marker: &Path) -> String {
+    format!(
+        "import os\nclass Boom:\n    def __reduce__(self):\n        return (os.system, ({:?},))\nboom = Boom()",
+        format!("touch {}", marker.display())
+    )
+}
+
+/// The short policy digest a refusal names for the default policy.
+fn default_policy_digest() -> String {
+    let record = KernelConfinement::sandbox(&SandboxPolicy::default_policy(), false);
+    let KernelConfinement::Sandbox { policy } = record else {
+        unreachable!()
+    };
+    let hex: String = policy.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256:{}", &hex[..12])
+}
+
+async fn a_sandboxed_checkpoint_restores_only_in_the_same_sandbox(era: Era) {
+    require!(SandboxDeps);
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let probe = tempfile::Builder::new()
+        .prefix("probe-sandbox-resume-")
+        .tempdir_in(root().join("target"))
+        .unwrap();
+    let marker = probe.path().join("MARKER");
+    let planted = plant(&marker);
+
+    // The sandboxed session: the payload cannot write MARKER from inside (denied by the
+    // policy), and it is kept in a variable and checkpointed.
+    let sandboxed = server(ws.path(), home.path(), &["--sandbox"], era).await;
+    let (_, handle) = handle_note(&ok(&sandboxed, &planted, None).await);
+    let tried = ok(
+        &sandboxed,
+        &format!(
+            "print(os.system({:?}) != 0)",
+            format!("touch {}", marker.display())
+        ),
+        None,
+    )
+    .await;
+    assert!(
+        tried.starts_with("True\n") && tried.contains("Read-only file system"),
+        "{tried}"
+    );
+    assert!(!marker.exists());
+    checkpointed_after(home.path(), SystemTime::now()).await;
+    sandboxed.close().await;
+
+    // Without --sandbox, the handle is refused: the model is told why and how to resume it,
+    // nothing of the snapshot runs, and the server goes on with its own kernel.
+    let digest = default_policy_digest();
+    let unsandboxed = server(ws.path(), home.path(), &[], era).await;
+    let refused = format!(
+        "session {handle} cannot be resumed here: refused to restore the snapshot: it was taken in a sandboxed kernel (--sandbox, policy {digest}), and this is an unconfined kernel (no --sandbox): what that kernel left in it would run with less confinement here; nothing of it was loaded, and it is kept\n  help: resume it in the sandbox: start ipybox with --sandbox and the same policy ({digest}: the same --sandbox-config file, unchanged, or none if it had none) in this workspace\n  help: leave `session` out to continue with the current kernel (its state is unchanged)"
+    );
+    assert_eq!(err(&unsandboxed, "boom", Some(&handle)).await, refused);
+    // A reset naming it would switch to the session (and overwrite its snapshot): refused too.
+    let reset = tool_output(&call(&unsandboxed, "reset", json!({"session": handle})).await);
+    assert!(reset.is_error, "{}", reset.text);
+    assert_eq!(reset.text, refused);
+    assert!(!marker.exists(), "the sandboxed snapshot ran unsandboxed");
+    // The server keeps working, in its own session.
+    let text = ok(&unsandboxed, "1 + 1", None).await;
+    let (note, own) = handle_note(&text);
+    assert_eq!(text, format!("2\n\n{note}"));
+    // The control: the same payload saved by this unsandboxed session ...
+    ok(&unsandboxed, &planted, None).await;
+    checkpointed_after(home.path(), SystemTime::now()).await;
+    unsandboxed.close().await;
+    assert!(!marker.exists());
+
+    // Another policy is another sandbox: refused as well.
+    let policy = probe.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        r#"{"network": {"allowedDomains": ["example.com"]}}"#,
+    )
+    .unwrap();
+    let other = server(
+        ws.path(),
+        home.path(),
+        &["--sandbox", "--sandbox-config", policy.to_str().unwrap()],
+        era,
+    )
+    .await;
+    let text = err(&other, "boom", Some(&handle)).await;
+    assert!(
+        text.starts_with(&format!(
+            "session {handle} cannot be resumed here: refused to restore the snapshot: it was taken in a sandboxed kernel (--sandbox, policy {digest}), and this is a sandboxed kernel (--sandbox, policy sha256:"
+        )) && text.contains("another policy, which may allow what that one denied"),
+        "{text}"
+    );
+    other.close().await;
+    assert!(!marker.exists());
+
+    // ... and the refused snapshot was kept: a server with the same sandbox restores it (the
+    // payload runs inside the sandbox, where the write is denied: `boom` is now touch's status).
+    let again = server(ws.path(), home.path(), &["--sandbox"], era).await;
+    let text = ok(&again, "print(boom != 0)", Some(&handle)).await;
+    let (report, output) = text.rsplit_once("\n\n").unwrap();
+    assert_eq!(output, "True");
+    assert!(
+        report.starts_with("[ipybox] This session's kernel was restored from a snapshot taken "),
+        "{report}"
+    );
+    assert!(report.contains("boom (Boom)"), "{report}");
+    again.close().await;
+    assert!(!marker.exists());
+
+    // ... resumed without the sandbox, the unsandboxed session's payload runs on the host.
+    let control = server(ws.path(), home.path(), &[], era).await;
+    let text = ok(&control, "print(boom)", Some(&own)).await;
+    assert!(text.ends_with("\n\n0"), "{text}");
+    control.close().await;
+    assert!(marker.exists(), "the control's payload did not run");
+}
+
+both_eras!(a_sandboxed_checkpoint_restores_only_in_the_same_sandbox);
