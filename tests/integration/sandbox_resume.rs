@@ -166,3 +166,91 @@ async fn a_sandboxed_checkpoint_restores_only_in_the_same_sandbox(era: Era) {
 }
 
 both_eras!(a_sandboxed_checkpoint_restores_only_in_the_same_sandbox);
+
+/// Over HTTP: a confined session's hibernated snapshot is refused (and kept) by the service
+/// restarted with `--unconfined-sessions`, which goes on working: its own unconfined session,
+/// hibernated and woken, runs the same payload on the host (the control); the service started
+/// confined again restores the refused session.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confined_sessions_snapshot_is_not_restored_unconfined() {
+    use crate::http_support::{Service, cell as http_cell, connect, metric, new_session};
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let probe = tempfile::Builder::new()
+        .prefix("probe-http-resume-")
+        .tempdir_in(root().join("target"))
+        .unwrap();
+    let (confined_marker, unconfined_marker) = (
+        probe.path().join("CONFINED"),
+        probe.path().join("UNCONFINED"),
+    );
+    let replica = format!("resume-{:08x}", rand::random::<u32>());
+    let flags = [
+        "--hibernate-after",
+        "1",
+        "--warm-sessions",
+        "0",
+        "--replica-id",
+        &replica,
+        "--snapshot-dir",
+        saved.path().to_str().unwrap(),
+    ];
+    let hibernated = |n: f64, service: &Service| {
+        let port = service.port;
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while metric(port, None, "ipybox_session_saves_total{kind=\"hibernate\"}").await < n {
+                assert!(std::time::Instant::now() < deadline, "not hibernated");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    };
+
+    let mut confined = Service::start(ws.path(), &[], &flags);
+    let client = connect(&confined.url(), None, Era::Stateless).await;
+    let (_, handle) = new_session(&client, &plant(&confined_marker)).await;
+    client.close().await;
+    let (status, _) = confined.terminate(std::time::Duration::from_secs(30));
+    assert!(status.success(), "{status}\n{}", confined.log());
+
+    let mut unconfined_flags = flags.to_vec();
+    unconfined_flags.push("--unconfined-sessions");
+    let mut unconfined = Service::start(ws.path(), &[], &unconfined_flags);
+    let client = connect(&unconfined.url(), None, Era::Stateless).await;
+    let (is_error, text) = http_cell(&client, "print(boom)", Some(&handle)).await;
+    assert!(is_error, "{text}");
+    assert!(
+        text.ends_with(" cannot be restored by this service: refused to restore the snapshot: it was taken in a confined kernel (a bubblewrap of its own: an `ipybox serve --http` session), and this is an unconfined kernel (no --sandbox): what that kernel left in it would run with less confinement here; nothing of it was loaded, and it is kept\n  help: resume it in a confined session: start `ipybox serve --http` without --unconfined-sessions (and without --sandbox or --kernel-gateway)\n  help: or call without `session` to start a new session here"),
+        "{text}"
+    );
+    assert!(
+        !confined_marker.exists(),
+        "the confined snapshot ran unconfined"
+    );
+    // The control: this service's own session, hibernated and woken, runs the payload here.
+    let (_, own) = new_session(&client, &plant(&unconfined_marker)).await;
+    hibernated(1.0, &unconfined).await;
+    let (is_error, text) = http_cell(&client, "print(boom)", Some(&own)).await;
+    assert!(!is_error && text.ends_with("\n\n0"), "{text}");
+    assert!(
+        unconfined_marker.exists(),
+        "the control's payload did not run"
+    );
+    client.close().await;
+    let (status, _) = unconfined.terminate(std::time::Duration::from_secs(30));
+    assert!(status.success(), "{status}\n{}", unconfined.log());
+
+    // Kept: confined again, the session comes back (its payload runs confined, denied).
+    let confined = Service::start(ws.path(), &[], &flags);
+    let client = connect(&confined.url(), None, Era::Stateless).await;
+    let (is_error, text) = http_cell(&client, "print(boom != 0)", Some(&handle)).await;
+    assert!(!is_error, "{text}");
+    assert!(
+        text.starts_with("[ipybox] This session's kernel was restored from a snapshot taken ")
+            && text.ends_with("\n\nTrue"),
+        "{text}"
+    );
+    client.close().await;
+    assert!(!confined_marker.exists());
+}
