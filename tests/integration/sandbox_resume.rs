@@ -7,6 +7,10 @@
 //! the sandbox, which denies the write). The control: the same object saved by an unsandboxed
 //! session and resumed unsandboxed makes MARKER, so the payload works where it is allowed to.
 //!
+//! The same over HTTP (a confined session's hibernated snapshot, the service restarted with
+//! `--unconfined-sessions`) and through the library (a Jupyter server's kernel's snapshot, a
+//! local executor), each beside its control.
+//!
 //! MARKER lies under `target/probe-…` (outside /tmp and $HOME, which a sandboxed kernel sees
 //! empty or private, and outside the workspace, the only place the default policy writes).
 
@@ -253,4 +257,87 @@ async fn a_confined_sessions_snapshot_is_not_restored_unconfined() {
     );
     client.close().await;
     assert!(!confined_marker.exists());
+}
+
+/// Through the library: a snapshot of a kernel on a Jupyter server is sealed with that server,
+/// and a local executor (less confined: it runs on this host as the user) refuses it, loading
+/// nothing and keeping it; an executor on the same server restores it, and the payload runs
+/// there (the test's gateway runs its kernels on this machine, so MARKER then appears).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_remote_kernels_snapshot_is_not_restored_locally() {
+    use crate::jupyter_servers::{JupyterServer, Kind, TOKEN};
+    use ipybox::CodeExecutor;
+    use ipybox::snapshot::{SnapshotBinding, SnapshotError, SnapshotStore};
+    require!(TestEnv);
+    let timeout = Some(std::time::Duration::from_secs(120));
+    let mut vars = crate::support::process_env();
+    vars.insert("IPYBOX_GATEWAY_TOKEN".into(), TOKEN.into());
+    let host = ipybox::host_env::HostEnv::from_vars(vars);
+    let server = JupyterServer::start(Kind::KernelGateway);
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let probe = tempfile::Builder::new()
+        .prefix("probe-remote-resume-")
+        .tempdir_in(root().join("target"))
+        .unwrap();
+    let marker = probe.path().join("MARKER");
+    let store =
+        SnapshotStore::open(home.path().join("snapshots"), &home.path().join("keys/k")).unwrap();
+    let me = SnapshotBinding::new("remote-session", b"owner".to_vec());
+    let remote = || {
+        CodeExecutor::builder()
+            .workspace(ws.path())
+            .host_env(host.clone())
+            .kernel_gateway(server.url())
+            .without_spare_kernel()
+            .build()
+    };
+    let ex = remote();
+    ex.start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    crate::support::run(&ex, &plant(&marker)).await;
+    ex.snapshot(&store, &me, timeout).await.unwrap();
+    ex.stop().await;
+    let server_url = server.url();
+    let recorded = store.confinement(&me).unwrap();
+    let KernelConfinement::Remote { server: saved_on } = &recorded else {
+        panic!("{recorded:?}")
+    };
+    assert!(
+        server_url.starts_with(saved_on.trim_end_matches('/')),
+        "{saved_on}"
+    );
+
+    let local = CodeExecutor::builder()
+        .workspace(ws.path())
+        .host_env(host.clone())
+        .python(kernel_python())
+        .without_spare_kernel()
+        .build();
+    local.start().await.unwrap();
+    crate::support::run(&local, "kept = 'local state'").await;
+    let err = local.restore(&store, &me, timeout).await.unwrap_err();
+    assert!(matches!(err, SnapshotError::Confinement { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "refused to restore the snapshot: it was taken in a kernel on the Jupyter server {saved_on} (--kernel-gateway), and this is an unconfined kernel (no --sandbox): what that kernel left in it would run with less confinement here; nothing of it was loaded, and it is kept\n  help: resume it with kernels on the same Jupyter server: start ipybox with --kernel-gateway {saved_on}"
+        )
+    );
+    assert!(!marker.exists(), "the remote snapshot ran locally");
+    // The local kernel keeps its state.
+    assert_eq!(
+        crate::support::run(&local, "print(kept)").await,
+        "local state"
+    );
+    local.stop().await;
+
+    // The control: on the same server, it is restored and its payload runs.
+    let ex = remote();
+    ex.start().await.unwrap();
+    let report = ex.restore(&store, &me, timeout).await.unwrap();
+    assert!(report.text().contains("boom (Boom)"), "{}", report.text());
+    ex.stop().await;
+    assert!(marker.exists(), "the control's payload did not run");
 }
