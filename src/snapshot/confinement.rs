@@ -17,12 +17,13 @@
 //!
 //! "The same policy" ([`KernelConfinement::sandbox`]): the policy ipybox was given (the
 //! `--sandbox-config` file, a policy set in code, or the default), with the sections it leaves
-//! out taken from the default policy, serialized as JSON in the order written, plus whether the
+//! out taken from the default policy, serialized as JSON (keys of the known sections in a fixed
+//! order, lists and keys ipybox does not interpret in the order written), plus whether the
 //! workspace is isolated (HTTP sessions). What ipybox adds for each kernel start (the runtime
 //! directory, the interpreter's directories, the data directory, the host's upstream proxy) is
-//! not part of it: it is the same for every start of one ipybox version in one workspace, and a
-//! snapshot's owner already binds it to its workspace. Editing the policy file (even only
-//! reordering it) makes it another policy.
+//! not part of it: those are ipybox's own rules at per-start paths, and a snapshot's owner
+//! already binds it to its workspace. Any change to the policy's content (a list reordered
+//! included) makes it another policy; reformatting the file or reordering its sections does not.
 //!
 //! Not here: the seal itself (`seal`), what the executor runs under (`crate::executor`).
 
@@ -196,6 +197,23 @@ mod tests {
                 Some(saved)
             );
         }
+        // Sections in another order, or another layout: the same policy.
+        let path = std::path::Path::new("p.json");
+        let a = SandboxPolicy::parse(
+            r#"{"network": {"allowedDomains": ["a.org", "b.org"]}, "filesystem": {"allowWrite": ["."]}}"#,
+            path,
+        )
+        .unwrap();
+        let b = SandboxPolicy::parse(
+            r#"{"filesystem": {"allowWrite": ["."]},
+                "network": {"allowedDomains": ["a.org", "b.org"]}}"#,
+            path,
+        )
+        .unwrap();
+        assert_eq!(
+            KernelConfinement::sandbox(&a, false),
+            KernelConfinement::sandbox(&b, false)
+        );
         // The same policy: the default policy given explicitly or left out; isolation counts.
         assert_eq!(
             KernelConfinement::sandbox(&SandboxPolicy::default(), false),
