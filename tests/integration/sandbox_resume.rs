@@ -50,11 +50,17 @@ async fn server(ws: &Path, home: &Path, flags: &[&str], era: Era) -> Plain {
     .await
 }
 
+/// The command that makes `marker` (silent: a denied write leaves no stderr to interleave with
+/// a cell's output).
+fn touch(marker: &Path) -> String {
+    format!("touch {} 2>/dev/null", marker.display())
+}
+
 /// Defines `boom`, whose unpickling runs `touch <marker>` wherever it is loaded.
 fn plant(marker: &Path) -> String {
     format!(
         "import os\nclass Boom:\n    def __reduce__(self):\n        return (os.system, ({:?},))\nboom = Boom()",
-        format!("touch {}", marker.display())
+        touch(marker)
     )
 }
 
@@ -85,17 +91,11 @@ async fn a_sandboxed_checkpoint_restores_only_in_the_same_sandbox(era: Era) {
     let (_, handle) = handle_note(&ok(&sandboxed, &planted, None).await);
     let tried = ok(
         &sandboxed,
-        &format!(
-            "print(os.system({:?}) != 0)",
-            format!("touch {}", marker.display())
-        ),
+        &format!("print(os.system({:?}) != 0)", touch(&marker)),
         None,
     )
     .await;
-    assert!(
-        tried.starts_with("True\n") && tried.contains("Read-only file system"),
-        "{tried}"
-    );
+    assert_eq!(tried, "True");
     assert!(!marker.exists());
     checkpointed_after(home.path(), SystemTime::now()).await;
     sandboxed.close().await;
