@@ -68,6 +68,9 @@ struct Running {
     pristine: bool,
     /// Snapshot transfers over the stdin channel (kernels on a Jupyter server).
     snapshot_channel: Option<Arc<crate::snapshot::remote::SnapshotChannel>>,
+    /// How this executor's kernels are confined: sealed into their snapshots, and what a
+    /// snapshot must restore into.
+    confinement: crate::snapshot::KernelConfinement,
 }
 
 struct Inner {

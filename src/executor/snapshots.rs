@@ -11,7 +11,7 @@ use super::CodeExecutor;
 use crate::kernel::KernelError;
 use crate::notebook::Section;
 use crate::snapshot::{
-    RestoreReport, SnapshotBinding, SnapshotError, SnapshotReport, SnapshotStore,
+    KernelConfinement, RestoreReport, SnapshotBinding, SnapshotError, SnapshotReport, SnapshotStore,
 };
 
 impl CodeExecutor {
@@ -32,6 +32,7 @@ impl CodeExecutor {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
         let runtime = running.runtime.clone();
+        let confinement = running.confinement.clone();
         let mut stopping = self.inner.stopping.subscribe();
         let work = async {
             match &running.snapshot_channel {
@@ -42,6 +43,7 @@ impl CodeExecutor {
                         &runtime,
                         store,
                         binding,
+                        &confinement,
                         timeout,
                     )
                     .await
@@ -52,6 +54,7 @@ impl CodeExecutor {
                         &runtime,
                         store,
                         binding,
+                        &confinement,
                         timeout,
                     )
                     .await
@@ -72,7 +75,11 @@ impl CodeExecutor {
     ///
     /// A snapshot whose seal does not verify for `binding` (another session's or owner's, or
     /// changed by a single byte) is refused with [`SnapshotError::Refused`] before anything of it
-    /// reaches a kernel, and the current kernel keeps its state. Waits for a running execution.
+    /// reaches a kernel, and the current kernel keeps its state. So is, with
+    /// [`SnapshotError::Confinement`], a snapshot taken in a kernel more confined than this
+    /// executor's (a sandboxed one restored without the sandbox or under another policy, see
+    /// [`KernelConfinement::restores_into`]); it stays in the store. Waits for a running
+    /// execution.
     pub async fn restore(
         &self,
         store: &SnapshotStore,
@@ -82,6 +89,7 @@ impl CodeExecutor {
         let mut state = self.inner.state.lock().await;
         let running = state.as_mut().ok_or(KernelError::Stopped)?;
         let runtime = running.runtime.clone();
+        let here = running.confinement.clone();
         let mut stopping = self.inner.stopping.subscribe();
         let work = async {
             use crate::snapshot::{local, remote};
@@ -92,10 +100,10 @@ impl CodeExecutor {
             // Verified (and copied for the kernel) before the kernel is touched.
             let prepared = match &running.snapshot_channel {
                 Some(channel) => Prepared::Remote(
-                    remote::prepare(&runtime, store, binding).await?,
+                    remote::prepare(&runtime, store, binding, &here).await?,
                     channel.clone(),
                 ),
-                None => Prepared::Local(local::prepare(&runtime, store, binding).await?),
+                None => Prepared::Local(local::prepare(&runtime, store, binding, &here).await?),
             };
             if !running.pristine {
                 Self::reset_running(running).await?;
@@ -116,5 +124,29 @@ impl CodeExecutor {
             notebook.section(Section::Restored);
         }
         restored
+    }
+
+    /// How this executor's kernels are confined (what its snapshots are sealed with, and what a
+    /// snapshot must restore into); `None` until it is started.
+    pub async fn kernel_confinement(&self) -> Option<KernelConfinement> {
+        let state = self.inner.state.lock().await;
+        state.as_ref().map(|running| running.confinement.clone())
+    }
+
+    /// Whether [`Self::restore`] would accept `binding`'s snapshot (its seal verifies and it may
+    /// be restored into this executor's kernels), without loading anything: the error `restore`
+    /// would give. The executor must be started.
+    pub async fn check_restore(
+        &self,
+        store: &SnapshotStore,
+        binding: &SnapshotBinding,
+    ) -> Result<(), SnapshotError> {
+        let here = self
+            .kernel_confinement()
+            .await
+            .ok_or(KernelError::Stopped)?;
+        crate::snapshot::store::open_verified(store, binding, &here)
+            .await
+            .map(drop)
     }
 }

@@ -20,6 +20,7 @@ use crate::kernel::{
 };
 use crate::notebook::Section;
 use crate::pyenv;
+use crate::snapshot::KernelConfinement;
 use crate::tools::registry::{ImportRoots, Reach};
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SessionCache};
@@ -140,6 +141,16 @@ impl CodeExecutor {
         })?;
         config.env = b.kernel_env.clone();
         let mut snapshot_channel = None;
+        let confinement = match (&gateway, &sandbox_policy, &b.sandbox, &bwrap) {
+            (Some(gateway), ..) => KernelConfinement::Remote {
+                server: gateway.base().to_string(),
+            },
+            (None, Some((policy, _)), Some(options), _) => {
+                KernelConfinement::sandbox(policy, options.isolate_workspace)
+            }
+            (None, _, _, Some(_)) => KernelConfinement::Confined,
+            _ => KernelConfinement::Unconfined,
+        };
         match gateway {
             None => {
                 // Remote kernels get the runtime in their bootstrap cell instead.
@@ -285,6 +296,7 @@ impl CodeExecutor {
             runtime,
             pristine: true,
             snapshot_channel,
+            confinement,
         });
         // Started again after a stop: a new kernel for the cells that follow.
         if let Some(notebook) = &self.inner.notebook {

@@ -9,7 +9,10 @@
 //!
 //! Checkpoints: when the session has been idle for `--checkpoint-after` (default 3 s) after a
 //! cell or a reset, its kernel is snapshotted into the host's store
-//! ([`SnapshotStore::for_host`]), bound to (session id, workspace digest). A running cell is never
+//! ([`SnapshotStore::for_host`]), bound to (session id, workspace digest) and sealed with the
+//! kernel's confinement (`--sandbox` and its policy, or none): a server without the sandbox, or
+//! with another policy, refuses to resume a sandboxed session (the model is told why and how to
+//! resume it; the snapshot is kept, and the live kernel is untouched). A running cell is never
 //! waited for or interrupted (the checkpoint waits for the session to be idle), and nothing is
 //! saved at exit: the server still leaves within 100 ms of stdin's end (a checkpoint in
 //! progress is abandoned; the previous one stays whole, the store swaps snapshots in atomically).
@@ -264,6 +267,19 @@ impl Resume {
                 EXPIRE_AFTER.as_secs() / 86_400
             ));
         }
+        // Before anything changes: a snapshot this kernel may not load (taken in a more confined
+        // kernel: a sandboxed session resumed without the sandbox) is refused, for a reset too
+        // (which would otherwise switch to the session and overwrite its snapshot at the next
+        // checkpoint). It stays in the store, and the live session keeps its kernel.
+        if let Err(e) = session.executor.start().await {
+            return Err(format!("the kernel could not be started: {e}"));
+        }
+        if let Err(e) = session.executor.check_restore(&self.store, &binding).await {
+            return Err(format!(
+                "session {} cannot be resumed here: {e}\n  help: leave `session` out to continue with the current kernel (its state is unchanged)",
+                given.trim()
+            ));
+        }
         // What the kernel holds now stays reachable under its own handle.
         let mut kept = None;
         if self.dirty.swap(false, Ordering::SeqCst) {
@@ -277,9 +293,6 @@ impl Resume {
         }
         let mut text = String::new();
         if restore {
-            if let Err(e) = session.executor.start().await {
-                return Err(format!("the kernel could not be started: {e}"));
-            }
             let in_flight = InFlight::start();
             let restored = session
                 .executor

@@ -17,13 +17,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::SnapshotError;
 use super::manifest::{MAX_MANIFEST_BYTES, Manifest};
 use super::report::{KernelReport, RestoreReport, SnapshotReport};
 use super::seal::SnapshotBinding;
 use super::store::{
     SnapshotStore, Verified, copy_verified, open_verified, read_small, store_from_kernel,
 };
+use super::{KernelConfinement, SnapshotError};
 use crate::kernel::KernelPool;
 use crate::kernel::runtime_dir::RuntimeDir;
 use crate::safe_fs::NoFollowDir;
@@ -116,6 +116,7 @@ pub(crate) async fn snapshot(
     runtime: &RuntimeDir,
     store: &SnapshotStore,
     binding: &SnapshotBinding,
+    confinement: &KernelConfinement,
     timeout: Option<Duration>,
 ) -> Result<SnapshotReport, SnapshotError> {
     let exchange = Exchange::create(runtime)?;
@@ -133,7 +134,8 @@ pub(crate) async fn snapshot(
             reason: e.to_string(),
         })?;
     let manifest_bytes = exchange.read_from_kernel(MANIFEST, MAX_MANIFEST_BYTES)?;
-    let report = store_from_kernel(store, binding, &manifest_bytes, data, data_len).await?;
+    let report =
+        store_from_kernel(store, binding, confinement, &manifest_bytes, data, data_len).await?;
     drop(exchange);
     Ok(report)
 }
@@ -151,8 +153,9 @@ pub(crate) async fn prepare(
     runtime: &RuntimeDir,
     store: &SnapshotStore,
     binding: &SnapshotBinding,
+    here: &KernelConfinement,
 ) -> Result<Prepared, SnapshotError> {
-    let verified = open_verified(store, binding).await?;
+    let verified = open_verified(store, binding, here).await?;
     let exchange = Exchange::create(runtime)?;
     let manifest = verified.manifest.clone();
     let dir = exchange.dir.subdir(".", None).map_err(exchange.io())?;

@@ -4,6 +4,8 @@
 //!
 //! - `manifest`: what a snapshot holds, parsed strictly (the kernel that wrote it may be hostile);
 //! - `seal`: the binding to a session and owner (HMAC under a host-only key), [`SnapshotBinding`];
+//! - `confinement`: the confinement a snapshot was taken in (sealed with it) and where it may be
+//!   restored, [`KernelConfinement`];
 //! - `store`: the host-only directory of sealed snapshots, [`SnapshotStore`];
 //! - `local`: the transport of kernels that share the host's filesystem (files in the runtime
 //!   directory's kernel-writable part);
@@ -13,10 +15,11 @@
 //! The kernel side is `python/ipybox_runtime/snapshot.py`; the entry points are
 //! [`crate::CodeExecutor::snapshot`] and [`crate::CodeExecutor::restore`]. The host never
 //! unpickles anything; a kernel only ever loads a snapshot whose seal verified for its session
-//! and owner. See docs/snapshots.md.
+//! and owner, taken in a kernel no more confined than it. See docs/snapshots.md.
 //!
 //! Not here: when sessions are snapshotted or restored (hibernation is the HTTP service's), MCP.
 
+pub mod confinement;
 pub(crate) mod local;
 pub mod manifest;
 pub(crate) mod remote;
@@ -26,6 +29,7 @@ pub mod store;
 
 use std::path::PathBuf;
 
+pub use confinement::KernelConfinement;
 pub use manifest::{Manifest, ModuleName, NotSaved, SavedName};
 pub use report::{CwdOutcome, NotRestored, RestoreReport, Restored, SnapshotReport};
 pub use seal::{SnapshotBinding, host_key, session_key_path};
@@ -50,6 +54,14 @@ pub enum SnapshotError {
         "refused to restore the snapshot: {reason}; nothing of it was loaded\n  help: only a snapshot taken by this session and owner can be restored; delete it and start the session afresh"
     )]
     Refused { reason: String },
+    /// The snapshot was taken in a kernel more confined than this one (a sandboxed session's
+    /// snapshot, restored without the sandbox), or by an ipybox that did not record its
+    /// confinement: nothing of it reached a kernel, and it is kept (it can still be restored
+    /// where it belongs).
+    #[error(
+        "refused to restore the snapshot: {reason}; nothing of it was loaded, and it is kept\n  help: {help}"
+    )]
+    Confinement { reason: String, help: String },
     /// The kernel wrote something that is not a snapshot (a bug, or hostile code).
     #[error(
         "{what} is invalid: {reason}\n  help: nothing was stored; if the kernel's code did not tamper with it, please report this"

@@ -22,11 +22,11 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::SnapshotError;
 use super::manifest::{MAX_MANIFEST_BYTES, Manifest};
 use super::report::{KernelReport, RestoreReport, SnapshotReport};
 use super::seal::SnapshotBinding;
 use super::store::{SnapshotStore, Verified, copy_verified, open_verified, store_from_kernel};
+use super::{KernelConfinement, SnapshotError};
 use crate::kernel::KernelPool;
 use crate::kernel::runtime_dir::RuntimeDir;
 
@@ -196,6 +196,7 @@ pub(crate) async fn snapshot(
     runtime: &RuntimeDir,
     store: &SnapshotStore,
     binding: &SnapshotBinding,
+    confinement: &KernelConfinement,
     timeout: Option<Duration>,
 ) -> Result<SnapshotReport, SnapshotError> {
     channel.set(Transfer::Receiving {
@@ -227,7 +228,7 @@ pub(crate) async fn snapshot(
         path: runtime.path().to_path_buf(),
         source,
     })?;
-    store_from_kernel(store, binding, &manifest, file, written).await
+    store_from_kernel(store, binding, confinement, &manifest, file, written).await
 }
 
 /// A verified snapshot copied to a host-only file, ready to be offered to the kernel.
@@ -244,13 +245,15 @@ pub(crate) async fn prepare(
     runtime: &RuntimeDir,
     store: &SnapshotStore,
     binding: &SnapshotBinding,
+    here: &KernelConfinement,
 ) -> Result<Prepared, SnapshotError> {
     let Verified {
         manifest,
         manifest_bytes,
         mut data,
         contents,
-    } = open_verified(store, binding).await?;
+        ..
+    } = open_verified(store, binding, here).await?;
     let mut file = scratch(runtime)?;
     let path = runtime.path().to_path_buf();
     let file = tokio::task::spawn_blocking(move || {

@@ -1,7 +1,9 @@
 //! Sealing a snapshot to its session and owner: an HMAC-SHA256, under a key only the host reads,
-//! over the session id, the owner, and the digests and length of the data and the manifest.
+//! over the session id, the owner, the confinement of the kernel that wrote it
+//! ([`KernelConfinement::record`]), and the digests and length of the data and the manifest.
 //!
-//! A seal that verifies means the host wrote these exact bytes for this session and owner; a
+//! A seal that verifies means the host wrote these exact bytes for this session and owner, from
+//! a kernel under that confinement (which cannot be edited without breaking the seal); a
 //! snapshot of another session or owner, or one changed by a single byte, does not verify and is
 //! never handed to a kernel (unpickling runs code). The key is 32 random bytes in a 0600 file of
 //! ipybox's data directory, created once (the first of two racing processes wins, the other
@@ -14,9 +16,11 @@ use std::path::{Path, PathBuf};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::{Digest, Sha256};
 
+use super::KernelConfinement;
 use crate::safe_fs::NoFollowDir;
 
-const DOMAIN: &[u8] = b"ipybox-snapshot-seal-v1\0";
+/// v2: the confinement is sealed too (v1 seals, without it, are refused as an older ipybox's).
+const DOMAIN: &[u8] = b"ipybox-snapshot-seal-v2\0";
 const KEY_BYTES: usize = 32;
 
 /// Who a snapshot belongs to: it is only ever restored for the same session and owner.
@@ -151,31 +155,49 @@ impl SealKey {
         <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC accepts keys of any length")
     }
 
-    /// The seal of `contents` for `binding`.
-    pub(crate) fn seal(&self, binding: &SnapshotBinding, contents: &Contents) -> [u8; 32] {
+    fn sealing(
+        &self,
+        binding: &SnapshotBinding,
+        confinement: &KernelConfinement,
+        contents: &Contents,
+    ) -> Hmac<Sha256> {
         let mut mac = self.mac();
         mac.update(DOMAIN);
         binding.feed(&mut mac);
+        let record = confinement.record();
+        mac.update(&(record.len() as u64).to_be_bytes());
+        mac.update(record.as_bytes());
         mac.update(&contents.data_sha256);
         mac.update(&contents.data_bytes.to_be_bytes());
         mac.update(&contents.manifest_sha256);
-        mac.finalize().into_bytes().into()
+        mac
     }
 
-    /// Whether `seal` is the seal of `contents` for `binding` (compared in constant time).
+    /// The seal of `contents` for `binding`, written by a kernel under `confinement`.
+    pub(crate) fn seal(
+        &self,
+        binding: &SnapshotBinding,
+        confinement: &KernelConfinement,
+        contents: &Contents,
+    ) -> [u8; 32] {
+        self.sealing(binding, confinement, contents)
+            .finalize()
+            .into_bytes()
+            .into()
+    }
+
+    /// Whether `seal` is the seal of `contents` for `binding` and `confinement` (compared in
+    /// constant time).
     pub(crate) fn verify(
         &self,
         binding: &SnapshotBinding,
+        confinement: &KernelConfinement,
         contents: &Contents,
         seal: &[u8],
     ) -> bool {
-        let mut mac = self.mac();
-        mac.update(DOMAIN);
-        binding.feed(&mut mac);
-        mac.update(&contents.data_sha256);
-        mac.update(&contents.data_bytes.to_be_bytes());
-        mac.update(&contents.manifest_sha256);
-        mac.verify_slice(seal).is_ok()
+        self.sealing(binding, confinement, contents)
+            .verify_slice(seal)
+            .is_ok()
     }
 
     /// The directory name of `binding`'s snapshot: derived under the key, so it says nothing
@@ -226,20 +248,36 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     #[test]
-    fn a_seal_binds_session_owner_and_contents() {
+    fn a_seal_binds_session_owner_confinement_and_contents() {
         let key = SealKey::from_bytes([7; 32]);
+        let u = &KernelConfinement::Unconfined;
         let a = SnapshotBinding::new("s1", b"owner-a".to_vec());
         let c = Contents {
             data_sha256: [1; 32],
             data_bytes: 10,
             manifest_sha256: [2; 32],
         };
-        let seal = key.seal(&a, &c);
-        assert!(key.verify(&a, &c, &seal));
-        assert!(!key.verify(&SnapshotBinding::new("s2", b"owner-a".to_vec()), &c, &seal));
-        assert!(!key.verify(&SnapshotBinding::new("s1", b"owner-b".to_vec()), &c, &seal));
+        let seal = key.seal(&a, u, &c);
+        assert!(key.verify(&a, u, &c, &seal));
+        assert!(!key.verify(
+            &SnapshotBinding::new("s2", b"owner-a".to_vec()),
+            u,
+            &c,
+            &seal
+        ));
+        assert!(!key.verify(
+            &SnapshotBinding::new("s1", b"owner-b".to_vec()),
+            u,
+            &c,
+            &seal
+        ));
         // Length prefixes: moving a byte from the session to the owner changes the seal.
-        assert!(!key.verify(&SnapshotBinding::new("s", b"1owner-a".to_vec()), &c, &seal));
+        assert!(!key.verify(
+            &SnapshotBinding::new("s", b"1owner-a".to_vec()),
+            u,
+            &c,
+            &seal
+        ));
         for changed in [
             Contents {
                 data_bytes: 11,
@@ -254,9 +292,16 @@ mod tests {
                 ..c
             },
         ] {
-            assert!(!key.verify(&a, &changed, &seal));
+            assert!(!key.verify(&a, u, &changed, &seal));
         }
-        assert!(!SealKey::from_bytes([8; 32]).verify(&a, &c, &seal));
+        // Another confinement: the same bytes from a sandboxed or confined kernel.
+        for other in [
+            KernelConfinement::Confined,
+            KernelConfinement::Sandbox { policy: [0; 32] },
+        ] {
+            assert!(!key.verify(&a, &other, &c, &seal));
+        }
+        assert!(!SealKey::from_bytes([8; 32]).verify(&a, u, &c, &seal));
         assert_ne!(
             key.dir_name(&a),
             key.dir_name(&SnapshotBinding::new("s2", b"owner-a".to_vec()))

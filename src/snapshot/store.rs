@@ -1,6 +1,8 @@
 //! Where sealed snapshots live on the host: `$IPYBOX_HOME/snapshots/<id>/` (0700) holding `data`,
 //! `manifest.json` and `seal.json` (0600), `<id>` derived from the session and owner under the
-//! seal key (see `seal`).
+//! seal key (see `seal`). `seal.json` records the confinement of the kernel that wrote the
+//! snapshot; the seal covers it, and a restore into a less confined kernel is refused
+//! (`confinement`).
 //!
 //! A snapshot is written into a fresh `.tmp-*` directory and swapped in whole (an atomic rename
 //! exchange on Linux), so a reader sees the old snapshot or the new one, never a mix; files and
@@ -16,9 +18,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::SnapshotError;
 use super::manifest::{MAX_MANIFEST_BYTES, Manifest};
 use super::seal::{self, Contents, SealKey, SnapshotBinding, hex, unhex};
+use super::{KernelConfinement, SnapshotError};
 use crate::host_env::HostEnv;
 use crate::safe_fs::NoFollowDir;
 
@@ -35,6 +37,10 @@ struct SealFile {
     data_sha256: String,
     data_bytes: u64,
     manifest_sha256: String,
+    /// [`KernelConfinement::record`] of the kernel that wrote it; absent in snapshots of an
+    /// ipybox before it was sealed (they are refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    confinement: Option<String>,
     seal: String,
 }
 
@@ -52,6 +58,8 @@ pub(crate) struct Verified {
     pub(crate) manifest_bytes: Vec<u8>,
     pub(crate) data: std::fs::File,
     pub(crate) contents: Contents,
+    /// The confinement of the kernel that wrote it.
+    pub(crate) confinement: KernelConfinement,
 }
 
 fn io_at(path: &Path) -> impl FnOnce(std::io::Error) -> SnapshotError + '_ {
@@ -146,32 +154,44 @@ impl SnapshotStore {
     /// The manifest of `binding`'s snapshot, once its seal verifies (what it holds, without
     /// loading it).
     pub fn manifest(&self, binding: &SnapshotBinding) -> Result<Manifest, SnapshotError> {
-        Ok(self.open_verified(binding)?.manifest)
+        Ok(self.open_verified(binding, None)?.manifest)
     }
 
-    /// Stores a snapshot for `binding`: `data_len` bytes read from `data`, described by
-    /// `manifest`; replaces the one stored before. Returns the data's length.
+    /// The confinement of the kernel that took `binding`'s snapshot, once its seal verifies.
+    pub fn confinement(
+        &self,
+        binding: &SnapshotBinding,
+    ) -> Result<KernelConfinement, SnapshotError> {
+        Ok(self.open_verified(binding, None)?.confinement)
+    }
+
+    /// Stores a snapshot for `binding`, written by a kernel under `confinement`: `data_len`
+    /// bytes read from `data`, described by `manifest`; replaces the one stored before. Returns
+    /// the data's length.
     pub(crate) fn write(
         &self,
         binding: &SnapshotBinding,
+        confinement: &KernelConfinement,
         manifest: &Manifest,
         data: &mut impl Read,
         data_len: u64,
     ) -> Result<u64, SnapshotError> {
         let root = self.root_dir()?;
         let tmp = format!(".tmp-{:016x}", rand::random::<u64>());
-        let result = self.write_into(&root, &tmp, binding, manifest, data, data_len);
+        let result = self.write_into(&root, &tmp, binding, confinement, manifest, data, data_len);
         if result.is_err() {
             let _ = root.remove_tree(&tmp);
         }
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write_into(
         &self,
         root: &NoFollowDir,
         tmp: &str,
         binding: &SnapshotBinding,
+        confinement: &KernelConfinement,
         manifest: &Manifest,
         data: &mut impl Read,
         data_len: u64,
@@ -202,7 +222,8 @@ impl SnapshotStore {
             data_sha256: hex(&contents.data_sha256),
             data_bytes: data_len,
             manifest_sha256: hex(&contents.manifest_sha256),
-            seal: hex(&self.key.seal(binding, &contents)),
+            confinement: Some(confinement.record()),
+            seal: hex(&self.key.seal(binding, confinement, &contents)),
         };
         for (name, bytes) in [
             (MANIFEST, manifest_bytes),
@@ -219,11 +240,13 @@ impl SnapshotStore {
         Ok(data_len)
     }
 
-    /// Opens `binding`'s snapshot: its seal must verify for `binding` and its manifest must match
-    /// the seal, else nothing of it is used.
+    /// Opens `binding`'s snapshot: its seal must verify for `binding` and the confinement it
+    /// records, that confinement must restore into `here` (when given: the kernel it is for), and
+    /// its manifest must match the seal, else nothing of it is used.
     pub(crate) fn open_verified(
         &self,
         binding: &SnapshotBinding,
+        here: Option<&KernelConfinement>,
     ) -> Result<Verified, SnapshotError> {
         let path = self.path(binding);
         let dir = match self.root_dir()?.subdir(&self.key.dir_name(binding), None) {
@@ -257,10 +280,23 @@ impl SnapshotStore {
             manifest_sha256: digest(&seal.manifest_sha256)?,
         };
         let mac = unhex(&seal.seal).ok_or_else(|| refused("its seal is not a seal"))?;
-        if !self.key.verify(binding, &contents, &mac) {
+        let Some(recorded) = &seal.confinement else {
+            return Err(SnapshotError::Confinement {
+                reason: "it was saved by an older ipybox, which did not record the confinement (sandbox or not) of the kernel that took it".into(),
+                help: "start the session afresh and run the cells that built what you need again (the ipybox version that saved it can still restore it)".into(),
+            });
+        };
+        let confinement = KernelConfinement::parse_record(recorded)
+            .ok_or_else(|| refused("its seal is not a seal"))?;
+        if !self.key.verify(binding, &confinement, &contents, &mac) {
             return Err(refused(
                 "its seal does not verify for this session and owner: it was made for another session or owner, or changed since",
             ));
+        }
+        if let Some(here) = here
+            && !confinement.restores_into(here)
+        {
+            return Err(confinement.refusal(here));
         }
         let manifest_bytes = read_small(&dir, MANIFEST, MAX_MANIFEST_BYTES)
             .map_err(|e| refused(&format!("its manifest cannot be read ({e})")))?;
@@ -280,6 +316,7 @@ impl SnapshotStore {
             manifest_bytes,
             data,
             contents,
+            confinement,
         })
     }
 }
@@ -303,11 +340,13 @@ pub(crate) fn copy_verified(
     Ok(())
 }
 
-/// Checks the manifest a kernel sent for `data_len` bytes of data, stamps it with the host's
-/// time and stores both for `binding` (off the async runtime: the data may be large).
+/// Checks the manifest a kernel under `confinement` sent for `data_len` bytes of data, stamps it
+/// with the host's time and stores both for `binding` (off the async runtime: the data may be
+/// large).
 pub(crate) async fn store_from_kernel(
     store: &SnapshotStore,
     binding: &SnapshotBinding,
+    confinement: &KernelConfinement,
     manifest_bytes: &[u8],
     mut data: std::fs::File,
     data_len: u64,
@@ -320,20 +359,28 @@ pub(crate) async fn store_from_kernel(
     manifest.created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let (store, binding, stored) = (store.clone(), binding.clone(), manifest.clone());
-    tokio::task::spawn_blocking(move || store.write(&binding, &stored, &mut data, data_len))
-        .await
-        .map_err(|e| SnapshotError::Task(e.to_string()))??;
+    let (store, binding, confinement, stored) = (
+        store.clone(),
+        binding.clone(),
+        confinement.clone(),
+        manifest.clone(),
+    );
+    tokio::task::spawn_blocking(move || {
+        store.write(&binding, &confinement, &stored, &mut data, data_len)
+    })
+    .await
+    .map_err(|e| SnapshotError::Task(e.to_string()))??;
     Ok(super::SnapshotReport { manifest })
 }
 
-/// [`SnapshotStore::open_verified`] off the async runtime.
+/// [`SnapshotStore::open_verified`] for a kernel under `here`, off the async runtime.
 pub(crate) async fn open_verified(
     store: &SnapshotStore,
     binding: &SnapshotBinding,
+    here: &KernelConfinement,
 ) -> Result<Verified, SnapshotError> {
-    let (store, binding) = (store.clone(), binding.clone());
-    tokio::task::spawn_blocking(move || store.open_verified(&binding))
+    let (store, binding, here) = (store.clone(), binding.clone(), here.clone());
+    tokio::task::spawn_blocking(move || store.open_verified(&binding, Some(&here)))
         .await
         .map_err(|e| SnapshotError::Task(e.to_string()))?
 }
@@ -371,6 +418,8 @@ mod tests {
         .unwrap()
     }
 
+    const U: &KernelConfinement = &KernelConfinement::Unconfined;
+
     fn store(t: &Path) -> SnapshotStore {
         SnapshotStore::open(t.join("snapshots"), &t.join("keys/snapshot.key")).unwrap()
     }
@@ -383,11 +432,11 @@ mod tests {
         let a = SnapshotBinding::new("session-a", b"owner".to_vec());
         let b = SnapshotBinding::new("session-b", b"owner".to_vec());
         assert!(matches!(
-            s.open_verified(&a),
+            s.open_verified(&a, Some(U)),
             Err(SnapshotError::NotFound { .. })
         ));
-        s.write(&a, &manifest(5), &mut &b"hello"[..], 5).unwrap();
-        let v = s.open_verified(&a).unwrap();
+        s.write(&a, U, &manifest(5), &mut &b"hello"[..], 5).unwrap();
+        let v = s.open_verified(&a, Some(U)).unwrap();
         assert_eq!(v.manifest.saved[0].name, "x");
         let dir = s.path(&a);
         assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
@@ -399,28 +448,28 @@ mod tests {
             );
         }
         // Replaced whole; no temporary directory stays.
-        s.write(&a, &manifest(3), &mut &b"abc"[..], 3).unwrap();
-        assert_eq!(s.open_verified(&a).unwrap().contents.data_bytes, 3);
+        s.write(&a, U, &manifest(3), &mut &b"abc"[..], 3).unwrap();
+        assert_eq!(s.open_verified(&a, Some(U)).unwrap().contents.data_bytes, 3);
         assert_eq!(std::fs::read_dir(s.root()).unwrap().count(), 1);
 
         // Another session's snapshot copied over this one's is refused.
-        s.write(&b, &manifest(5), &mut &b"HELLO"[..], 5).unwrap();
+        s.write(&b, U, &manifest(5), &mut &b"HELLO"[..], 5).unwrap();
         std::fs::remove_dir_all(s.path(&a)).unwrap();
         std::fs::create_dir(s.path(&a)).unwrap();
         for f in [DATA, MANIFEST, SEAL] {
             std::fs::copy(s.path(&b).join(f), s.path(&a).join(f)).unwrap();
         }
-        let err = s.open_verified(&a).err().unwrap();
+        let err = s.open_verified(&a, Some(U)).err().unwrap();
         assert!(err.to_string().contains("does not verify"), "{err}");
 
         // A manifest changed by one byte is refused.
-        s.write(&a, &manifest(5), &mut &b"hello"[..], 5).unwrap();
+        s.write(&a, U, &manifest(5), &mut &b"hello"[..], 5).unwrap();
         let m = s.path(&a).join(MANIFEST);
         let mut bytes = std::fs::read(&m).unwrap();
         let i = bytes.iter().position(|&c| c == b'x').unwrap();
         bytes[i] = b'y';
         std::fs::write(&m, bytes).unwrap();
-        let err = s.open_verified(&a).err().unwrap();
+        let err = s.open_verified(&a, Some(U)).err().unwrap();
         assert!(err.to_string().contains("manifest changed"), "{err}");
 
         s.delete(&a).unwrap();
@@ -434,10 +483,64 @@ mod tests {
         let s = store(t.path());
         let a = SnapshotBinding::new("a", Vec::new());
         let err = s
-            .write(&a, &manifest(10), &mut &b"short"[..], 10)
+            .write(&a, U, &manifest(10), &mut &b"short"[..], 10)
             .unwrap_err();
         assert!(err.to_string().contains("5 of 10 bytes"), "{err}");
         assert!(!s.contains(&a));
         assert_eq!(std::fs::read_dir(s.root()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_snapshot_restores_only_where_it_is_as_confined_and_is_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let a = SnapshotBinding::new("a", b"owner".to_vec());
+        let sandbox = KernelConfinement::Sandbox { policy: [5; 32] };
+        s.write(&a, &sandbox, &manifest(5), &mut &b"hello"[..], 5)
+            .unwrap();
+        let seal_path = s.path(&a).join(SEAL);
+        let text = std::fs::read_to_string(&seal_path).unwrap();
+        assert!(
+            text.contains("\"confinement\":\"sandbox sha256:0505"),
+            "{text}"
+        );
+        assert_eq!(s.confinement(&a).unwrap(), sandbox);
+        // Into the same sandbox: yes. Into an unconfined kernel, a confined one or another
+        // policy's sandbox: refused, naming both, and the snapshot stays.
+        assert!(s.open_verified(&a, Some(&sandbox)).is_ok());
+        for here in [
+            KernelConfinement::Unconfined,
+            KernelConfinement::Confined,
+            KernelConfinement::Sandbox { policy: [6; 32] },
+        ] {
+            let err = s.open_verified(&a, Some(&here)).err().unwrap();
+            assert!(matches!(err, SnapshotError::Confinement { .. }), "{err}");
+            let text = err.to_string();
+            assert!(text.contains("policy sha256:050505050505"), "{text}");
+            assert!(text.contains("--sandbox"), "{text}");
+            assert!(s.contains(&a));
+        }
+        // An unconfined snapshot restores into a sandbox too.
+        s.write(&a, U, &manifest(5), &mut &b"hello"[..], 5).unwrap();
+        assert!(s.open_verified(&a, Some(&sandbox)).is_ok());
+
+        // The recorded confinement cannot be edited: rewritten to `unconfined`, the seal no
+        // longer verifies.
+        s.write(&a, &sandbox, &manifest(5), &mut &b"hello"[..], 5)
+            .unwrap();
+        let text = std::fs::read_to_string(&seal_path).unwrap();
+        let mut seal: serde_json::Value = serde_json::from_str(&text).unwrap();
+        seal["confinement"] = "unconfined".into();
+        std::fs::write(&seal_path, seal.to_string()).unwrap();
+        let err = s.open_verified(&a, Some(U)).err().unwrap();
+        assert!(err.to_string().contains("does not verify"), "{err}");
+
+        // A seal without the field (an older ipybox's): refused as such, kept.
+        seal.as_object_mut().unwrap().remove("confinement");
+        std::fs::write(&seal_path, seal.to_string()).unwrap();
+        let err = s.open_verified(&a, Some(U)).err().unwrap();
+        assert!(matches!(err, SnapshotError::Confinement { .. }), "{err}");
+        assert!(err.to_string().contains("older ipybox"), "{err}");
+        assert!(s.contains(&a));
     }
 }

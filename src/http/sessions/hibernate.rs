@@ -9,7 +9,9 @@
 //!   loses is bounded by it.
 //! - **Wake**: the next call with the handle (or, for a handshake-era MCP session, its next
 //!   cell) gets a new kernel from `ExecutorFactory`, the snapshot restored into it, and the
-//!   restore report at the top of its result.
+//!   restore report at the top of its result. A snapshot taken in a more confined kernel than
+//!   this service's (confined, then restarted with `--unconfined-sessions`; sandboxed under
+//!   another policy) is refused and kept (`SnapshotError::Confinement`).
 //! - **Expire**: a saved session unused for `--idle-timeout` has its snapshot and record deleted;
 //!   `--snapshot-quota` bytes per owner: the owner's least recently used hibernated sessions are
 //!   deleted to stay within it.
@@ -440,6 +442,13 @@ impl Registry {
                         | SnapshotError::NotFound { .. }
                 );
                 tracing::warn!(session = %tag, "restoring the session failed: {}", ipybox::log_text::escaped(&e.to_string()));
+                // Saved by a more confined kernel than this service's (a restart with other
+                // flags, e.g. --unconfined-sessions): kept for a service that may restore it.
+                if matches!(e, SnapshotError::Confinement { .. }) {
+                    return Err(format!(
+                        "session {tag} cannot be restored by this service: {e}\n  help: or call without `session` to start a new session here"
+                    ));
+                }
                 if !permanent {
                     return Err(format!(
                         "cannot restore session {tag}: {e}\n  help: retry in a moment; its saved state is kept"

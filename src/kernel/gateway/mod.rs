@@ -56,6 +56,11 @@ impl std::fmt::Debug for Gateway {
 }
 
 impl Gateway {
+    /// The server's base URL (scheme, host, port, base path; no credentials, no query).
+    pub(crate) fn base(&self) -> &str {
+        self.base.as_str()
+    }
+
     /// Parses `--kernel-gateway` / `kernel_gateway(url)`:
     /// `http[s]://host:port[/base][?token=…&kernel=…&framing=legacy]`.
     /// `${VAR}` placeholders are taken from `host`; without a `token` parameter the token is
