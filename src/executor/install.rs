@@ -120,8 +120,12 @@ impl CodeExecutor {
                     .ok_or(KernelError::Stopped)?;
                 let layer = self.site_layer(&runtime)?;
                 layer.create()?;
-                let (program, args) =
-                    crate::pyenv::install::installer_command(&python, &checked.spec, Some(&layer), &host);
+                let (program, args) = crate::pyenv::install::installer_command(
+                    &python,
+                    &checked.spec,
+                    Some(&layer),
+                    &host,
+                );
                 let mut domains = crate::pyenv::install::index_hosts(&host);
                 domains.extend(checked.url_host.clone());
                 let writable = [layer.site.clone(), layer.cache.clone()];
@@ -191,6 +195,9 @@ impl CodeExecutor {
         if isolated {
             return Ok(SiteLayer::in_dir(&runtime.join("site-layer")));
         }
-        Ok(SiteLayer::for_workspace(self.host_env(), &self.workspace()?)?)
+        Ok(SiteLayer::for_workspace(
+            self.host_env(),
+            &self.workspace()?,
+        )?)
     }
 }

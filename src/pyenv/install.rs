@@ -221,7 +221,10 @@ mod tests {
                 "PIP_EXTRA_INDEX_URL".to_string(),
                 "https://a.example/simple https://u:p@b.example:8443/x".to_string(),
             ),
-            ("UV_INDEX".to_string(), "corp=https://c.example/s".to_string()),
+            (
+                "UV_INDEX".to_string(),
+                "corp=https://c.example/s".to_string(),
+            ),
             ("PIP_FIND_LINKS".to_string(), "/opt/wheels".to_string()),
         ]));
         assert_eq!(

@@ -129,7 +129,9 @@ mod tests {
     use super::*;
 
     fn message(spec: &str, allow_urls: bool) -> String {
-        Checked::sandboxed(spec, allow_urls).unwrap_err().to_string()
+        Checked::sandboxed(spec, allow_urls)
+            .unwrap_err()
+            .to_string()
     }
 
     #[test]
@@ -196,7 +198,11 @@ mod tests {
 
     #[test]
     fn options_are_refused() {
-        for spec in ["-e .", "--index-url https://evil.example/simple six", "-r req.txt"] {
+        for spec in [
+            "-e .",
+            "--index-url https://evil.example/simple six",
+            "-r req.txt",
+        ] {
             let msg = message(spec, true);
             assert!(msg.contains("installer option"), "{spec}: {msg}");
             // Unsandboxed too.

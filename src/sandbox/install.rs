@@ -59,7 +59,10 @@ pub(crate) fn policy(
     tmp: &Path,
 ) -> SandboxPolicy {
     let disp = |p: &Path| p.display().to_string();
-    let mut deny_read: Vec<String> = DEFAULT_DENY_READ_HOME.iter().map(|p| p.to_string()).collect();
+    let mut deny_read: Vec<String> = DEFAULT_DENY_READ_HOME
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
     if let Some(data) = host.data_dir() {
         deny_read.push(disp(&data));
     }
@@ -203,7 +206,10 @@ mod tests {
             v["filesystem"]["allowWrite"],
             serde_json::json!(["/data/sandbox-layers/x/site", "/tmp/ipybox-install-1/tmp"])
         );
-        assert_eq!(v["network"]["allowedDomains"], serde_json::json!(["pypi.org"]));
+        assert_eq!(
+            v["network"]["allowedDomains"],
+            serde_json::json!(["pypi.org"])
+        );
         let deny = v["filesystem"]["denyRead"].as_array().unwrap();
         for p in ["/data", "~/.ssh", "~/.config", "/tmp"] {
             assert!(deny.contains(&serde_json::json!(p)), "{p}: {deny:?}");

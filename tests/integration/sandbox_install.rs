@@ -157,7 +157,11 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
     let s = server(&ws_path, true, &[]).await;
 
     assert_eq!(exec(&s, &try_write(&marker)).await, "denied");
-    let whl = exec(&s, &evil_wheel_code(&ws_path.display().to_string(), &marker)).await;
+    let whl = exec(
+        &s,
+        &evil_wheel_code(&ws_path.display().to_string(), &marker),
+    )
+    .await;
     assert!(Path::new(&whl).is_file(), "{whl}");
 
     for spec in [
@@ -168,8 +172,10 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
     ] {
         let refused = err(&s, "install_package", json!({"package_name": spec})).await;
         assert!(
-            refused.contains(&format!("refusing to install `{}`: it names a local source", spec.trim()))
-                && refused.contains("help: install from the package index"),
+            refused.contains(&format!(
+                "refusing to install `{}`: it names a local source",
+                spec.trim()
+            )) && refused.contains("help: install from the package index"),
             "{spec:?}: {refused}"
         );
     }
@@ -187,14 +193,21 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
         json!({"package_name": format!("iniconfig --find-links {}", ws_path.display())}),
     )
     .await;
-    assert!(refused.contains("is not a package requirement"), "{refused}");
+    assert!(
+        refused.contains("is not a package requirement"),
+        "{refused}"
+    );
 
     // The next install (the moment the old code ran the kernel environment's Python on the
     // host with the wheel's `.pth` in it).
     let summary = ok(&s, "install_package", json!({"package_name": "iniconfig"})).await;
     assert!(summary.contains("iniconfig"), "{summary}");
     assert_eq!(
-        exec(&s, "import importlib.util, iniconfig\nprint(importlib.util.find_spec('evil'))").await,
+        exec(
+            &s,
+            "import importlib.util, iniconfig\nprint(importlib.util.find_spec('evil'))"
+        )
+        .await,
         "None"
     );
     s.close().await;
@@ -219,7 +232,11 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
         .current_dir(probe.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(!marker.exists(), "installing alone runs nothing");
     let status = Command::new(venv.join("bin/python"))
         .args(["-c", "pass"])
@@ -339,7 +356,11 @@ async fn an_sdist_builds_inside_the_sandbox() {
         .current_dir(probe.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         std::fs::read_to_string(target.join("ipybox_build_probe.py")).unwrap(),
         "RESULT = 'wrote'\n"
