@@ -255,8 +255,7 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
 /// tries to write `marker` while it builds and records the outcome in the module it builds
 /// (`ipybox_build_probe.RESULT`: `wrote` or `denied`).
 fn build_probe_sdist(links: &Path, marker: &Path) {
-    let code = format!(
-        r#"
+    let code = r#"
 import io, tarfile, sys
 links, marker = sys.argv[1], sys.argv[2]
 backend = '''
@@ -272,11 +271,11 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     except OSError:
         result = "denied"
     name = "ipybox_build_probe-1.0-py3-none-any.whl"
-    files = {{
+    files = {
         "ipybox_build_probe.py": "RESULT = %r\\n" % result,
         "ipybox_build_probe-1.0.dist-info/METADATA": "Metadata-Version: 2.1\\nName: ipybox-build-probe\\nVersion: 1.0\\n",
         "ipybox_build_probe-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n",
-    }}
+    }
     with zipfile.ZipFile(os.path.join(wheel_directory, name), "w") as z:
         for n, t in files.items():
             z.writestr(n, t)
@@ -285,17 +284,16 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
 '''.replace("@MARKER@", repr(marker))
 pyproject = '[build-system]\nrequires = []\nbuild-backend = "probe_backend"\nbackend-path = ["."]\n[project]\nname = "ipybox-build-probe"\nversion = "1.0"\n'
 pkg_info = "Metadata-Version: 2.1\nName: ipybox-build-probe\nVersion: 1.0\n"
-with tarfile.open(f"{{links}}/ipybox_build_probe-1.0.tar.gz", "w:gz") as t:
+with tarfile.open(f"{links}/ipybox_build_probe-1.0.tar.gz", "w:gz") as t:
     for name, text in [("pyproject.toml", pyproject), ("probe_backend.py", backend), ("PKG-INFO", pkg_info)]:
         data = text.encode()
-        info = tarfile.TarInfo(f"ipybox_build_probe-1.0/{{name}}")
+        info = tarfile.TarInfo(f"ipybox_build_probe-1.0/{name}")
         info.size = len(data)
         t.addfile(info, io.BytesIO(data))
-"#
-    );
+"#;
     std::fs::create_dir_all(links).unwrap();
     let status = Command::new(python())
-        .args(["-c", &code])
+        .args(["-c", code])
         .arg(links)
         .arg(marker)
         .status()
