@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ipybox::host_env::HostEnv;
 use ipybox::tools::{McpSession, ServerParams, tool_output};
 use serde_json::{Value, json};
 
@@ -73,6 +74,11 @@ async fn server(ws: &Path, sandboxed: bool, env: &[(&str, String)]) -> McpSessio
     }
     let mut vars = serde_json::Map::new();
     vars.insert("IPYBOX_SRT".into(), json!(srt()));
+    // The data directory this test process sees (the client passes the server a minimal
+    // environment): where the workspace's layer is looked for and removed (`Layer`).
+    if let Some(data) = HostEnv::from_process().data_dir() {
+        vars.insert("IPYBOX_HOME".into(), json!(data));
+    }
     for (k, v) in env {
         vars.insert(k.to_string(), json!(v));
     }
@@ -84,6 +90,26 @@ async fn server(ws: &Path, sandboxed: bool, env: &[(&str, String)]) -> McpSessio
     )
     .await
     .expect("ipybox MCP server starts")
+}
+
+/// The site layer of a workspace in the test process's data directory, removed on drop (the
+/// workspaces are temporary; their layers would otherwise stay in the shared data directory).
+struct Layer(ipybox::pyenv::install::SiteLayer);
+
+impl Layer {
+    fn of(ws: &Path) -> Self {
+        Self(
+            ipybox::pyenv::install::SiteLayer::for_workspace(&HostEnv::from_process(), ws).unwrap(),
+        )
+    }
+}
+
+impl Drop for Layer {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.site.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 async fn call(s: &McpSession, tool: &str, args: Value) -> (bool, String) {
@@ -154,6 +180,7 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
     let marker = probe.path().join("pth-ran-on-the-host");
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
+    let layer = Layer::of(&ws_path);
     let s = server(&ws_path, true, &[]).await;
 
     assert_eq!(exec(&s, &try_write(&marker)).await, "denied");
@@ -211,6 +238,14 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
         "None"
     );
     s.close().await;
+    let installed: Vec<String> = std::fs::read_dir(&layer.0.site)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        installed.iter().any(|n| n == "iniconfig") && !installed.iter().any(|n| n.contains("evil")),
+        "{installed:?}"
+    );
     assert!(
         !marker.exists(),
         "the wheel's .pth ran on the host: {:?}",
@@ -315,6 +350,7 @@ async fn an_sdist_builds_inside_the_sandbox() {
     build_probe_sdist(&links, &marker);
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
+    let layer = Layer::of(&ws_path);
     let env = [
         ("UV_FIND_LINKS", links.display().to_string()),
         ("PIP_FIND_LINKS", links.display().to_string()),
@@ -329,8 +365,12 @@ async fn an_sdist_builds_inside_the_sandbox() {
     .await;
     assert!(summary.contains("ipybox-build-probe"), "{summary}");
     assert_eq!(
-        exec(&s, "import ipybox_build_probe as p\nprint(p.RESULT)").await,
-        "denied"
+        exec(
+            &s,
+            "import ipybox_build_probe as p\nprint(p.__file__, p.RESULT)"
+        )
+        .await,
+        format!("{}/ipybox_build_probe.py denied", layer.0.site.display())
     );
     s.close().await;
     assert!(
@@ -419,6 +459,9 @@ async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
         "denied",
         "the layer is the installer's to write"
     );
+    // A kernel started afterwards (a fresh factory template) imports it too.
+    ok(&s, "reset", json!({})).await;
+    assert_eq!(exec(&s, IMPORT_INICONFIG).await, imported);
     s.close().await;
     assert!(
         in_kernel_env(&home).is_empty(),
@@ -441,4 +484,60 @@ async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
     );
     assert!(!in_kernel_env(&home).is_empty());
     u.close().await;
+}
+
+/// A sandboxed executor with an isolated workspace (what `ipybox serve --http --sandbox` gives
+/// each session) in `ws`.
+async fn isolated(ws: &Path, isolate_workspace: bool) -> ipybox::CodeExecutor {
+    let ex = ipybox::CodeExecutor::builder()
+        .workspace(ws)
+        .sandbox(ipybox::sandbox::SandboxOptions {
+            srt: Some(srt()),
+            isolate_workspace,
+            ..Default::default()
+        })
+        .without_spare_kernel()
+        .kernel_factory(false)
+        .build();
+    ex.start().await.expect("sandboxed executor starts");
+    ex
+}
+
+async fn run(ex: &ipybox::CodeExecutor, code: &str) -> String {
+    ex.execute(code, Some(Duration::from_secs(60)))
+        .await
+        .expect("the cell runs")
+        .text
+}
+
+/// Isolated workspaces (HTTP sessions) do not share installs: what one session installs lives in
+/// its runtime directory and is absent from another session of the same workspace. Control: two
+/// executors of one workspace that is not isolated (stdio conversations) share the workspace's
+/// layer, so the second imports what the first installed.
+#[tokio::test(flavor = "multi_thread")]
+async fn isolated_sessions_do_not_share_installs() {
+    require!(SandboxDeps, TestEnv);
+    for isolate in [true, false] {
+        let ws = tempfile::tempdir().unwrap();
+        let ws_path = ws.path().canonicalize().unwrap();
+        let layer = Layer::of(&ws_path);
+        let a = isolated(&ws_path, isolate).await;
+        let b = isolated(&ws_path, isolate).await;
+        a.install_package("iniconfig").await.expect("install");
+        let in_a = run(&a, IMPORT_INICONFIG).await;
+        assert!(in_a.starts_with("imported "), "{in_a}");
+        let in_b = run(&b, IMPORT_INICONFIG).await;
+        a.stop().await;
+        b.stop().await;
+        if isolate {
+            assert_eq!(in_b, "absent", "isolated sessions shared an install");
+            assert!(
+                !layer.0.site.exists(),
+                "no workspace layer for isolated sessions"
+            );
+        } else {
+            assert_eq!(in_b, in_a, "control: one workspace's layer is shared");
+            assert!(in_a.contains(&layer.0.site.display().to_string()), "{in_a}");
+        }
+    }
 }
