@@ -139,6 +139,7 @@ impl CodeExecutor {
                         writable: &writable,
                         domains: &domains,
                         env_vars: crate::pyenv::install::INDEX_VARS,
+                        scratch_in: &runtime,
                     },
                 )
                 .await?;

@@ -39,6 +39,10 @@ pub(crate) struct Installer<'a> {
     pub(crate) domains: &'a [String],
     /// Extra host variables it gets (the index configuration).
     pub(crate) env_vars: &'a [&'a str],
+    /// A private directory only the host writes (the executor's runtime directory), where the
+    /// install's scratch directory (settings, srt's and the installer's temp) is made: never a
+    /// place a sandboxed kernel can write, which could change the settings before srt reads them.
+    pub(crate) scratch_in: &'a Path,
 }
 
 /// What the installer printed and whether it succeeded.
@@ -50,14 +54,14 @@ pub(crate) struct InstallOutput {
 }
 
 /// The srt settings for `installer`, with srt's temp directory `srt_tmp` (readable inside) and
-/// the installer's `tmp` (writable), both in `scratch` (hidden otherwise).
+/// the installer's `tmp` (writable), both in `installer.scratch_in` (hidden otherwise).
 pub(crate) fn policy(
     installer: &Installer<'_>,
     host: &HostEnv,
-    scratch: &Path,
     srt_tmp: &Path,
     tmp: &Path,
 ) -> SandboxPolicy {
+    let scratch = installer.scratch_in;
     let disp = |p: &Path| p.display().to_string();
     let mut deny_read: Vec<String> = DEFAULT_DENY_READ_HOME
         .iter()
@@ -108,26 +112,22 @@ pub(crate) async fn run(
 ) -> Result<InstallOutput, SandboxError> {
     let srt = platform::find_srt(options.srt.as_deref(), host)?;
     platform::check(&srt, host).await?;
-    let base = host
-        .get("TMPDIR")
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .unwrap_or_else(std::env::temp_dir);
+    let base = installer.scratch_in;
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SandboxError::Io { path, source }
     };
     // Private (0700), removed when this install ends.
     let scratch = tempfile::Builder::new()
-        .prefix("ipybox-install-")
-        .tempdir_in(&base)
-        .map_err(io(&base))?;
+        .prefix("install-")
+        .tempdir_in(base)
+        .map_err(io(base))?;
     let srt_tmp = scratch.path().join("srt");
     let tmp = scratch.path().join("tmp");
     for dir in [&srt_tmp, &tmp] {
         crate::safe_fs::create_private_dir(dir).map_err(io(dir))?;
     }
-    let settings = policy(installer, host, scratch.path(), &srt_tmp, &tmp);
+    let settings = policy(installer, host, &srt_tmp, &tmp);
     let text = serde_json::to_string_pretty(&settings).map_err(|source| SandboxError::Config {
         path: scratch.path().join("settings.json"),
         reason: "cannot serialize the installer's settings".into(),
@@ -193,18 +193,18 @@ mod tests {
             writable: &writable,
             domains: &domains,
             env_vars: &[],
+            scratch_in: Path::new("/tmp/ipybox-1"),
         };
         let p = policy(
             &installer,
             &host,
-            Path::new("/tmp/ipybox-install-1"),
-            Path::new("/tmp/ipybox-install-1/srt"),
-            Path::new("/tmp/ipybox-install-1/tmp"),
+            Path::new("/tmp/ipybox-1/install-x/srt"),
+            Path::new("/tmp/ipybox-1/install-x/tmp"),
         );
         let v = serde_json::to_value(&p).unwrap();
         assert_eq!(
             v["filesystem"]["allowWrite"],
-            serde_json::json!(["/data/sandbox-layers/x/site", "/tmp/ipybox-install-1/tmp"])
+            serde_json::json!(["/data/sandbox-layers/x/site", "/tmp/ipybox-1/install-x/tmp"])
         );
         assert_eq!(
             v["network"]["allowedDomains"],
