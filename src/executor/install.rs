@@ -120,6 +120,13 @@ impl CodeExecutor {
                     .ok_or(KernelError::Stopped)?;
                 let layer = self.site_layer(&runtime)?;
                 layer.create()?;
+                let locking = layer.clone();
+                let _lock = tokio::task::spawn_blocking(move || locking.lock())
+                    .await
+                    .map_err(|source| ExecutorError::Task {
+                        what: "waiting for another install into the site layer",
+                        source,
+                    })??;
                 let (program, args) = crate::pyenv::install::installer_command(
                     &python,
                     &checked.spec,
