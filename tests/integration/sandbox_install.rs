@@ -60,7 +60,7 @@ impl Drop for Probe {
 }
 
 /// The ipybox MCP server over stdio in `ws`, with `--sandbox` unless `sandboxed` is false.
-async fn server(ws: &Path, sandboxed: bool, env: &[(&str, String)]) -> McpSession {
+async fn server(ws: &Path, sandboxed: bool, extra: &[&str], env: &[(&str, String)]) -> McpSession {
     let mut args = vec![
         "--workspace".to_string(),
         ws.display().to_string(),
@@ -72,6 +72,7 @@ async fn server(ws: &Path, sandboxed: bool, env: &[(&str, String)]) -> McpSessio
     if sandboxed {
         args.push("--sandbox".into());
     }
+    args.extend(extra.iter().map(|a| a.to_string()));
     let mut vars = serde_json::Map::new();
     vars.insert("IPYBOX_SRT".into(), json!(srt()));
     // The data directory this test process sees (the client passes the server a minimal
@@ -137,6 +138,9 @@ async fn exec(s: &McpSession, code: &str) -> String {
     ok(s, "execute_ipython_cell", json!({"code": code})).await
 }
 
+/// iniconfig 2.0.0's wheel on PyPI's file host (its address is its content's: it never changes).
+const INICONFIG_URL: &str = "https://files.pythonhosted.org/packages/ef/a6/62565a6e1cf69e10f5727360368e451d4b7f58beeac6173dc9db836a5b46/iniconfig-2.0.0-py3-none-any.whl";
+
 /// Python that writes a wheel `evil-1.0-py3-none-any.whl` into `dir`: its `evil.pth` writes
 /// `marker` when an interpreter with it in site-packages starts.
 fn evil_wheel_code(dir: &str, marker: &Path) -> String {
@@ -181,7 +185,7 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
     let layer = Layer::of(&ws_path);
-    let s = server(&ws_path, true, &[]).await;
+    let s = server(&ws_path, true, &[], &[]).await;
 
     assert_eq!(exec(&s, &try_write(&marker)).await, "denied");
     let whl = exec(
@@ -225,6 +229,18 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
         "{refused}"
     );
 
+    // A remote URL needs the operator's --allow-install-urls (an_sdist_builds_inside_the_sandbox
+    // has the server that allows them).
+    let refused = err(
+        &s,
+        "install_package",
+        json!({"package_name": format!("iniconfig @ {INICONFIG_URL}")}),
+    )
+    .await;
+    assert!(
+        refused.contains("it names a URL (https://…)") && refused.contains("--allow-install-urls"),
+        "{refused}"
+    );
     // The next install (the moment the old code ran the kernel environment's Python on the
     // host with the wheel's `.pth` in it).
     let summary = ok(&s, "install_package", json!({"package_name": "iniconfig"})).await;
@@ -341,6 +357,8 @@ with tarfile.open(f"{links}/ipybox_build_probe-1.0.tar.gz", "w:gz") as t:
 /// sandboxed installer; its build backend cannot write the host marker (it records `denied` in
 /// the module it builds, which the sandboxed kernel then imports), and the marker is absent.
 /// Control: the same sdist installed on the host builds with the marker written (`wrote`).
+/// The server allows URLs (`--allow-install-urls`): an `https://` wheel installs into the layer,
+/// a `file:` one stays refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_sdist_builds_inside_the_sandbox() {
     require!(SandboxDeps, TestEnv);
@@ -355,7 +373,7 @@ async fn an_sdist_builds_inside_the_sandbox() {
         ("UV_FIND_LINKS", links.display().to_string()),
         ("PIP_FIND_LINKS", links.display().to_string()),
     ];
-    let s = server(&ws_path, true, &env).await;
+    let s = server(&ws_path, true, &["--allow-install-urls"], &env).await;
     assert_eq!(exec(&s, &try_write(&marker)).await, "denied");
     let summary = ok(
         &s,
@@ -371,6 +389,28 @@ async fn an_sdist_builds_inside_the_sandbox() {
         )
         .await,
         format!("{}/ipybox_build_probe.py denied", layer.0.site.display())
+    );
+    // This server allows URLs: an https URL installs (into the layer), a local one stays refused.
+    let refused = err(
+        &s,
+        "install_package",
+        json!({"package_name": format!("evil @  file://{}/evil.whl", ws_path.display())}),
+    )
+    .await;
+    assert!(refused.contains("it names a local source"), "{refused}");
+    ok(
+        &s,
+        "install_package",
+        json!({"package_name": format!("iniconfig @ {INICONFIG_URL}")}),
+    )
+    .await;
+    assert_eq!(
+        exec(
+            &s,
+            "import importlib.metadata as m, iniconfig\nprint(m.version('iniconfig'), iniconfig.__file__)"
+        )
+        .await,
+        format!("2.0.0 {}/iniconfig/__init__.py", layer.0.site.display())
     );
     s.close().await;
     assert!(
@@ -441,7 +481,7 @@ async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
 
-    let s = server(&ws_path, true, &env).await;
+    let s = server(&ws_path, true, &[], &env).await;
     assert_eq!(exec(&s, IMPORT_INICONFIG).await, "absent");
     assert!(in_kernel_env(&home).is_empty());
     ok(&s, "install_package", json!({"package_name": "iniconfig"})).await;
@@ -469,7 +509,7 @@ async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
         in_kernel_env(&home)
     );
 
-    let u = server(&ws_path, false, &env).await;
+    let u = server(&ws_path, false, &[], &env).await;
     assert_eq!(
         exec(&u, IMPORT_INICONFIG).await,
         "absent",
