@@ -210,13 +210,15 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
             "{spec:?}: {refused}"
         );
     }
-    for spec in [whl.clone(), format!("-e {}", ws_path.display())] {
+    for (spec, why) in [
+        (whl.clone(), "is not a package requirement: it is a path"),
+        (
+            format!("-e {}", ws_path.display()),
+            "it is an installer option",
+        ),
+    ] {
         let refused = err(&s, "install_package", json!({"package_name": spec})).await;
-        assert!(
-            refused.contains("is not a package requirement: it is a path")
-                || refused.contains("it is an installer option"),
-            "{spec:?}: {refused}"
-        );
+        assert!(refused.contains(why), "{spec:?}: {refused}");
     }
     let refused = err(
         &s,
