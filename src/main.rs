@@ -61,6 +61,11 @@ struct ServeArgs {
     /// file means the default policy).
     #[arg(long, requires = "sandbox")]
     sandbox_config: Option<PathBuf>,
+    /// Let install_package under --sandbox install from https:// and git+https:// URLs
+    /// (`name @ URL`; default: from the package index only). Local paths and file: URLs stay
+    /// refused.
+    #[arg(long, requires = "sandbox")]
+    allow_install_urls: bool,
     /// Python interpreter with ipykernel and pydantic (default: the managed environment).
     #[arg(long, env = "IPYBOX_PYTHON")]
     python: Option<PathBuf>,
@@ -607,7 +612,9 @@ async fn serve(
             isolate_workspace: http.is_some(),
             ..Default::default()
         };
-        builder = builder.sandbox(options);
+        builder = builder
+            .sandbox(options)
+            .allow_install_urls(args.allow_install_urls);
     }
     let task_after = match args.task_after.as_str() {
         "off" | "never" => None,

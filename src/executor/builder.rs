@@ -43,6 +43,7 @@ pub struct CodeExecutorBuilder {
     pub(super) approve_shell_cmds: bool,
     pub(super) require_shell_escape: bool,
     pub(super) sandbox: Option<SandboxOptions>,
+    pub(super) allow_install_urls: bool,
     pub(super) confinement: Option<Confinement>,
     pub(super) kernel_gateway: Option<GatewayUrl>,
     pub(super) attach_kernel: Option<String>,
@@ -280,6 +281,15 @@ impl CodeExecutorBuilder {
     /// `start()` fails (it never silently runs unsandboxed) if srt or bubblewrap is missing.
     pub fn sandbox(mut self, options: SandboxOptions) -> Self {
         self.sandbox = Some(options);
+        self
+    }
+
+    /// Lets a sandboxed kernel's `install_package` name a remote URL (`name @ https://…`,
+    /// `name @ git+https://…`; its host becomes reachable for that install). Off by default: a
+    /// sandboxed kernel installs from the package index only. Local paths and `file:` URLs stay
+    /// refused whatever this says. Unsandboxed kernels install URLs without it.
+    pub fn allow_install_urls(mut self, allow: bool) -> Self {
+        self.allow_install_urls = allow;
         self
     }
 

@@ -3,12 +3,14 @@
 //! kernel's Python environment, then the kernel's import caches refreshed). Not here: code
 //! generation (`crate::register`, `crate::apigen`), the installers (`crate::pyenv`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::{CodeExecutor, ExecutorError};
 use crate::apigen::ApiStyle;
 use crate::kernel::KernelError;
+use crate::pyenv::install::SiteLayer;
+use crate::pyenv::requirement::Checked;
 use crate::register::RegisterError;
 use crate::tools::DEFAULT_CONNECT_TIMEOUT;
 // Named in doc links only.
@@ -72,10 +74,18 @@ impl CodeExecutor {
         Ok(modules)
     }
 
-    /// Installs `spec` (`numpy`, `numpy>=2`, `git+https://…`) into the kernel's Python environment
-    /// on the host (uv when on PATH, else pip), also when the kernel is sandboxed, and refreshes
-    /// the kernel's import caches so the package imports without a reset. Starts the executor if
-    /// needed; does not wait for a running cell to install. Returns the installer's summary.
+    /// Installs `spec` into the kernel's Python environment and refreshes the kernel's import
+    /// caches so the package imports without a reset. Starts the executor if needed; does not
+    /// wait for a running cell to install. Returns the installer's summary.
+    ///
+    /// - Unsandboxed: `spec` (`numpy`, `numpy>=2`, `git+https://…`, a path) is installed on the
+    ///   host into the kernel's environment (uv when on PATH, else pip).
+    /// - Sandboxed: `spec` must be a PEP 508 requirement naming a package of the index (name,
+    ///   extras, version, markers; `https://`/`git+https://` URLs only with
+    ///   [`CodeExecutorBuilder::allow_install_urls`], local sources never). The installer runs
+    ///   inside the sandbox (`crate::sandbox::install`), reaching only the index, and installs
+    ///   into the workspace's site layer ([`crate::pyenv::install::SiteLayer`]), which only this
+    ///   workspace's sandboxed kernels import from: never into the kernel environment.
     ///
     /// With [`CodeExecutorBuilder::kernel_gateway`] there is no local kernel environment: this
     /// fails with a message that says to add the package to the server's kernel image.
@@ -89,25 +99,78 @@ impl CodeExecutor {
             }
             .into());
         }
+        // Refused specs are refused before anything starts.
+        let sandbox = self.inner.builder.sandbox.clone();
+        let checked = match &sandbox {
+            Some(_) => Checked::sandboxed(spec, self.inner.builder.allow_install_urls)?,
+            None => Checked::unsandboxed(spec)?,
+        };
         self.start().await?;
         let python = self.python().await.ok_or(KernelError::Stopped)?;
-        let owned = spec.to_string();
         let host = self.host_env().clone();
-        // A sandboxed kernel can write local paths (the workspace): building one would run its
-        // code on the host.
-        let sandboxed = self.inner.builder.sandbox.is_some();
-        let summary = tokio::task::spawn_blocking(move || {
-            if sandboxed {
-                crate::pyenv::install_package_from_remote(&python, &owned, &host)
-            } else {
-                crate::pyenv::install_package(&python, &owned, &host)
+        let summary = match &sandbox {
+            Some(options) => {
+                let runtime = self
+                    .inner
+                    .state
+                    .lock()
+                    .await
+                    .as_ref()
+                    .map(|r| r.runtime.path().to_path_buf())
+                    .ok_or(KernelError::Stopped)?;
+                let layer = self.site_layer(&runtime)?;
+                layer.create()?;
+                let locking = layer.clone();
+                let _lock = tokio::task::spawn_blocking(move || locking.lock())
+                    .await
+                    .map_err(|source| ExecutorError::Task {
+                        what: "waiting for another install into the site layer",
+                        source,
+                    })??;
+                let (program, args) = crate::pyenv::install::installer_command(
+                    &python,
+                    &checked.spec,
+                    Some(&layer),
+                    &host,
+                );
+                let mut domains = crate::pyenv::install::index_hosts(&host);
+                domains.extend(checked.url_host.clone());
+                let writable = [layer.site.clone(), layer.cache.clone()];
+                let out = crate::sandbox::install::run(
+                    options,
+                    &host,
+                    &crate::sandbox::install::Installer {
+                        program: &program,
+                        args: &args,
+                        python: &python,
+                        writable: &writable,
+                        domains: &domains,
+                        env_vars: crate::pyenv::install::INDEX_VARS,
+                        scratch_in: &runtime,
+                    },
+                )
+                .await?;
+                crate::pyenv::install::installer_result(
+                    &checked.spec,
+                    &program,
+                    &args,
+                    out.success,
+                    &out.stdout,
+                    &out.stderr,
+                )?
             }
-        })
-        .await
-        .map_err(|source| ExecutorError::Task {
-            what: "installing a package",
-            source,
-        })??;
+            None => {
+                let spec = checked.spec.clone();
+                tokio::task::spawn_blocking(move || {
+                    crate::pyenv::install_package(&python, &spec, &host)
+                })
+                .await
+                .map_err(|source| ExecutorError::Task {
+                    what: "installing a package",
+                    source,
+                })??
+            }
+        };
         // Kernels started from now on (spares, the factory's template) import afresh.
         if let Some(running) = self.inner.state.lock().await.as_mut() {
             running.pool.refresh_after_install();
@@ -124,5 +187,25 @@ impl CodeExecutor {
             notebook.note_install(spec);
         }
         Ok(summary)
+    }
+
+    /// Where this executor's sandboxed installs go: the workspace's layer in ipybox's data
+    /// directory, or, when the workspace is isolated (each session of `ipybox serve --http`,
+    /// where the workspace must not be a channel between sessions), a layer in the executor's
+    /// runtime directory that goes with it.
+    pub(super) fn site_layer(&self, runtime: &Path) -> Result<SiteLayer, ExecutorError> {
+        let isolated = self
+            .inner
+            .builder
+            .sandbox
+            .as_ref()
+            .is_some_and(|o| o.isolate_workspace);
+        if isolated {
+            return Ok(SiteLayer::in_dir(&runtime.join("site-layer")));
+        }
+        Ok(SiteLayer::for_workspace(
+            self.host_env(),
+            &self.workspace()?,
+        )?)
     }
 }

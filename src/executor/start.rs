@@ -140,6 +140,8 @@ impl CodeExecutor {
             }
         })?;
         config.env = b.kernel_env.clone();
+        // Only the sandbox sets it (below): no other kernel imports a sandboxed install.
+        config.env.remove(pyenv::install::SITE_LAYER_ENV);
         let mut snapshot_channel = None;
         let confinement = match (&gateway, &sandbox_policy, &b.sandbox, &bwrap) {
             (Some(gateway), ..) => KernelConfinement::Remote {
@@ -206,6 +208,14 @@ impl CodeExecutor {
         config.factory = config.factory && self.factory_wanted();
         if let (Some(options), Some(loaded)) = (&b.sandbox, sandbox_policy) {
             let python = config.python.clone();
+            // What this workspace's sandboxed installs added: readable (not writable) for the
+            // kernel, imported from only by sandboxed kernels.
+            let layer = self.site_layer(runtime.path())?;
+            layer.create()?;
+            config.env.insert(
+                pyenv::install::SITE_LAYER_ENV.into(),
+                layer.site.display().to_string(),
+            );
             let writable = runtime
                 .kernel_writable()
                 .map_err(|source| ExecutorError::Io {
@@ -227,6 +237,7 @@ impl CodeExecutor {
                             source,
                         })?,
                         socket.clone(),
+                        layer.site.clone(),
                     ],
                     writable.path(),
                     &python,

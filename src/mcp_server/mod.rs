@@ -177,7 +177,7 @@ fn default_max_output_chars() -> usize {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub(crate) struct InstallParams {
     /// Package name with optional version specifier (e.g. "numpy", "numpy>=1.20") or a
-    /// "git+https://..." URL.
+    /// "git+https://..." URL (sandboxed: a package of the index only).
     pub package_name: String,
     /// Over HTTP: the kernel session.
     #[serde(default)]
@@ -712,7 +712,7 @@ impl IpyboxServer {
     }
 
     #[tool(
-        description = "Install a Python package into the kernel's environment (with uv or pip).\n\nAccepts a name with an optional version specifier (\"numpy\", \"numpy>=1.20\") or a \"git+https://...\" URL. The package is importable right away, without a reset (a package that was already imported in an older version needs `reset`). Returns the installer's summary."
+        description = "Install a Python package into the kernel's environment (with uv or pip).\n\nAccepts a name with an optional version specifier (\"numpy\", \"numpy>=1.20\") or a \"git+https://...\" URL; when the kernel is sandboxed, only a package of the package index (name, extras, version), installed by an installer inside the sandbox for this workspace's sandboxed kernels. The package is importable right away, without a reset (a package that was already imported in an older version needs `reset`). Returns the installer's summary."
     )]
     async fn install_package(
         &self,

@@ -14,6 +14,7 @@
 //! something is missing, `prepare` fails and says what to install.
 
 pub mod env;
+pub(crate) mod install;
 pub(crate) mod platform;
 pub mod policy;
 pub(crate) mod shell;

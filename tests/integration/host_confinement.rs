@@ -339,7 +339,7 @@ print(sorted(os.listdir(".")))
         !cache_marker.exists(),
         "uv read a configuration file the sandbox planted"
     );
-    // A local path is refused for a sandboxed kernel (the installer would build it on the host).
+    // A local path is refused for a sandboxed kernel (it is no package of the index).
     let refused = err_text(
         &s,
         "install_package",
@@ -347,8 +347,7 @@ print(sorted(os.listdir(".")))
     )
     .await;
     assert!(
-        refused.contains("names a local source, and the kernel is sandboxed")
-            && refused.contains("help:"),
+        refused.contains("is not a package requirement: it is a path") && refused.contains("help:"),
         "{refused}"
     );
     assert_eq!(exec(greet("three")).await, "Hello, three! /");

@@ -47,6 +47,7 @@ mod sandbox;
 #[cfg(target_os = "linux")]
 mod sandbox_environ;
 #[cfg(target_os = "linux")]
+mod sandbox_install;
 mod sandbox_resume;
 mod shell_approval;
 mod snapshot;

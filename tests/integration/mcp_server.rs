@@ -431,7 +431,7 @@ async fn install_package_from_index_and_git(era: Era) {
     )
     .await;
     assert!(
-        err.starts_with("`--index-url=http://evil` is not a package requirement"),
+        err.starts_with("refusing to install `--index-url=http://evil`: it is an installer option"),
         "{err}"
     );
     let err = err_text(

@@ -556,8 +556,10 @@ async fn approvals_work_from_the_sandbox() {
     stop_and_check(ex, ws).await;
 }
 
-/// The MCP server with `--sandbox`: `install_package` runs on the host (the sandbox cannot write
-/// the environment) and the sandboxed kernel imports the package without a reset.
+/// The MCP server with `--sandbox`: `install_package` installs into the workspace's site layer
+/// (the installer in a sandbox of its own; the kernel cannot write its environment), in front of
+/// the kernel environment, and the sandboxed kernel imports the package without a reset
+/// (`sandbox_install` has the attacks).
 #[tokio::test(flavor = "multi_thread")]
 async fn install_package_reaches_a_sandboxed_kernel() {
     require!(SandboxDeps);

@@ -19,6 +19,9 @@
 //! This module does not start kernels; it only hands out an interpreter path. It reads no
 //! environment variables itself: the caller passes a [`HostEnv`].
 
+pub mod install;
+pub mod requirement;
+
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -26,6 +29,8 @@ use std::time::Instant;
 
 use crate::child_process::{host_command_blocking, tail};
 use crate::host_env::HostEnv;
+
+pub use install::install_package;
 
 /// Packages the kernel environment must hold (what is installed into a managed environment).
 /// cloudpickle saves functions and classes defined in cells in a session snapshot
@@ -63,13 +68,16 @@ pub enum PyEnvError {
     )]
     NoHome,
     #[error(
-        "`{spec}` is not a package requirement\n  help: pass a name with an optional version specifier (`numpy`, `numpy>=2`) or a `git+https://…` URL"
+        "`{spec}` is not a package requirement: {reason}\n  help: pass a package name with optional extras, version and markers (`six`, `numpy>=2`, `pandas[excel]~=2.2`)"
     )]
-    InvalidRequirement { spec: String },
-    #[error(
-        "`{spec}` names a local source, and the kernel is sandboxed: the installer runs on the host and would build (run) what is there, which the sandboxed kernel may have written\n  help: install from a package index (`name`, `name>=1.2`) or a remote URL (`git+https://…`); to install local code, run your installer yourself outside ipybox"
-    )]
-    LocalSourceRefused { spec: String },
+    InvalidRequirement { spec: String, reason: String },
+    #[error("refusing to install `{spec}`: {what}\n  why: {why}\n  help: {help}")]
+    InstallRefused {
+        spec: String,
+        what: String,
+        why: String,
+        help: String,
+    },
     #[error(
         "installing `{spec}` failed: `{command}`\n{output}\n  help: check the package name and version; the installer's output is above"
     )]
@@ -418,124 +426,4 @@ fn run_reporting(
         status: child.wait()?,
         stderr: kept,
     })
-}
-
-/// Whether `spec` names a local source (a path, a `file:` URL, `git+file:`, ...) rather than a
-/// package from an index or a remote URL.
-pub fn is_local_source(spec: &str) -> bool {
-    let spec = spec.trim();
-    let lower = spec.to_ascii_lowercase();
-    spec.starts_with(['/', '.', '~'])
-        || lower.starts_with("file:")
-        || lower.contains("+file:")
-        || lower.contains("@ file:")
-        || lower.contains("@file:")
-        || spec.contains(std::path::MAIN_SEPARATOR) && !lower.contains("://")
-}
-
-/// Installs `spec` (a requirement such as `numpy`, `numpy>=2`, or a `git+https://…` URL) into the
-/// environment of `python`, with uv when it is on PATH, else pip. Returns the installer's summary
-/// (the last lines of its output). Runs on the host, also when the kernel is sandboxed, from
-/// `/` (so no `uv.toml`/`pyproject.toml` of a working directory is read) and, for pip, as
-/// `python -I -m pip`.
-pub fn install_package(python: &Path, spec: &str, host: &HostEnv) -> Result<String, PyEnvError> {
-    install(python, spec, host, true)
-}
-
-/// [`install_package`] that refuses specs naming a local source ([`is_local_source`]): what a
-/// sandboxed kernel's executor installs, since the kernel can write local paths.
-pub fn install_package_from_remote(
-    python: &Path,
-    spec: &str,
-    host: &HostEnv,
-) -> Result<String, PyEnvError> {
-    install(python, spec, host, false)
-}
-
-fn install(
-    python: &Path,
-    spec: &str,
-    host: &HostEnv,
-    local_sources: bool,
-) -> Result<String, PyEnvError> {
-    let spec = spec.trim();
-    if spec.is_empty() || spec.starts_with('-') {
-        return Err(PyEnvError::InvalidRequirement {
-            spec: spec.to_string(),
-        });
-    }
-    if !local_sources && is_local_source(spec) {
-        return Err(PyEnvError::LocalSourceRefused {
-            spec: spec.to_string(),
-        });
-    }
-    let (program, args): (PathBuf, Vec<String>) = match host.find_on_path("uv") {
-        Some(uv) => (
-            uv,
-            vec![
-                "pip".into(),
-                "install".into(),
-                "--python".into(),
-                python.display().to_string(),
-                spec.into(),
-            ],
-        ),
-        None => (
-            python.to_path_buf(),
-            vec![
-                "-I".into(),
-                "-m".into(),
-                "pip".into(),
-                "install".into(),
-                "--disable-pip-version-check".into(),
-                spec.into(),
-            ],
-        ),
-    };
-    let command = format!("{} {}", program.display(), args.join(" "));
-    let out = host_command_blocking(&program)
-        .args(&args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(io_err(&program))?;
-    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.push_str(&String::from_utf8_lossy(&out.stderr));
-    if !out.status.success() {
-        return Err(PyEnvError::InstallFailed {
-            spec: spec.to_string(),
-            command,
-            output: tail(text.as_bytes()),
-        });
-    }
-    Ok(tail(text.as_bytes()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_local_source;
-
-    #[test]
-    fn local_sources_are_told_apart() {
-        for spec in [
-            "./pkg",
-            "../x",
-            "/abs/pkg",
-            "~/pkg",
-            "pkg/sub",
-            "file:///ws/pkg",
-            "git+file:///ws/repo",
-            "name @ file:///ws/x.whl",
-        ] {
-            assert!(is_local_source(spec), "{spec}");
-        }
-        for spec in [
-            "numpy",
-            "numpy>=2",
-            "six==1.16.0",
-            "git+https://github.com/a/b",
-            "name @ https://example.com/x.whl",
-        ] {
-            assert!(!is_local_source(spec), "{spec}");
-        }
-    }
 }
