@@ -33,25 +33,6 @@ import threading
 import time
 from typing import Any
 
-
-def _add_site_layer() -> None:
-    """TEMP wiring (install helper): a sandboxed kernel's site layer (``IPYBOX_SITE_LAYER``),
-    its ``.pth`` files processed, goes in front of the environment's site-packages."""
-    import site
-    import sys
-
-    layer = os.environ.get("IPYBOX_SITE_LAYER")
-    if not layer or layer in sys.path:
-        return
-    before = list(sys.path)
-    site.addsitedir(layer)
-    added = [p for p in sys.path if p not in before]
-    at = next((i for i, p in enumerate(before) if p.endswith("site-packages")), len(before))
-    sys.path[:] = before[:at] + added + before[at:]
-
-
-_add_site_layer()
-
 __all__ = [
     "ToolRunner",
     "ToolRunnerError",
