@@ -1,5 +1,6 @@
 """Makes the workspace importable once the kernel is up (``import mcptools.<server>``, the
-codeact skill's ``mcpparse`` and ``gentools``, the user's own modules).
+codeact skill's ``mcpparse`` and ``gentools``, the user's own modules), and a sandboxed kernel's
+site layer (what ``install_package`` installed for this workspace's sandboxed kernels).
 
 Installed at kernel start by the launcher (``--IPKernelApp.exec_lines``), after the kernel app has
 started; nothing else here. The host keeps the workspace off ``PYTHONPATH`` and the launcher drops
@@ -10,14 +11,34 @@ less confined kernel. Here the directories go at the END of ``sys.path``: a file
 never shadows a module of the standard library or the kernel environment (``cloudpickle``,
 ``pydantic``, ``jedi``, ... which the kernel imports on demand); names found nowhere else (the
 generated packages, the user's own modules) import from the workspace as before.
+
+The site layer (``IPYBOX_SITE_LAYER``, set by the host for sandboxed kernels only; written by the
+sandboxed installer, read-only to the kernel, never in the workspace) is added as a site
+directory (its ``.pth`` files run, here, inside the sandbox) in front of the kernel environment's
+``site-packages``, so that a version installed there wins over the environment's.
 """
 
+import os
 import sys
 
 
 def install(dirs: list) -> None:
-    """Drops ``''`` (the working directory) from ``sys.path`` and appends ``dirs`` in order."""
+    """Drops ``''`` (the working directory) from ``sys.path``, adds the site layer if the host
+    named one, and appends ``dirs`` in order."""
     sys.path[:] = [p for p in sys.path if p]
+    _add_site_layer(os.environ.get("IPYBOX_SITE_LAYER"))
     for d in dirs:
         if d not in sys.path:
             sys.path.append(d)
+
+
+def _add_site_layer(layer) -> None:
+    if not layer or layer in sys.path:
+        return
+    import site
+
+    before = list(sys.path)
+    site.addsitedir(layer)
+    added = [p for p in sys.path if p not in before]
+    at = next((i for i, p in enumerate(before) if p.endswith("site-packages")), len(before))
+    sys.path[:] = before[:at] + added + before[at:]
