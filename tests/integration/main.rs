@@ -46,6 +46,8 @@ mod remote_kernels;
 mod sandbox;
 #[cfg(target_os = "linux")]
 mod sandbox_environ;
+#[cfg(target_os = "linux")]
+mod sandbox_replay;
 mod shell_approval;
 mod snapshot;
 mod stdio_resume;
