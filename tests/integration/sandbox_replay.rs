@@ -109,6 +109,16 @@ fn code_sources(notebook: &Value) -> Vec<String> {
 
 /// `ipybox replay --yes NB --workspace WS EXTRA`: exit status, stdout, stderr.
 fn replay(ws: &Path, notebook: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    replay_with_srt(ws, notebook, extra, &srt())
+}
+
+/// [`replay`] with `IPYBOX_SRT=srt`.
+fn replay_with_srt(
+    ws: &Path,
+    notebook: &Path,
+    extra: &[&str],
+    srt: &Path,
+) -> (Option<i32>, String, String) {
     let out = std::process::Command::new(BIN)
         .arg("replay")
         .arg(notebook)
@@ -116,7 +126,7 @@ fn replay(ws: &Path, notebook: &Path, extra: &[&str]) -> (Option<i32>, String, S
         .arg(ws)
         .arg("--yes")
         .args(extra)
-        .env("IPYBOX_SRT", srt())
+        .env("IPYBOX_SRT", srt)
         .output()
         .unwrap();
     (
@@ -177,6 +187,19 @@ async fn a_sandboxed_recording_replays_in_the_sandbox() {
     );
     assert!(!stderr.contains("no host record"), "{stderr}");
     assert!(!file.exists(), "the sandboxed replay wrote on the host");
+
+    // No sandbox here (srt missing): the replay fails before running anything, never falls
+    // back to running unsandboxed.
+    let missing = probe.path().join("no-srt-here");
+    let (status, stdout, stderr) = replay_with_srt(&ws, &nb, &[], &missing);
+    assert_eq!(status, Some(1), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "", "nothing ran: {stderr}");
+    assert!(
+        stderr.contains("cannot replay in the sandbox: sandbox unavailable: ")
+            && stderr.contains("pass --unsandboxed to run it on this host, unconfined"),
+        "{stderr}"
+    );
+    assert!(!file.exists());
 
     // The control: the explicit flag runs the same cell on the host, and it writes the file.
     let (status, stdout, stderr) = replay(&ws, &nb, &["--unsandboxed"]);
