@@ -369,3 +369,48 @@ async fn a_sandboxed_cell_cannot_forge_the_notebook() {
     assert!(stdout.ends_with("wrote\n"), "{stdout}\n{stderr}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
 }
+
+/// What the kernel would try on the notebook's directory (and the one above it, for a nested
+/// `--notebook-dir`): write into it, rename it, rename its parent. Prints each outcome.
+const MOVE_AWAY: &str = "import errno, os\ndef attempt(f):\n    try:\n        f()\n        return 'ok'\n    except OSError as e:\n        return errno.errorcode[e.errno]\nprint(attempt(lambda: open('a/nb/x', 'w').close()), attempt(lambda: os.rename('a/nb', 'a/nb2')), attempt(lambda: os.rename('a', 'moved')))";
+
+/// Under `--sandbox` a nested notebook directory (`--notebook-dir a/nb`) cannot be moved away
+/// either: it is a read-only mount point, and its parent, which holds a mount point, cannot
+/// be renamed (`EBUSY`), so the kernel cannot put a directory of its own where the host writes.
+/// The control: unsandboxed, the same cell writes, renames both.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_nested_notebook_directory_cannot_be_moved_away() {
+    require!(SandboxDeps);
+    use ipybox::CodeExecutor;
+    use ipybox::sandbox::SandboxOptions;
+    let (_keep, ws) = workspace();
+    let ex = CodeExecutor::builder()
+        .workspace(&ws)
+        .without_spare_kernel()
+        .notebook("a/nb")
+        .sandbox(SandboxOptions {
+            srt: Some(srt()),
+            ..Default::default()
+        })
+        .build();
+    ex.start().await.unwrap();
+    assert_eq!(run(&ex, MOVE_AWAY).await, "EROFS EBUSY EBUSY");
+    let path = ex.notebook().unwrap().path().unwrap();
+    ex.notebook().unwrap().flush();
+    ex.stop().await;
+    assert!(path.starts_with(ws.join("a/nb")), "{}", path.display());
+    let on_disk: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(code_sources(&on_disk), [MOVE_AWAY]);
+
+    // The control: the same cell in an unsandboxed kernel.
+    let (_keep2, plain) = workspace();
+    std::fs::create_dir_all(plain.join("a/nb")).unwrap();
+    let ex = CodeExecutor::builder()
+        .workspace(&plain)
+        .without_spare_kernel()
+        .build();
+    ex.start().await.unwrap();
+    assert_eq!(run(&ex, MOVE_AWAY).await, "ok ok ok");
+    ex.stop().await;
+    assert!(plain.join("moved/nb2/x").is_file());
+}
