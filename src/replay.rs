@@ -159,11 +159,20 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         return Ok(0);
     }
     let was_sandboxed = recorded.as_ref().is_some_and(|c| c.sandbox);
+    // Kernels confined otherwise than by the sandbox: a replay on this host would be less
+    // confined (a remote recording replayed on a Jupyter server is not).
+    let confined_otherwise = recorded
+        .as_ref()
+        .filter(|c| c.kernel == "confined" || (c.kernel == "remote" && !replay.remote))
+        .map(|c| match c.kernel.as_str() {
+            "confined" => "the HTTP service's per-session confinement",
+            _ => "a kernel on a Jupyter server",
+        });
     let sandbox = match &replay.confinement {
         Confine::Unsandboxed => {
-            if was_sandboxed {
+            if let Some(how) = was_sandboxed.then_some("a sandbox").or(confined_otherwise) {
                 eprintln!(
-                    "ipybox replay: the session was recorded in a sandbox; replaying it WITHOUT the sandbox (--unsandboxed): its cells run on this host, unconfined"
+                    "ipybox replay: the session was recorded in {how}; --unsandboxed replays it WITHOUT that confinement: its cells run on this host, unconfined"
                 );
             }
             None
@@ -189,7 +198,14 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
                         ..SandboxOptions::default()
                     })
                 }
-                None => None,
+                None => {
+                    if let Some(how) = confined_otherwise {
+                        anyhow::bail!(
+                            "the session was recorded in {how}, which a replay on this host cannot apply: its cells would run less confined\n  help: pass --sandbox to replay in srt's sandbox, or, only for a notebook whose every cell you trust, --unsandboxed to run it on this host, unconfined"
+                        );
+                    }
+                    None
+                }
             }
         }
     };

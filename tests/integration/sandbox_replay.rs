@@ -205,7 +205,7 @@ async fn a_sandboxed_recording_replays_in_the_sandbox() {
     let (status, stdout, stderr) = replay(&ws, &nb, &["--unsandboxed"]);
     assert_eq!(status, Some(0), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("ipybox replay: the session was recorded in a sandbox; replaying it WITHOUT the sandbox (--unsandboxed)"),
+        stderr.contains("ipybox replay: the session was recorded in a sandbox; --unsandboxed replays it WITHOUT that confinement: its cells run on this host, unconfined\n"),
         "{stderr}"
     );
     assert_eq!(stdout, "wrote\n", "{stderr}");
@@ -413,4 +413,37 @@ async fn a_nested_notebook_directory_cannot_be_moved_away() {
     assert_eq!(run(&ex, MOVE_AWAY).await, "ok ok ok");
     ex.stop().await;
     assert!(plain.join("moved/nb2/x").is_file());
+}
+
+/// A recording of the HTTP service's confined kernels (per-session bubblewrap, which a replay
+/// cannot apply) is not replayed unconfined by default: refused, nothing run; `--unsandboxed`
+/// runs it (the control: its cell writes the probe file).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confined_recording_needs_a_flag_to_replay_unconfined() {
+    require!(TestEnv);
+    let probe = Probe::new("confined");
+    let file = probe.path().join("written-on-the-host");
+    let nb = probe.path().join("confined.ipynb");
+    let notebook = json!({
+        "nbformat": 4, "nbformat_minor": 5,
+        "metadata": {"ipybox": {"session": "s", "confinement": {"sandbox": false, "kernel": "confined"}}},
+        "cells": [{"cell_type": "code", "execution_count": 1, "id": "a", "metadata": {}, "outputs": [], "source": write_probe(&file)}],
+    });
+    std::fs::write(&nb, serde_json::to_vec(&notebook).unwrap()).unwrap();
+    let (status, stdout, stderr) = replay(probe.path(), &nb, &[]);
+    assert_eq!(status, Some(1), "{stdout}\n{stderr}");
+    assert_eq!(stdout, "");
+    assert!(
+        stderr.contains("error: the session was recorded in the HTTP service's per-session confinement, which a replay on this host cannot apply: its cells would run less confined\n  help: pass --sandbox"),
+        "{stderr}"
+    );
+    assert!(!file.exists());
+    let (status, stdout, stderr) = replay(probe.path(), &nb, &["--unsandboxed"]);
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("ipybox replay: the session was recorded in the HTTP service's per-session confinement; --unsandboxed replays it WITHOUT that confinement"),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "wrote\n");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
 }
