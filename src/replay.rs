@@ -56,13 +56,26 @@ pub(crate) enum Confine {
     Unsandboxed,
 }
 
+/// How the recording was confined, as [`check_notebooks`] found it.
+struct Recorded {
+    /// The most confined of the notebooks' confinements, if any says.
+    confinement: Option<Confinement>,
+    /// Whether it comes from a host record (else from a notebook's metadata: unchecked).
+    from_record: bool,
+}
+
+/// Why nothing may run: the lines to print, and the help.
+type Refusal = (Vec<String>, &'static str);
+
 /// Checks each notebook against the host's record of it and returns how the recording was
-/// confined (the most confined of them), or the lines that say why nothing may run.
+/// confined, or why nothing may run.
 fn check_notebooks(
     replay: &Replay,
     notebooks: &[(PathBuf, serde_json::Value, Vec<Entry>)],
-) -> anyhow::Result<Result<Option<Confinement>, Vec<String>>> {
+) -> anyhow::Result<Result<Recorded, Refusal>> {
     let mut refused = Vec::new();
+    let mut policies_differ = false;
+    let mut unchecked = false;
     let mut sandboxed: Option<(Confinement, &PathBuf)> = None;
     let mut plain = None;
     for (path, json, entries) in notebooks {
@@ -101,12 +114,17 @@ fn check_notebooks(
                     "ipybox replay: no host record of {} (a copy, or a notebook from another machine): its cells cannot be checked against what ran",
                     path.display()
                 );
+                unchecked = true;
                 in_metadata
             }
         };
         match confinement {
             Some(c) if c.sandbox => match &sandboxed {
-                Some((first, at)) if first.policy_sha256 != c.policy_sha256 => {
+                Some((first, at))
+                    if first.policy_sha256 != c.policy_sha256
+                        && !matches!(replay.confinement, Confine::Sandbox(Some(_))) =>
+                {
+                    policies_differ = true;
                     refused.push(format!(
                         "{} and {} were recorded in sandboxes with different policies",
                         at.display(),
@@ -121,9 +139,17 @@ fn check_notebooks(
         }
     }
     if !refused.is_empty() {
-        return Ok(Err(refused));
+        let help = if policies_differ && refused.len() == 1 {
+            "pass --sandbox-config FILE to replay them under one policy of your choice"
+        } else {
+            "a cell that differs was changed after the host wrote the notebook (by the session's own code, or by hand); replay the notebook as recorded, or, for a notebook you edited and trust, a copy of it (a copy has no host record and is not checked)"
+        };
+        return Ok(Err((refused, help)));
     }
-    Ok(Ok(sandboxed.map(|(c, _)| c).or(plain)))
+    Ok(Ok(Recorded {
+        confinement: sandboxed.map(|(c, _)| c).or(plain),
+        from_record: !unchecked,
+    }))
 }
 
 /// Runs the replay on an executor made from `builder`; returns the exit status.
@@ -137,15 +163,13 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         let json: serde_json::Value = serde_json::from_slice(&bytes)?;
         notebooks.push((path.clone(), json, parsed));
     }
-    let recorded = match check_notebooks(&replay, &notebooks)? {
-        Ok(recorded) => recorded,
-        Err(lines) => {
+    let (recorded, from_record) = match check_notebooks(&replay, &notebooks)? {
+        Ok(r) => (r.confinement, r.from_record),
+        Err((lines, help)) => {
             for line in lines {
                 eprintln!("ipybox replay: {line}");
             }
-            eprintln!(
-                "ipybox replay: nothing was replayed\n  help: a cell that differs was changed after the host wrote the notebook (by the session's own code, or by hand); replay the notebook as recorded, or, for a notebook you edited and trust, a copy of it (a copy has no host record and is not checked)"
-            );
+            eprintln!("ipybox replay: nothing was replayed\n  help: {help}");
             return Ok(1);
         }
     };
@@ -223,7 +247,11 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         let what = match (&options.config_file, &recorded) {
             (Some(file), _) => format!("the policy of {}", file.display()),
             (None, Some(c)) if c.sandbox => {
-                let mut s = String::from("the recorded policy");
+                let mut s = String::from(if from_record {
+                    "the recorded policy"
+                } else {
+                    "the policy in the notebook's metadata, unchecked"
+                });
                 if !c.left_out.is_empty() {
                     s.push_str(&format!(
                         " (not recorded, so not applied: {})",

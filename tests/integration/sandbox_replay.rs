@@ -362,6 +362,10 @@ async fn a_sandboxed_cell_cannot_forge_the_notebook() {
         )),
         "{stderr}"
     );
+    assert!(
+        stderr.contains("ipybox replay: replaying in the sandbox (srt, the policy in the notebook's metadata, unchecked), as it was recorded\n"),
+        "{stderr}"
+    );
     assert!(stdout.ends_with("denied EROFS\n"), "{stdout}\n{stderr}");
     assert!(!file.exists());
     let (status, stdout, stderr) = replay(&ws, &copy, &["--unsandboxed"]);
