@@ -184,7 +184,7 @@ pub(crate) fn write(records: &Path, record: &HostRecord) -> std::io::Result<()> 
         .and_then(|n| n.to_str())
         .unwrap_or_default()
         .to_string();
-    let bytes = serde_json::to_vec_pretty(record).map_err(std::io::Error::other)?;
+    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
     dir.rewrite(&name, &bytes, 0o600)
 }
 

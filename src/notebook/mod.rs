@@ -143,6 +143,8 @@ struct Shared {
     confinement: OnceLock<ledger::Confinement>,
     /// Where the host records of the files go (`<data dir>/notebook-records`), if anywhere.
     records: OnceLock<PathBuf>,
+    /// The directory's canonical path (the records' key), once known.
+    canonical_dir: OnceLock<PathBuf>,
     state: Mutex<State>,
     /// Signalled when a write ends.
     written: Condvar,
@@ -192,6 +194,7 @@ impl Notebook {
             started: SystemTime::now(),
             confinement: OnceLock::new(),
             records: OnceLock::new(),
+            canonical_dir: OnceLock::new(),
             state: Mutex::default(),
             written: Condvar::new(),
         }));
@@ -566,7 +569,14 @@ impl Shared {
         let (Some(records), Some(dir)) = (self.records.get(), &self.dir) else {
             return Ok(());
         };
-        let notebook = dir.canonicalize()?.join(name);
+        let canonical = match self.canonical_dir.get() {
+            Some(c) => c.clone(),
+            None => {
+                let c = dir.canonicalize()?;
+                self.canonical_dir.get_or_init(|| c).clone()
+            }
+        };
+        let notebook = canonical.join(name);
         let record = ledger::HostRecord {
             format: 1,
             notebook,
