@@ -56,6 +56,44 @@ pub(crate) enum Confine {
     Unsandboxed,
 }
 
+/// A notebook read: its path, bytes, JSON and entries.
+type Read = (PathBuf, Vec<u8>, serde_json::Value, Vec<Entry>);
+
+/// Says what of `path`'s cells besides their code is not what the host wrote (`check`): the
+/// replay goes on (it runs the code, which is as recorded) but a person reading the file
+/// should know.
+fn warn_edited(path: &std::path::Path, json: &serde_json::Value, check: ledger::CellsCheck) {
+    let name = path.display();
+    match check {
+        ledger::CellsCheck::Same => {}
+        ledger::CellsCheck::Differ(positions) => {
+            let cells = json["cells"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            for at in positions {
+                let code_number = cells[..at.min(cells.len())]
+                    .iter()
+                    .filter(|c| c["cell_type"] == "code")
+                    .count();
+                let what = match cells.get(at - 1) {
+                    Some(c) if c["cell_type"] == "code" => format!(
+                        "cell {code_number}'s outputs or metadata (tool calls, approvals) differ"
+                    ),
+                    _ if code_number == 0 => "a note before cell 1 differs".to_string(),
+                    _ => format!("a note after cell {code_number} differs"),
+                };
+                eprintln!(
+                    "ipybox replay: warning: {name} was edited after the session: {what} from what the host wrote"
+                );
+            }
+        }
+        ledger::CellsCheck::Count { recorded, file } => eprintln!(
+            "ipybox replay: warning: {name} was edited after the session: it has {file} cells where the host wrote {recorded} (a note added or removed)"
+        ),
+        ledger::CellsCheck::Unknown => eprintln!(
+            "ipybox replay: {name} was saved by another program since the host wrote it: only its code was checked against the host's record"
+        ),
+    }
+}
+
 /// How the recording was confined, as [`check_notebooks`] found it.
 struct Recorded {
     /// The most confined of the notebooks' confinements, if any says.
@@ -71,14 +109,14 @@ type Refusal = (Vec<String>, &'static str);
 /// confined, or why nothing may run.
 fn check_notebooks(
     replay: &Replay,
-    notebooks: &[(PathBuf, serde_json::Value, Vec<Entry>)],
+    notebooks: &[Read],
 ) -> anyhow::Result<Result<Recorded, Refusal>> {
     let mut refused = Vec::new();
     let mut policies_differ = false;
     let mut unchecked = false;
     let mut sandboxed: Option<(Confinement, &PathBuf)> = None;
     let mut plain = None;
-    for (path, json, entries) in notebooks {
+    for (path, bytes, json, entries) in notebooks {
         let record = match &replay.records {
             Some(dir) => ledger::lookup(dir, path)?,
             None => None,
@@ -100,6 +138,8 @@ fn check_notebooks(
                         path.display()
                     ));
                     refused.extend(lines.into_iter().map(|l| format!("  {l}")));
+                } else {
+                    warn_edited(path, json, ledger::check_cells(&record.cells, bytes));
                 }
                 if in_metadata.is_some() && in_metadata != record.confinement {
                     refused.push(format!(
@@ -161,7 +201,7 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         let parsed =
             read::parse(&bytes).with_context(|| format!("cannot replay {}", path.display()))?;
         let json: serde_json::Value = serde_json::from_slice(&bytes)?;
-        notebooks.push((path.clone(), json, parsed));
+        notebooks.push((path.clone(), bytes, json, parsed));
     }
     let (recorded, from_record) = match check_notebooks(&replay, &notebooks)? {
         Ok(r) => (r.confinement, r.from_record),
@@ -173,7 +213,13 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
             return Ok(1);
         }
     };
-    let entries: Vec<Entry> = notebooks.into_iter().flat_map(|(_, _, e)| e).collect();
+    // The replayed code is no more trusted than when it ran: in the sandbox, the notebooks'
+    // directories are not its to write either.
+    let notebook_dirs: Vec<PathBuf> = notebooks
+        .iter()
+        .filter_map(|(path, ..)| Some(path.canonicalize().ok()?.parent()?.to_path_buf()))
+        .collect();
+    let entries: Vec<Entry> = notebooks.into_iter().flat_map(|(_, _, _, e)| e).collect();
     let total = entries
         .iter()
         .filter(|e| matches!(e, Entry::Code(_)))
@@ -233,6 +279,10 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
             }
         }
     };
+    let sandbox = sandbox.map(|mut options| {
+        options.record_dirs.extend(notebook_dirs);
+        options
+    });
     let mut builder = builder
         .spare_kernels(usize::from(
             entries.iter().any(|e| matches!(e, Entry::Section(_))),

@@ -7,13 +7,16 @@
 //!   and into the host record.
 //! - The host record: per notebook file, `<data dir>/notebook-records/<key>.json` (0600 in a
 //!   0700 directory; `key` is the SHA-256 of the file's canonical path), rewritten with the
-//!   file: the file's path, the session, its confinement and the SHA-256 of each code cell's
-//!   source, in order. ipybox's data directory is hidden from sandboxed kernels (and from the
-//!   confined kernels of the HTTP service), so what they leave behind cannot change it. No
-//!   outputs, no tool-call arguments, no secrets.
+//!   file: the file's path, the session, its confinement, the SHA-256 of each code cell's
+//!   source and of each cell as written (outputs and metadata, tool-call arguments included),
+//!   in order. ipybox's data directory is hidden from sandboxed kernels (and from the confined
+//!   kernels of the HTTP service), so what they leave behind cannot change it. Digests only:
+//!   no outputs, no arguments, no secrets.
 //! - [`compare`]: a notebook's code cells against the record: which differ from what ran, which
 //!   never ran (inserted), which ran and are gone (removed). `ipybox replay` refuses to run a
-//!   notebook that differs.
+//!   notebook that differs. [`check_cells`]: the file's cells, byte for byte, against what the
+//!   host wrote (when the file still has the host's layout: one cell per line), naming cells
+//!   whose outputs or metadata were edited.
 //!
 //! Not here: writing the notebook ([`super::Notebook`]), running it (the binary's `replay`).
 
@@ -162,6 +165,81 @@ pub struct HostRecord {
     pub confinement: Option<Confinement>,
     /// SHA-256 of each code cell's source, in order.
     pub code_cells: Vec<String>,
+    /// SHA-256 of each cell (markdown ones included) as the host serialized it, in order.
+    #[serde(default)]
+    pub cells: Vec<String>,
+}
+
+/// The digests a record keeps of one file's cells.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct FileDigests {
+    /// Of each code cell's source ([`source_digest`]).
+    pub(crate) code: Vec<String>,
+    /// Of each cell's serialized JSON ([`bytes_digest`]).
+    pub(crate) cells: Vec<String>,
+}
+
+/// SHA-256 of `bytes`, hex.
+pub(crate) fn bytes_digest(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// How a file's cells compare with what the host wrote ([`check_cells`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CellsCheck {
+    /// Byte for byte what the host wrote.
+    Same,
+    /// These cells (positions in the file's `cells`, from 1) differ from what the host wrote.
+    Differ(Vec<usize>),
+    /// The file has another number of cells than the host wrote.
+    Count { recorded: usize, file: usize },
+    /// The file is not in the host's layout (saved by another program), or the record holds no
+    /// cell digests: only the code can be checked.
+    Unknown,
+}
+
+/// The file `file` (a notebook's bytes) against the digests `recorded` of the cells the host
+/// wrote. The host writes one cell per line between a fixed head and tail, and a cell's JSON
+/// holds no raw newline, so each line is one cell's exact bytes.
+pub fn check_cells(recorded: &[String], file: &[u8]) -> CellsCheck {
+    if recorded.is_empty() {
+        return CellsCheck::Unknown;
+    }
+    let Some(body) = file.strip_prefix(super::format::HEAD) else {
+        return CellsCheck::Unknown;
+    };
+    let end = b"\n ],\n \"metadata\": ";
+    let Some(at) = body.windows(end.len()).position(|w| w == end) else {
+        return CellsCheck::Unknown;
+    };
+    let lines: Vec<&[u8]> = body[..at]
+        .split(|b| *b == b'\n')
+        .map(|line| line.strip_suffix(b",").unwrap_or(line))
+        .collect();
+    if !lines
+        .iter()
+        .all(|l| l.starts_with(b"{") && l.ends_with(b"}"))
+    {
+        return CellsCheck::Unknown;
+    }
+    if lines.len() != recorded.len() {
+        return CellsCheck::Count {
+            recorded: recorded.len(),
+            file: lines.len(),
+        };
+    }
+    let differ: Vec<usize> = lines
+        .iter()
+        .zip(recorded)
+        .enumerate()
+        .filter(|(_, (line, digest))| bytes_digest(line) != **digest)
+        .map(|(i, _)| i + 1)
+        .collect();
+    if differ.is_empty() {
+        CellsCheck::Same
+    } else {
+        CellsCheck::Differ(differ)
+    }
 }
 
 /// The record file of notebook file `notebook` (canonical) in `records`.
@@ -414,6 +492,7 @@ mod tests {
             part: 1,
             confinement: Some(Confinement::unsandboxed("local")),
             code_cells: digests(&["1"]),
+            cells: vec![],
         };
         write(&records, &record).unwrap();
         assert_eq!(std::fs::metadata(&records).unwrap().mode() & 0o777, 0o700);

@@ -152,7 +152,7 @@ struct Shared {
 
 /// A file's content as it was: its part number, its serialized cells and their size, and the
 /// digests of its code cells' sources.
-type Snapshot = (u32, Vec<Arc<[u8]>>, usize, Vec<String>);
+type Snapshot = (u32, Vec<Arc<[u8]>>, usize, ledger::FileDigests);
 
 #[derive(Debug, Default)]
 struct State {
@@ -160,8 +160,8 @@ struct State {
     part: u32,
     /// The serialized cells of the current file, the header first.
     cells: Vec<Arc<[u8]>>,
-    /// The digests of the current file's code cells' sources ([`ledger::source_digest`]).
-    code_digests: Vec<String>,
+    /// The digests of the current file's cells and code cells' sources (for the host record).
+    digests: ledger::FileDigests,
     bytes: usize,
     /// Changes to the current file so far, and how many of them the file holds.
     version: u64,
@@ -277,7 +277,7 @@ impl Notebook {
     fn start_part(&self, state: &mut State, previous: Option<String>) {
         state.part += 1;
         state.cells.clear();
-        state.code_digests.clear();
+        state.digests = ledger::FileDigests::default();
         state.bytes = 0;
         let started = format::utc(self.0.started)
             .replace('T', " ")
@@ -306,11 +306,12 @@ impl Notebook {
     fn note_code(state: &mut State, cell: &Value) {
         if cell["cell_type"] == "code" {
             let source = cell["source"].as_str().unwrap_or_default();
-            state.code_digests.push(ledger::source_digest(source));
+            state.digests.code.push(ledger::source_digest(source));
         }
     }
 
     fn push_bytes(state: &mut State, bytes: Vec<u8>) {
+        state.digests.cells.push(ledger::bytes_digest(&bytes));
         state.bytes += bytes.len() + 2;
         state.cells.push(bytes.into());
         state.version += 1;
@@ -326,7 +327,7 @@ impl Notebook {
                     state.part,
                     state.cells.clone(),
                     state.bytes,
-                    state.code_digests.clone(),
+                    state.digests.clone(),
                 );
                 state.finished.push_back(done);
             }
@@ -517,7 +518,7 @@ impl Shared {
                     return;
                 } else {
                     let current = (state.part, state.cells.clone(), state.bytes);
-                    let digests = state.code_digests.clone();
+                    let digests = state.digests.clone();
                     (
                         current.0,
                         current.1,
@@ -565,7 +566,12 @@ impl Shared {
 
     /// Rewrites the host's record of file `name` (part `part`, whose code cells' sources have
     /// `digests`), when the host keeps records ([`ledger`]).
-    fn write_record(&self, part: u32, name: &str, digests: Vec<String>) -> std::io::Result<()> {
+    fn write_record(
+        &self,
+        part: u32,
+        name: &str,
+        digests: ledger::FileDigests,
+    ) -> std::io::Result<()> {
         let (Some(records), Some(dir)) = (self.records.get(), &self.dir) else {
             return Ok(());
         };
@@ -584,7 +590,8 @@ impl Shared {
             started: format::utc(self.started),
             part,
             confinement: self.confinement.get().cloned(),
-            code_cells: digests,
+            code_cells: digests.code,
+            cells: digests.cells,
         };
         ledger::write(records, &record).map_err(|e| {
             std::io::Error::new(
@@ -769,6 +776,26 @@ mod tests {
                 ledger::source_digest("print(1)"),
                 ledger::source_digest("print(2)")
             ]
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(
+            ledger::check_cells(&record.cells, &bytes),
+            ledger::CellsCheck::Same
+        );
+        // An output changed in place: that cell is named; a file saved by another program
+        // (another layout) cannot be checked beyond its code.
+        let edited = String::from_utf8(bytes.clone())
+            .unwrap()
+            .replace("2\\n", "3\\n");
+        assert_eq!(
+            ledger::check_cells(&record.cells, edited.as_bytes()),
+            ledger::CellsCheck::Differ(vec![3])
+        );
+        let nb: Value = serde_json::from_slice(&bytes).unwrap();
+        let resaved = serde_json::to_vec_pretty(&nb).unwrap();
+        assert_eq!(
+            ledger::check_cells(&record.cells, &resaved),
+            ledger::CellsCheck::Unknown
         );
         assert_eq!(
             record.confinement,

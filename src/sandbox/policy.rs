@@ -314,14 +314,18 @@ impl SandboxPolicy {
 }
 
 /// Whether the host's record directory `dir` must be denied to the kernel's writes: always,
-/// except when the kernel cannot see it anyway (inside ipybox's data directory, or below a
+/// except for the workspace and the directories above it, and when the kernel cannot see it
+/// anyway (inside ipybox's data directory, or below a
 /// hidden directory such as `/tmp` and outside the workspace and every absolute `allowWrite`
 /// entry), where a read-only bind would make it visible.
 fn record_dir_needs_deny(dir: &Path, paths: &SandboxPaths, allow_write: &[String]) -> bool {
+    // Never the workspace itself or a directory above it (a notebook replayed from the
+    // workspace's top): the kernel works there.
     if paths
         .data_dir
         .as_deref()
         .is_some_and(|d| dir.starts_with(d))
+        || paths.workspace.starts_with(dir)
     {
         return false;
     }
@@ -562,6 +566,8 @@ mod tests {
                 "/home/u/.local/share/ipybox/notebooks".into(),
                 "/tmp/elsewhere/nb".into(),
                 "/srv/nb".into(),
+                "/w".into(),
+                "/".into(),
             ],
             ..paths.clone()
         };
@@ -575,6 +581,7 @@ mod tests {
                 .any(|p| p.as_str().unwrap().contains("share/ipybox"))
         );
         assert!(!deny.contains(&json!("/tmp/elsewhere/nb")), "{deny:?}");
+        assert!(!deny.contains(&json!("/w")) && !deny.contains(&json!("/")));
         let mut writable_tmp = SandboxPolicy::default_policy();
         writable_tmp
             .filesystem

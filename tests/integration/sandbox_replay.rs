@@ -295,7 +295,8 @@ async fn a_sandboxed_cell_cannot_forge_the_notebook() {
     );
     s.close().await;
     let nb = notebook_with(&ws, 3).await;
-    let on_disk: Value = serde_json::from_slice(&std::fs::read(&nb).unwrap()).unwrap();
+    let original = std::fs::read(&nb).unwrap();
+    let on_disk: Value = serde_json::from_slice(&original).unwrap();
     assert_eq!(
         code_sources(&on_disk),
         ["print('one')", FORGER, FORGER_REPORT],
@@ -372,6 +373,32 @@ async fn a_sandboxed_cell_cannot_forge_the_notebook() {
     assert_eq!(status, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.ends_with("wrote\n"), "{stdout}\n{stderr}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
+
+    // Only an output edited, in the host's layout: the code is what ran, so the replay runs
+    // (in the sandbox, where the replayed forger cannot rewrite the notebook either) and warns
+    // that the file was edited, naming the cell.
+    let edited = String::from_utf8(original.clone()).unwrap().replacen(
+        "\"text\":\"one\\n\"",
+        "\"text\":\"two\\n\"",
+        1,
+    );
+    assert_ne!(edited.as_bytes(), original.as_slice());
+    std::fs::write(&nb, &edited).unwrap();
+    let (status, stdout, stderr) = replay(&ws, &nb, &[]);
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "ipybox replay: warning: {} was edited after the session: cell 1's outputs or metadata (tool calls, approvals) differ from what the host wrote\n",
+            nb.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "one\nstarted\n0 ['EBUSY', 'EROFS']\n", "{stderr}");
+    assert!(
+        stderr.contains("cell 1: stdout differs: recorded \"two\\n\", replayed \"one\\n\""),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&nb).unwrap(), edited);
 }
 
 /// What the kernel would try on the notebook's directory (and the one above it, for a nested
