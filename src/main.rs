@@ -404,8 +404,9 @@ enum Command {
         /// (relative paths are taken from the workspace).
         #[arg(long, conflicts_with = "unsandboxed")]
         sandbox_config: Option<PathBuf>,
-        /// Replay a session recorded in a sandbox WITHOUT it: its cells run on this host as
-        /// you, unconfined. Only for a notebook whose every cell you trust.
+        /// Replay a session recorded in a sandbox (or in the HTTP service's confinement, or on a
+        /// Jupyter server) on this host, unconfined: its cells run as you. Only for a notebook
+        /// whose every cell you trust.
         #[arg(long)]
         unsandboxed: bool,
         #[command(flatten)]
@@ -491,7 +492,22 @@ where
         Some(Command::Serve { http, .. }) => http.http.is_none(),
         Some(_) => false,
     };
-    let result = match cli.command {
+    // `ipybox --sandbox replay NB` sandboxes the replay as `ipybox replay --sandbox NB` does
+    // (the flag given before the subcommand is never dropped silently).
+    let mut command = cli.command;
+    if let Some(Command::Replay {
+        sandbox,
+        sandbox_config,
+        ..
+    }) = &mut command
+        && cli.serve.sandbox
+    {
+        *sandbox = true;
+        if sandbox_config.is_none() {
+            *sandbox_config = cli.serve.sandbox_config.clone();
+        }
+    }
+    let result = match command {
         Some(Command::Serve {
             serve: mut args,
             http,
