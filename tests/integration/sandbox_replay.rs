@@ -201,6 +201,27 @@ async fn a_sandboxed_recording_replays_in_the_sandbox() {
     );
     assert!(!file.exists());
 
+    // A policy of the person's choice (--sandbox-config) replaces the recorded one: here one
+    // that lets the kernel write the probe directory.
+    let policy = probe.path().join("policy.json");
+    std::fs::write(
+        &policy,
+        json!({"filesystem": {"allowWrite": [".", probe.path()], "denyRead": [".env"]}})
+            .to_string(),
+    )
+    .unwrap();
+    let config = policy.display().to_string();
+    let (status, stdout, stderr) = replay(&ws, &nb, &["--sandbox-config", &config]);
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "ipybox replay: replaying in the sandbox (srt, the policy of {config}), as asked\n"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "wrote\n", "{stderr}");
+    std::fs::remove_file(&file).unwrap();
+
     // The control: the explicit flag runs the same cell on the host, and it writes the file.
     let (status, stdout, stderr) = replay(&ws, &nb, &["--unsandboxed"]);
     assert_eq!(status, Some(0), "{stdout}\n{stderr}");
