@@ -377,6 +377,10 @@ enum Command {
     /// them; the kernel is reset where the recording was (a reset, a replaced kernel). Tool calls
     /// and shell commands are asked about on the terminal (--yes accepts all). Run it in the
     /// session's workspace: cells import its `mcptools/` and call its registered servers.
+    ///
+    /// A session recorded in a sandbox replays in the sandbox, under the recorded policy
+    /// (--unsandboxed runs it on the host). A notebook whose code cells differ from the host's
+    /// record of what ran is refused before anything runs (docs/notebook.md).
     Replay {
         /// Notebooks to replay, in order (a long session goes on in `NAME-2.ipynb`, ...).
         #[arg(required = true, value_name = "NOTEBOOK")]
@@ -397,6 +401,19 @@ enum Command {
         /// Exit with status 1 when a cell's output differs from the recording.
         #[arg(long)]
         check: bool,
+        /// Replay in the sandbox even when the session was recorded without one (under the
+        /// recorded policy, else the default one).
+        #[arg(long, conflicts_with = "unsandboxed")]
+        sandbox: bool,
+        /// Replay in the sandbox under this srt settings file instead of the recorded policy
+        /// (relative paths are taken from the workspace).
+        #[arg(long, conflicts_with = "unsandboxed")]
+        sandbox_config: Option<PathBuf>,
+        /// Replay a session recorded in a sandbox (or in the HTTP service's confinement, or on a
+        /// Jupyter server) on this host, unconfined: its cells run as you. Only for a notebook
+        /// whose every cell you trust.
+        #[arg(long)]
+        unsandboxed: bool,
         #[command(flatten)]
         shell: ShellArgs,
         #[command(flatten)]
@@ -480,7 +497,22 @@ where
         Some(Command::Serve { http, .. }) => http.http.is_none(),
         Some(_) => false,
     };
-    let result = match cli.command {
+    // `ipybox --sandbox replay NB` sandboxes the replay as `ipybox replay --sandbox NB` does
+    // (the flag given before the subcommand is never dropped silently).
+    let mut command = cli.command;
+    if let Some(Command::Replay {
+        sandbox,
+        sandbox_config,
+        ..
+    }) = &mut command
+        && cli.serve.sandbox
+    {
+        *sandbox = true;
+        if sandbox_config.is_none() {
+            *sandbox_config = cli.serve.sandbox_config.clone();
+        }
+    }
+    let result = match command {
         Some(Command::Serve {
             serve: mut args,
             http,
@@ -924,12 +956,22 @@ async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Resu
             timeout,
             yes,
             check,
+            sandbox,
+            sandbox_config,
+            unsandboxed,
             shell,
             gateway,
         } => {
             if let Some(t) = timeout.filter(|t| !(t.is_finite() && *t > 0.0)) {
                 anyhow::bail!("invalid --timeout {t}\n  help: pass a positive number of seconds");
             }
+            let confinement = match (sandbox_config, sandbox, unsandboxed) {
+                (_, _, true) => replay::Confine::Unsandboxed,
+                (Some(file), _, _) => replay::Confine::Sandbox(Some(file)),
+                (None, true, _) => replay::Confine::Sandbox(None),
+                (None, false, false) => replay::Confine::Recorded,
+            };
+            let remote = gateway.kernel_gateway.is_some();
             let builder = gateway.apply(
                 shell.apply(
                     CodeExecutor::builder()
@@ -944,6 +986,11 @@ async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Resu
                 timeout: timeout.map(|t| Duration::from_secs_f64(t.min(86_400.0 * 365.0))),
                 yes,
                 check,
+                confinement,
+                remote,
+                records: HostEnv::from_process()
+                    .data_dir()
+                    .map(|d| d.join(ipybox::notebook::ledger::RECORDS_DIR)),
             };
             replay::run(replay, builder).await
         }

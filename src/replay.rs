@@ -5,9 +5,19 @@
 //! the recording. With `--check` a difference is an exit status of 1.
 //!
 //! Each replayed cell is recorded in a notebook kept in memory, by the same code that recorded
-//! the original, so both sides are compared in the same terms (`ipybox::notebook::read`). Not
-//! here: reading notebooks and comparing outputs (the library), terminal prompts
-//! ([`super::terminal_approval`]).
+//! the original, so both sides are compared in the same terms (`ipybox::notebook::read`).
+//!
+//! What ran in a sandbox replays in it: before anything runs, each notebook is checked against
+//! the host's own record of it (`ipybox::notebook::ledger`), and one whose code cells differ
+//! from what ran (changed, inserted, removed) is refused; the replay then runs under the
+//! recorded confinement (a session recorded with `--sandbox` replays sandboxed, with the
+//! recorded policy, and says so), or fails when the sandbox cannot run here. Only
+//! `--unsandboxed` runs such a session on the host. A notebook without a host record (from
+//! another machine, a copy) replays under the confinement its metadata names, with a warning
+//! that its cells cannot be checked.
+//!
+//! Not here: reading notebooks, host records and comparing outputs (the library), terminal
+//! prompts ([`super::terminal_approval`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,7 +25,9 @@ use std::time::Duration;
 use anyhow::Context;
 use ipybox::executor::{CodeExecutorBuilder, ExecutorError, RunOptions};
 use ipybox::notebook::NotebookConfig;
+use ipybox::notebook::ledger::{self, Confinement};
 use ipybox::notebook::read::{self, Entry};
+use ipybox::sandbox::{SandboxOptions, SandboxPolicy};
 
 use super::terminal_approval::{TerminalApprover, print_execution};
 
@@ -26,18 +38,188 @@ pub(crate) struct Replay {
     pub(crate) timeout: Option<Duration>,
     pub(crate) yes: bool,
     pub(crate) check: bool,
+    /// How confined the replay runs.
+    pub(crate) confinement: Confine,
+    /// The kernels run on a Jupyter server (`--kernel-gateway`).
+    pub(crate) remote: bool,
+    /// The host records (`<data dir>/notebook-records`), if ipybox has a data directory.
+    pub(crate) records: Option<PathBuf>,
+}
+
+/// How confined a replay runs, as asked.
+pub(crate) enum Confine {
+    /// As recorded (the default).
+    Recorded,
+    /// In the sandbox: under this settings file, else the recorded policy, else the default.
+    Sandbox(Option<PathBuf>),
+    /// Without the sandbox, whatever was recorded (`--unsandboxed`).
+    Unsandboxed,
+}
+
+/// A notebook read: its path, bytes, JSON and entries.
+type Read = (PathBuf, Vec<u8>, serde_json::Value, Vec<Entry>);
+
+/// Says what of `path`'s cells besides their code is not what the host wrote (`check`): the
+/// replay goes on (it runs the code, which is as recorded) but a person reading the file
+/// should know.
+fn warn_edited(path: &std::path::Path, json: &serde_json::Value, check: ledger::CellsCheck) {
+    let name = path.display();
+    match check {
+        ledger::CellsCheck::Same => {}
+        ledger::CellsCheck::Differ(positions) => {
+            let cells = json["cells"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            for at in positions {
+                let code_number = cells[..at.min(cells.len())]
+                    .iter()
+                    .filter(|c| c["cell_type"] == "code")
+                    .count();
+                let what = match cells.get(at - 1) {
+                    Some(c) if c["cell_type"] == "code" => format!(
+                        "cell {code_number}'s outputs or metadata (tool calls, approvals) differ"
+                    ),
+                    _ if code_number == 0 => "a note before cell 1 differs".to_string(),
+                    _ => format!("a note after cell {code_number} differs"),
+                };
+                eprintln!(
+                    "ipybox replay: warning: {name} was edited after the session: {what} from what the host wrote"
+                );
+            }
+        }
+        ledger::CellsCheck::Count { recorded, file } => eprintln!(
+            "ipybox replay: warning: {name} was edited after the session: it has {file} cells where the host wrote {recorded} (a note added or removed)"
+        ),
+        ledger::CellsCheck::Unknown => eprintln!(
+            "ipybox replay: {name} was saved by another program since the host wrote it: only its code was checked against the host's record"
+        ),
+    }
+}
+
+/// How the recording was confined, as [`check_notebooks`] found it.
+struct Recorded {
+    /// The most confined of the notebooks' confinements, if any says.
+    confinement: Option<Confinement>,
+    /// Whether it comes from a host record (else from a notebook's metadata: unchecked).
+    from_record: bool,
+}
+
+/// Why nothing may run: the lines to print, and the help.
+type Refusal = (Vec<String>, &'static str);
+
+/// Checks each notebook against the host's record of it and returns how the recording was
+/// confined, or why nothing may run.
+fn check_notebooks(
+    replay: &Replay,
+    notebooks: &[Read],
+) -> anyhow::Result<Result<Recorded, Refusal>> {
+    let mut refused = Vec::new();
+    let mut policies_differ = false;
+    let mut unchecked = false;
+    let mut sandboxed: Option<(Confinement, &PathBuf)> = None;
+    let mut plain = None;
+    for (path, bytes, json, entries) in notebooks {
+        let record = match &replay.records {
+            Some(dir) => ledger::lookup(dir, path)?,
+            None => None,
+        };
+        let in_metadata = Confinement::from_metadata(json);
+        let confinement = match &record {
+            Some(record) => {
+                let sources: Vec<&str> = entries
+                    .iter()
+                    .filter_map(|e| match e {
+                        Entry::Code(cell) => Some(cell.source.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                let lines = ledger::compare(&record.code_cells, &sources);
+                if !lines.is_empty() {
+                    refused.push(format!(
+                        "{} is not what ran: its code cells differ from the host's record of the session:",
+                        path.display()
+                    ));
+                    refused.extend(lines.into_iter().map(|l| format!("  {l}")));
+                } else {
+                    warn_edited(path, json, ledger::check_cells(&record.cells, bytes));
+                }
+                if in_metadata.is_some() && in_metadata != record.confinement {
+                    refused.push(format!(
+                        "{} is not what ran: its recorded confinement differs from the host's record of the session",
+                        path.display()
+                    ));
+                }
+                record.confinement.clone()
+            }
+            None => {
+                eprintln!(
+                    "ipybox replay: no host record of {} (a copy, or a notebook from another machine): its cells cannot be checked against what ran",
+                    path.display()
+                );
+                unchecked = true;
+                in_metadata
+            }
+        };
+        match confinement {
+            Some(c) if c.sandbox => match &sandboxed {
+                Some((first, at))
+                    if first.policy_sha256 != c.policy_sha256
+                        && !matches!(replay.confinement, Confine::Sandbox(Some(_))) =>
+                {
+                    policies_differ = true;
+                    refused.push(format!(
+                        "{} and {} were recorded in sandboxes with different policies",
+                        at.display(),
+                        path.display()
+                    ));
+                }
+                Some(_) => {}
+                None => sandboxed = Some((c, path)),
+            },
+            Some(c) => plain = plain.or(Some(c)),
+            None => {}
+        }
+    }
+    if !refused.is_empty() {
+        let help = if policies_differ && refused.len() == 1 {
+            "pass --sandbox-config FILE to replay them under one policy of your choice"
+        } else {
+            "a cell that differs was changed after the host wrote the notebook (by the session's own code, or by hand); replay the notebook as recorded, or, for a notebook you edited and trust, a copy of it (a copy has no host record and is not checked)"
+        };
+        return Ok(Err((refused, help)));
+    }
+    Ok(Ok(Recorded {
+        confinement: sandboxed.map(|(c, _)| c).or(plain),
+        from_record: !unchecked,
+    }))
 }
 
 /// Runs the replay on an executor made from `builder`; returns the exit status.
 pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow::Result<u8> {
-    let mut entries = Vec::new();
+    let mut notebooks = Vec::new();
     for path in &replay.notebooks {
         let bytes =
             std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
         let parsed =
             read::parse(&bytes).with_context(|| format!("cannot replay {}", path.display()))?;
-        entries.extend(parsed);
+        let json: serde_json::Value = serde_json::from_slice(&bytes)?;
+        notebooks.push((path.clone(), bytes, json, parsed));
     }
+    let (recorded, from_record) = match check_notebooks(&replay, &notebooks)? {
+        Ok(r) => (r.confinement, r.from_record),
+        Err((lines, help)) => {
+            for line in lines {
+                eprintln!("ipybox replay: {line}");
+            }
+            eprintln!("ipybox replay: nothing was replayed\n  help: {help}");
+            return Ok(1);
+        }
+    };
+    // The replayed code is no more trusted than when it ran: in the sandbox, the notebooks'
+    // directories are not its to write either.
+    let notebook_dirs: Vec<PathBuf> = notebooks
+        .iter()
+        .filter_map(|(path, ..)| Some(path.canonicalize().ok()?.parent()?.to_path_buf()))
+        .collect();
+    let entries: Vec<Entry> = notebooks.into_iter().flat_map(|(_, _, _, e)| e).collect();
     let total = entries
         .iter()
         .filter(|e| matches!(e, Entry::Code(_)))
@@ -46,11 +228,104 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         eprintln!("ipybox replay: no code cells to replay");
         return Ok(0);
     }
-    let resets = entries.iter().any(|e| matches!(e, Entry::Section(_)));
-    let executor = builder
-        .spare_kernels(usize::from(resets))
-        .notebook_config(NotebookConfig::in_memory())
-        .build();
+    let was_sandboxed = recorded.as_ref().is_some_and(|c| c.sandbox);
+    // Kernels confined otherwise than by the sandbox: a replay on this host would be less
+    // confined (a remote recording replayed on a Jupyter server is not).
+    let confined_otherwise = recorded
+        .as_ref()
+        .filter(|c| c.kernel == "confined" || (c.kernel == "remote" && !replay.remote))
+        .map(|c| match c.kernel.as_str() {
+            "confined" => "the HTTP service's per-session confinement",
+            _ => "a kernel on a Jupyter server",
+        });
+    let sandbox = match &replay.confinement {
+        Confine::Unsandboxed => {
+            if let Some(how) = was_sandboxed.then_some("a sandbox").or(confined_otherwise) {
+                eprintln!(
+                    "ipybox replay: the session was recorded in {how}; --unsandboxed replays it WITHOUT that confinement: its cells run on this host, unconfined"
+                );
+            }
+            None
+        }
+        Confine::Sandbox(Some(file)) => Some(SandboxOptions {
+            config_file: Some(file.clone()),
+            ..SandboxOptions::default()
+        }),
+        Confine::Sandbox(None) | Confine::Recorded => {
+            match recorded.as_ref().filter(|c| c.sandbox) {
+                Some(c) => {
+                    let policy = c.sandbox_policy().context(
+                        "the notebook's recorded sandbox policy is not one srt accepts\n  help: pass --sandbox-config FILE to replay under a policy of your choice",
+                    )?;
+                    Some(SandboxOptions {
+                        policy: Some(policy),
+                        ..SandboxOptions::default()
+                    })
+                }
+                None if matches!(replay.confinement, Confine::Sandbox(None)) => {
+                    Some(SandboxOptions {
+                        policy: Some(SandboxPolicy::default_policy()),
+                        ..SandboxOptions::default()
+                    })
+                }
+                None => {
+                    if let Some(how) = confined_otherwise {
+                        anyhow::bail!(
+                            "the session was recorded in {how}, which a replay on this host cannot apply: its cells would run less confined\n  help: pass --sandbox to replay in srt's sandbox, or, only for a notebook whose every cell you trust, --unsandboxed to run it on this host, unconfined"
+                        );
+                    }
+                    None
+                }
+            }
+        }
+    };
+    let sandbox = sandbox.map(|mut options| {
+        options.record_dirs.extend(notebook_dirs);
+        options
+    });
+    let mut builder = builder
+        .spare_kernels(usize::from(
+            entries.iter().any(|e| matches!(e, Entry::Section(_))),
+        ))
+        .notebook_config(NotebookConfig::in_memory());
+    if let Some(options) = sandbox {
+        if replay.remote {
+            anyhow::bail!(
+                "the replay would run in the sandbox, which cannot apply to kernels on a Jupyter server (--kernel-gateway)\n  help: replay without --kernel-gateway, or pass --unsandboxed to run the cells on the Jupyter server"
+            );
+        }
+        let what = match (&options.config_file, &recorded) {
+            (Some(file), _) => format!("the policy of {}", file.display()),
+            (None, Some(c)) if c.sandbox => {
+                let mut s = String::from(if from_record {
+                    "the recorded policy"
+                } else {
+                    "the policy in the notebook's metadata, unchecked"
+                });
+                if !c.left_out.is_empty() {
+                    s.push_str(&format!(
+                        " (not recorded, so not applied: {})",
+                        c.left_out.join(", ")
+                    ));
+                }
+                s
+            }
+            _ => "the default policy".into(),
+        };
+        let why = if was_sandboxed && matches!(replay.confinement, Confine::Recorded) {
+            "as it was recorded"
+        } else {
+            "as asked"
+        };
+        eprintln!("ipybox replay: replaying in the sandbox (srt, {what}), {why}");
+        builder = builder.sandbox(options);
+    }
+    let executor = builder.build();
+    if let Err(e) = executor.check_sandbox().await {
+        anyhow::bail!(
+            "cannot replay in the sandbox: {e}\n  help: make the sandbox available here; only for a notebook whose every cell you trust, pass --unsandboxed to run it on this host, unconfined"
+        );
+    }
     executor.start().await?;
     let mut approver = TerminalApprover::new(replay.yes);
     let mut differing = Vec::new();

@@ -26,6 +26,25 @@ use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SessionCache};
 
 impl CodeExecutor {
+    /// Tells the notebook, if any, how this executor's kernels are confined, and where the host
+    /// keeps its own record of the notebook's files (ipybox's data directory).
+    fn record_confinement(&self, sandbox: Option<&crate::sandbox::LoadedPolicy>, remote: bool) {
+        let Some(notebook) = &self.inner.notebook else {
+            return;
+        };
+        use crate::notebook::ledger::{Confinement, RECORDS_DIR};
+        let confinement = match sandbox {
+            Some((policy, file)) => Confinement::sandboxed(policy, file.as_deref()),
+            None if remote => Confinement::unsandboxed("remote"),
+            None if self.inner.builder.confinement.is_some() => {
+                Confinement::unsandboxed("confined")
+            }
+            None => Confinement::unsandboxed("local"),
+        };
+        let records = self.host_env().data_dir().map(|d| d.join(RECORDS_DIR));
+        notebook.set_confinement(confinement, records);
+    }
+
     /// Finds (or provisions) the Python environment and starts the kernel. Starting a started
     /// executor does nothing.
     pub async fn start(&self) -> Result<(), ExecutorError> {
@@ -64,6 +83,7 @@ impl CodeExecutor {
             }
             None => None,
         };
+        self.record_confinement(sandbox_policy.as_ref(), gateway.is_some());
         let bwrap = match &b.confinement {
             Some(_) if gateway.is_some() || b.sandbox.is_some() => {
                 return Err(ConfineError::Unavailable {
@@ -207,6 +227,12 @@ impl CodeExecutor {
         }
         config.factory = config.factory && self.factory_wanted();
         if let (Some(options), Some(loaded)) = (&b.sandbox, sandbox_policy) {
+            // The notebook's directory is the host's record: not the kernel's to write.
+            let mut options = options.clone();
+            if let Some(dir) = self.inner.notebook.as_ref().and_then(|n| n.dir()) {
+                options.record_dirs.push(dir.to_path_buf());
+            }
+            let options = &options;
             let python = config.python.clone();
             // What this workspace's sandboxed installs added: readable (not writable) for the
             // kernel, imported from only by sandboxed kernels.

@@ -22,7 +22,14 @@ pub(crate) fn tail(metadata: &Value) -> Vec<u8> {
 
 /// The notebook-level metadata: a Python kernelspec (Jupyter opens the notebook with it) and
 /// what ipybox knows of the session.
-pub(crate) fn notebook_metadata(tag: &str, started: &str, part: u32) -> Value {
+/// `confinement`: how the session's kernels were confined, when known (`ipybox replay` runs
+/// under it).
+pub(crate) fn notebook_metadata(
+    tag: &str,
+    started: &str,
+    part: u32,
+    confinement: Option<&super::ledger::Confinement>,
+) -> Value {
     let mut ipybox = json!({
         "session": tag,
         "started": started,
@@ -30,6 +37,9 @@ pub(crate) fn notebook_metadata(tag: &str, started: &str, part: u32) -> Value {
     });
     if part > 1 {
         ipybox["part"] = part.into();
+    }
+    if let Some(confinement) = confinement {
+        ipybox["confinement"] = serde_json::to_value(confinement).unwrap_or_default();
     }
     json!({
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
@@ -161,6 +171,7 @@ mod tests {
             "ab12cd34",
             "2026-05-01T09:30:05Z",
             1,
+            None,
         )));
         let notebook: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(notebook["nbformat"], 4);

@@ -14,6 +14,10 @@
 //!   caps and the caller's text limit), and its end (status, duration, approval decisions).
 //! - [`format`]: the JSON of notebooks, cells and outputs; UTC times.
 //! - [`read`]: reading a notebook back for `ipybox replay`, and comparing outputs.
+//! - [`ledger`]: the confinement the session ran in (in the notebook's metadata) and the
+//!   host's own record of each file it writes (in ipybox's data directory, out of every
+//!   kernel's reach), which `ipybox replay` checks a notebook against. Under `--sandbox` the
+//!   notebook's directory is not writable by the kernel either ([`crate::sandbox`]).
 //!
 //! Nothing here reads secrets: a cell holds its code, what it printed (as capped for the
 //! caller) and the tool calls' arguments as the kernel sent them; the registered servers'
@@ -21,11 +25,12 @@
 //! executor), where the MCP server serves notebooks from.
 
 pub(crate) mod format;
+pub mod ledger;
 pub mod read;
 pub(crate) mod record;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
@@ -134,13 +139,20 @@ struct Shared {
     max_file_bytes: usize,
     tag: String,
     started: SystemTime,
+    /// How the session's kernels are confined (set when the executor starts).
+    confinement: OnceLock<ledger::Confinement>,
+    /// Where the host records of the files go (`<data dir>/notebook-records`), if anywhere.
+    records: OnceLock<PathBuf>,
+    /// The directory's canonical path (the records' key), once known.
+    canonical_dir: OnceLock<PathBuf>,
     state: Mutex<State>,
     /// Signalled when a write ends.
     written: Condvar,
 }
 
-/// A file's content as it was: its part number, its serialized cells and their size.
-type Snapshot = (u32, Vec<Arc<[u8]>>, usize);
+/// A file's content as it was: its part number, its serialized cells and their size, and the
+/// digests of its code cells' sources.
+type Snapshot = (u32, Vec<Arc<[u8]>>, usize, ledger::FileDigests);
 
 #[derive(Debug, Default)]
 struct State {
@@ -148,6 +160,8 @@ struct State {
     part: u32,
     /// The serialized cells of the current file, the header first.
     cells: Vec<Arc<[u8]>>,
+    /// The digests of the current file's cells and code cells' sources (for the host record).
+    digests: ledger::FileDigests,
     bytes: usize,
     /// Changes to the current file so far, and how many of them the file holds.
     version: u64,
@@ -178,6 +192,9 @@ impl Notebook {
             max_file_bytes: config.max_file_bytes,
             tag,
             started: SystemTime::now(),
+            confinement: OnceLock::new(),
+            records: OnceLock::new(),
+            canonical_dir: OnceLock::new(),
             state: Mutex::default(),
             written: Condvar::new(),
         }));
@@ -203,6 +220,25 @@ impl Notebook {
                 .wait(state)
                 .unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Records how the session's kernels are confined (in the metadata of the files written
+    /// from now on) and that the host keeps its own record of each file in `records` (see
+    /// [`ledger`]). The first call counts.
+    pub(crate) fn set_confinement(
+        &self,
+        confinement: ledger::Confinement,
+        records: Option<PathBuf>,
+    ) {
+        let _ = self.0.confinement.set(confinement);
+        if let Some(records) = records {
+            let _ = self.0.records.set(records);
+        }
+    }
+
+    /// The directory of the files, if the notebook has files.
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        self.0.dir.as_deref()
     }
 
     /// The session's tag (in the file name, the metadata, and the MCP resource's URI).
@@ -241,6 +277,7 @@ impl Notebook {
     fn start_part(&self, state: &mut State, previous: Option<String>) {
         state.part += 1;
         state.cells.clear();
+        state.digests = ledger::FileDigests::default();
         state.bytes = 0;
         let started = format::utc(self.0.started)
             .replace('T', " ")
@@ -261,10 +298,20 @@ impl Notebook {
     }
 
     fn push(state: &mut State, cell: &Value) {
+        Self::note_code(state, cell);
         Self::push_bytes(state, serde_json::to_vec(cell).unwrap_or_default());
     }
 
+    /// Keeps the digest of `cell`'s source when it is a code cell (for the host record).
+    fn note_code(state: &mut State, cell: &Value) {
+        if cell["cell_type"] == "code" {
+            let source = cell["source"].as_str().unwrap_or_default();
+            state.digests.code.push(ledger::source_digest(source));
+        }
+    }
+
     fn push_bytes(state: &mut State, bytes: Vec<u8>) {
+        state.digests.cells.push(ledger::bytes_digest(&bytes));
         state.bytes += bytes.len() + 2;
         state.cells.push(bytes.into());
         state.version += 1;
@@ -276,13 +323,19 @@ impl Notebook {
         let bytes = serde_json::to_vec(cell).unwrap_or_default();
         if state.cells.len() > 1 && state.bytes + bytes.len() > self.0.max_file_bytes {
             if state.on_disk < state.version {
-                let done = (state.part, state.cells.clone(), state.bytes);
+                let done = (
+                    state.part,
+                    state.cells.clone(),
+                    state.bytes,
+                    state.digests.clone(),
+                );
                 state.finished.push_back(done);
             }
             state.on_disk = state.version;
             let previous = self.0.file_name(state.part);
             self.start_part(state, Some(previous));
         }
+        Self::note_code(state, cell);
         Self::push_bytes(state, bytes);
     }
 
@@ -436,6 +489,7 @@ impl Shared {
             &self.tag,
             &format::utc(self.started),
             part,
+            self.confinement.get(),
         ));
         let mut bytes = Vec::with_capacity(format::HEAD.len() + size + tail.len());
         bytes.extend_from_slice(format::HEAD);
@@ -454,21 +508,30 @@ impl Shared {
     /// an earlier one; the disk is never written under the lock.
     fn write_until_current(&self) {
         loop {
-            let (part, cells, size, version) = {
+            let (part, cells, size, digests, version) = {
                 let mut state = self.lock();
-                if let Some((part, cells, size)) = state.finished.pop_front() {
-                    (part, cells, size, None)
+                if let Some((part, cells, size, digests)) = state.finished.pop_front() {
+                    (part, cells, size, digests, None)
                 } else if state.on_disk == state.version {
                     state.writing = false;
                     self.written.notify_all();
                     return;
                 } else {
                     let current = (state.part, state.cells.clone(), state.bytes);
-                    (current.0, current.1, current.2, Some(state.version))
+                    let digests = state.digests.clone();
+                    (
+                        current.0,
+                        current.1,
+                        current.2,
+                        digests,
+                        Some(state.version),
+                    )
                 }
             };
             let name = self.file_name(part);
-            let written = self.write_bytes(&name, &self.assemble(part, &cells, size));
+            let written = self
+                .write_bytes(&name, &self.assemble(part, &cells, size))
+                .and_then(|()| self.write_record(part, &name, digests));
             let mut state = self.lock();
             if let Some(version) = version
                 && state.part == part
@@ -499,6 +562,43 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Rewrites the host's record of file `name` (part `part`, whose code cells' sources have
+    /// `digests`), when the host keeps records ([`ledger`]).
+    fn write_record(
+        &self,
+        part: u32,
+        name: &str,
+        digests: ledger::FileDigests,
+    ) -> std::io::Result<()> {
+        let (Some(records), Some(dir)) = (self.records.get(), &self.dir) else {
+            return Ok(());
+        };
+        let canonical = match self.canonical_dir.get() {
+            Some(c) => c.clone(),
+            None => {
+                let c = dir.canonicalize()?;
+                self.canonical_dir.get_or_init(|| c).clone()
+            }
+        };
+        let notebook = canonical.join(name);
+        let record = ledger::HostRecord {
+            format: 1,
+            notebook,
+            session: self.tag.clone(),
+            started: format::utc(self.started),
+            part,
+            confinement: self.confinement.get().cloned(),
+            code_cells: digests.code,
+            cells: digests.cells,
+        };
+        ledger::write(records, &record).map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("its host record in {}: {e}", records.display()),
+            )
+        })
     }
 
     /// Replaces file `name` of the notebook directory with `bytes`, never through a link.
@@ -655,6 +755,55 @@ mod tests {
         run(&notebook, "print(2)", "2\n");
         assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
         assert_eq!(notebook.last_code_cell().unwrap()["source"], "print(2)");
+    }
+
+    #[test]
+    fn the_host_keeps_a_record_of_each_file() {
+        let t = tempfile::tempdir().unwrap();
+        let records = t.path().join("records");
+        let notebook = Notebook::new(NotebookConfig::in_dir(t.path().join("nb")).tag("rec"));
+        notebook.set_confinement(
+            ledger::Confinement::unsandboxed("local"),
+            Some(records.clone()),
+        );
+        run(&notebook, "print(1)", "1\n");
+        run(&notebook, "print(2)", "2\n");
+        let path = notebook.path().unwrap();
+        let record = ledger::lookup(&records, &path).unwrap().expect("a record");
+        assert_eq!(
+            record.code_cells,
+            [
+                ledger::source_digest("print(1)"),
+                ledger::source_digest("print(2)")
+            ]
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(
+            ledger::check_cells(&record.cells, &bytes),
+            ledger::CellsCheck::Same
+        );
+        // An output changed in place: that cell is named; a file saved by another program
+        // (another layout) cannot be checked beyond its code.
+        let edited = String::from_utf8(bytes.clone())
+            .unwrap()
+            .replace("2\\n", "3\\n");
+        assert_eq!(
+            ledger::check_cells(&record.cells, edited.as_bytes()),
+            ledger::CellsCheck::Differ(vec![3])
+        );
+        let nb: Value = serde_json::from_slice(&bytes).unwrap();
+        let resaved = serde_json::to_vec_pretty(&nb).unwrap();
+        assert_eq!(
+            ledger::check_cells(&record.cells, &resaved),
+            ledger::CellsCheck::Unknown
+        );
+        assert_eq!(
+            record.confinement,
+            Some(ledger::Confinement::unsandboxed("local"))
+        );
+        assert_eq!(record.session, "rec");
+        let nb = parse(&std::fs::read(&path).unwrap());
+        assert_eq!(nb["metadata"]["ipybox"]["confinement"]["kernel"], "local");
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub struct SandboxOptions {
     /// allows) nor read its `images/`, and works in a directory of its own,
     /// `<runtime>/box/work` (kept across resets, removed when the executor stops).
     pub isolate_workspace: bool,
+    /// Directories where the host keeps records of the session (the executor adds its
+    /// notebook's): created (never through a link) before srt starts, and not writable by the
+    /// kernel whatever the policy says (`policy::SandboxPaths::record_dirs`).
+    pub record_dirs: Vec<PathBuf>,
 }
 
 /// Why the sandbox could not be set up.
@@ -253,6 +257,15 @@ pub(crate) async fn prepare(
     for dir in [&srt_tmp, &kernel_tmp, &ipython, &jupyter] {
         mkdir(dir)?;
     }
+    // The record directories exist before srt starts, so that bubblewrap binds them read-only
+    // (a mount point the kernel cannot rename, replace or write into); a link in their place
+    // is an error, not followed.
+    for dir in &options.record_dirs {
+        crate::safe_fs::NoFollowDir::open(dir, Some(0o755)).map_err(|source| SandboxError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+    }
     let mut readable = runtime_readable.to_vec();
     readable.push(srt_tmp.clone());
     let paths = SandboxPaths {
@@ -265,6 +278,7 @@ pub(crate) async fn prepare(
         config_file,
         isolate_workspace: options.isolate_workspace,
         settings_file: Some(runtime_dir.join(SETTINGS_FILE)),
+        record_dirs: options.record_dirs.clone(),
     };
     let mut effective = policy.effective(&paths);
     if let Some(proxy) = env::parent_proxy(host) {

@@ -229,7 +229,11 @@ impl SandboxPolicy {
     ///   kernel environment inside it stays readable through the python dirs) and the effective
     ///   settings file itself (it may hold the host's upstream proxy credentials);
     /// - `filesystem.denyWrite += [<workspace>/.env, the policy file, DENY_WRITE_HOME]`: what
-    ///   the host reads or runs at its next start (srt keeps an absent path from being created).
+    ///   the host reads or runs at its next start (srt keeps an absent path from being created);
+    /// - `filesystem.denyWrite += [record_dirs]` (the session notebook's directory: what a
+    ///   person opens and `ipybox replay` runs is what the host recorded), unless the directory
+    ///   is hidden from the kernel already (ipybox's data directory, a hidden directory outside
+    ///   every writable one): a read-only bind there would show it.
     pub fn effective(&self, paths: &SandboxPaths) -> Self {
         let mut s = self.clone().with_defaults();
         let disp = |p: &Path| p.display().to_string();
@@ -271,6 +275,11 @@ impl SandboxPolicy {
             }
             push(&mut fs.deny_read, disp(&paths.workspace.join("images")));
         }
+        for dir in &paths.record_dirs {
+            if record_dir_needs_deny(dir, paths, &fs.allow_write) {
+                push(&mut fs.deny_write, disp(dir));
+            }
+        }
         for p in DENY_WRITE_HOME {
             push(&mut fs.deny_write, (*p).to_string());
         }
@@ -302,6 +311,34 @@ impl SandboxPolicy {
         }
         s
     }
+}
+
+/// Whether the host's record directory `dir` must be denied to the kernel's writes: always,
+/// except for the workspace and the directories above it, and when the kernel cannot see it
+/// anyway (inside ipybox's data directory, or below a
+/// hidden directory such as `/tmp` and outside the workspace and every absolute `allowWrite`
+/// entry), where a read-only bind would make it visible.
+fn record_dir_needs_deny(dir: &Path, paths: &SandboxPaths, allow_write: &[String]) -> bool {
+    // Never the workspace itself or a directory above it (a notebook replayed from the
+    // workspace's top): the kernel works there.
+    if paths
+        .data_dir
+        .as_deref()
+        .is_some_and(|d| dir.starts_with(d))
+        || paths.workspace.starts_with(dir)
+    {
+        return false;
+    }
+    let writable = dir.starts_with(&paths.workspace)
+        || allow_write.iter().any(|entry| {
+            !entry.contains(['*', '?', '[', '~']) && dir.starts_with(paths.workspace.join(entry))
+        });
+    let hidden = HIDDEN_SOCKET_DIRS.iter().any(|d| dir.starts_with(d))
+        || paths
+            .runtime_dir
+            .parent()
+            .is_some_and(|base| dir.starts_with(base));
+    writable || !hidden
 }
 
 fn push(list: &mut Vec<String>, item: String) {
@@ -337,6 +374,10 @@ pub struct SandboxPaths {
     /// The effective settings file srt reads (not readable: it may hold the host's upstream
     /// proxy with its credentials, `network.parentProxy`).
     pub settings_file: Option<PathBuf>,
+    /// Directories the host keeps its records in (the session notebook's): never writable by
+    /// the kernel, whatever the policy says. They must exist before srt starts (bubblewrap
+    /// binds them read-only; a mount point cannot be renamed or replaced from inside).
+    pub record_dirs: Vec<PathBuf>,
 }
 
 impl SandboxPolicy {
@@ -475,6 +516,7 @@ mod tests {
             config_file: Some("/w/policy.json".into()),
             isolate_workspace: false,
             settings_file: Some("/tmp/ipybox-1-abc/sandbox-settings.json".into()),
+            record_dirs: vec![],
         };
         let s = serde_json::to_value(SandboxPolicy::default().effective(&paths)).unwrap();
         assert_eq!(s["network"]["allowAllUnixSockets"], json!(true));
@@ -516,6 +558,40 @@ mod tests {
             let p = p.as_str().unwrap();
             p.starts_with("/tmp/") && p != "/tmp/ipybox-1-abc/sandbox-settings.json"
         }));
+        // The notebook's directory: not writable when the kernel could otherwise write (or see)
+        // it; left alone where it is hidden (a read-only bind would show it).
+        let records = SandboxPaths {
+            record_dirs: vec![
+                "/w/notebooks".into(),
+                "/home/u/.local/share/ipybox/notebooks".into(),
+                "/tmp/elsewhere/nb".into(),
+                "/srv/nb".into(),
+                "/w".into(),
+                "/".into(),
+            ],
+            ..paths.clone()
+        };
+        let s = serde_json::to_value(SandboxPolicy::default().effective(&records)).unwrap();
+        let deny = s["filesystem"]["denyWrite"].as_array().unwrap();
+        assert!(deny.contains(&json!("/w/notebooks")), "{deny:?}");
+        assert!(deny.contains(&json!("/srv/nb")), "{deny:?}");
+        assert!(
+            !deny
+                .iter()
+                .any(|p| p.as_str().unwrap().contains("share/ipybox"))
+        );
+        assert!(!deny.contains(&json!("/tmp/elsewhere/nb")), "{deny:?}");
+        assert!(!deny.contains(&json!("/w")) && !deny.contains(&json!("/")));
+        let mut writable_tmp = SandboxPolicy::default_policy();
+        writable_tmp
+            .filesystem
+            .as_mut()
+            .unwrap()
+            .allow_write
+            .push("/tmp/elsewhere".into());
+        let s = serde_json::to_value(writable_tmp.effective(&records)).unwrap();
+        let deny = s["filesystem"]["denyWrite"].as_array().unwrap();
+        assert!(deny.contains(&json!("/tmp/elsewhere/nb")), "{deny:?}");
         let elsewhere = SandboxPaths {
             runtime_dir: "/srv/rt/ipybox-1-abc".into(),
             ..paths.clone()

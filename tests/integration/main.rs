@@ -48,6 +48,7 @@ mod sandbox;
 mod sandbox_environ;
 #[cfg(target_os = "linux")]
 mod sandbox_install;
+mod sandbox_replay;
 mod sandbox_resume;
 mod shell_approval;
 mod snapshot;
