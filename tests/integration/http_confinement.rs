@@ -730,3 +730,109 @@ print("signal2=" + ",".join(sorted({{kill(p) for p in HOST}})))
     victim.close().await;
     attacker.close().await;
 }
+
+/// The operator's files (issue 42) where an operator keeps them (outside `/tmp` and `$HOME`,
+/// which every confined kernel sees empty anyway): the token files (one a link, as a
+/// Kubernetes secret's file is), the session-secret file, and the sessions' notebooks in the
+/// workspace (a relative `--notebook-dir`). A confined session reads none of them, while it reads
+/// a file next to each (so the place is in its view and only ipybox's hiding keeps them out);
+/// the same probe from an `--unconfined-sessions` service reads every one.
+#[tokio::test(flavor = "multi_thread")]
+async fn operators_files_are_hidden_from_confined_sessions() {
+    require!(TestEnv);
+    let probe = probe_dir_or_skip!("operator");
+    let etc = probe.path();
+    let tokens = etc.join("tokens");
+    std::fs::write(&tokens, format!("# {PLANTED}\n{TOKEN_A}\n")).unwrap();
+    // A Kubernetes secret volume: `token` -> `..data/token`.
+    std::fs::create_dir_all(etc.join("k8s/..data")).unwrap();
+    let linked = etc.join("k8s/..data/token");
+    std::fs::write(&linked, format!("# {PLANTED}\n{TOKEN_B}\n")).unwrap();
+    std::os::unix::fs::symlink("..data/token", etc.join("k8s/token")).unwrap();
+    let secret = etc.join("session.secret");
+    std::fs::write(&secret, format!("{PLANTED}-{SECRET}\n")).unwrap();
+    let visible = etc.join("visible.txt");
+    std::fs::write(&visible, PLANTED).unwrap();
+    let ws = etc.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("visible.txt"), PLANTED).unwrap();
+    let notebooks = ws.join("nb");
+    for confined in [true, false] {
+        let (tokens, link, secret) = (
+            tokens.display().to_string(),
+            etc.join("k8s/token").display().to_string(),
+            secret.display().to_string(),
+        );
+        let mut flags = vec![
+            "--token-file",
+            &tokens,
+            "--token-file",
+            &link,
+            "--trust-tenants",
+            "--session-secret-file",
+            &secret,
+            "--notebook-dir",
+            "nb",
+            "--warm-sessions",
+            "0",
+        ];
+        if !confined {
+            flags.push("--unconfined-sessions");
+        }
+        let service = Service::start(&ws, &[], &flags);
+        let client = connect(&service.url(), Some(TOKEN_B), Era::Stateless).await;
+        let (_, h) = new_session(&client, &format!("print({:?})", PLANTED)).await;
+        // The notebook is written in the background: waited for.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let notebook = loop {
+            let found = std::fs::read_dir(&notebooks)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(PLANTED)));
+            if let Some(found) = found {
+                break found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no notebook in {}",
+                notebooks.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let code = read_probe(&[
+            ("visible", &visible),
+            ("workspace", &ws.join("visible.txt")),
+            ("tokens", Path::new(&tokens)),
+            ("token-link", Path::new(&link)),
+            ("token-target", &linked),
+            ("secret", Path::new(&secret)),
+            ("notebook", &notebook),
+        ]);
+        let out = run_ok(&client, &code, Some(&h)).await;
+        let want = if confined {
+            probe_outcome(&[
+                ("visible", "read"),
+                ("workspace", "read"),
+                ("tokens", "PermissionError"),
+                ("token-link", "PermissionError"),
+                ("token-target", "PermissionError"),
+                ("secret", "PermissionError"),
+                ("notebook", "FileNotFoundError"),
+            ])
+        } else {
+            probe_outcome(&[
+                ("visible", "read"),
+                ("workspace", "read"),
+                ("tokens", "read"),
+                ("token-link", "read"),
+                ("token-target", "read"),
+                ("secret", "read"),
+                ("notebook", "read"),
+            ])
+        };
+        assert_eq!(out, want, "confined: {confined}");
+        client.close().await;
+    }
+}

@@ -448,3 +448,36 @@ pub(crate) async fn metric(port: u16, token: Option<&str>, name: &str) -> f64 {
         .parse()
         .unwrap()
 }
+
+/// What every file a hidden-path probe plants holds (and [`read_probe`] looks for).
+pub(crate) const PLANTED: &str = "planted-secret-5e1f";
+
+/// Python that reads each `(label, path)` and prints one `label=<outcome>` line: `read` when
+/// the text holds [`PLANTED`], `empty` when there is none (a file hidden behind an empty one),
+/// `other` for any other text, else the error's type (`FileNotFoundError`: a file in a hidden
+/// directory).
+pub(crate) fn read_probe(paths: &[(&str, &Path)]) -> String {
+    let mut code = String::from(
+        "def _probe(label, path):\n    try:\n        text = open(path).read()\n        print(f'{label}=' + ('read' if '",
+    );
+    code.push_str(PLANTED);
+    code.push_str("' in text else 'empty' if text == '' else 'other'))\n    except OSError as e:\n        print(f'{label}=' + type(e).__name__)\n");
+    for (label, path) in paths {
+        code.push_str(&format!(
+            "_probe({}, {})\n",
+            serde_json::to_string(label).unwrap(),
+            serde_json::to_string(&path.display().to_string()).unwrap()
+        ));
+    }
+    code.push_str("del _probe");
+    code
+}
+
+/// The lines [`read_probe`] prints for these `(label, outcome)`s.
+pub(crate) fn probe_outcome(labels: &[(&str, &str)]) -> String {
+    labels
+        .iter()
+        .map(|(label, outcome)| format!("{label}={outcome}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
