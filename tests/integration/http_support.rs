@@ -43,11 +43,13 @@ impl Service {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("ipybox.log");
         let file = std::fs::File::create(&log).unwrap();
-        // The sessions' notebooks go to the test's directory, not the user's data directory.
+        // The sessions' notebooks go to the test's directory, not the user's data directory
+        // (unless the test names one: flags, or an IPYBOX_HOME of its own for the default).
         let notebooks = dir.path().join("notebooks");
         let own_notebooks = !flags
             .iter()
-            .any(|f| *f == "--notebook-dir" || *f == "--no-notebook");
+            .any(|f| *f == "--notebook-dir" || *f == "--no-notebook")
+            && !env.iter().any(|(k, _)| *k == "IPYBOX_HOME");
         let mut command = Command::new(BIN);
         command.args(["serve", "--http", &format!("127.0.0.1:{port}")]);
         if own_notebooks {
@@ -97,11 +99,6 @@ impl Service {
 
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Where the sessions' notebooks go (unless the flags said otherwise).
-    pub(crate) fn notebooks(&self) -> PathBuf {
-        self._dir.path().join("notebooks")
     }
 
     pub(crate) fn pid(&self) -> u32 {
