@@ -478,3 +478,37 @@ pub(crate) fn probe_outcome(labels: &[(&str, &str)]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// A host-side signal that kernel code ran, which a confined kernel can send (it cannot write
+/// anywhere the host looks): a TCP connection to a loopback port the test listens on.
+pub(crate) struct Knock {
+    listener: std::net::TcpListener,
+    seen: std::cell::Cell<usize>,
+}
+
+impl Knock {
+    pub(crate) fn new() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        Self {
+            listener,
+            seen: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Python that knocks once.
+    pub(crate) fn code(&self) -> String {
+        format!(
+            "__import__('socket').create_connection(('127.0.0.1', {})).close()",
+            self.listener.local_addr().unwrap().port()
+        )
+    }
+
+    /// How many knocks came so far.
+    pub(crate) fn count(&self) -> usize {
+        while self.listener.accept().is_ok() {
+            self.seen.set(self.seen.get() + 1);
+        }
+        self.seen.get()
+    }
+}
