@@ -516,7 +516,9 @@ impl<H: rmcp::ClientHandler> Client for HttpClient<H> {
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxed_sessions_cannot_reach_each_other() {
     require!(TestEnv, SandboxDeps);
-    let ws = tempfile::tempdir().unwrap();
+    // Not under /tmp (which srt shows a kernel empty): the workspace in the kernel's view is the
+    // host's, so a refused write there is the workspace refusing it.
+    let ws = probe_dir_or_skip!("sandboxed-ws");
     let srt = root().join("target/sandbox-deps/node_modules/.bin/srt");
     let service = Service::start(
         ws.path(),
@@ -551,17 +553,24 @@ try:
     os.makedirs(os.path.join({ws}, "mcptools", "evil"))
     print("mcptools=written")
 except OSError as e:
-    print("mcptools=" + type(e).__name__)
+    import errno
+    print("mcptools=" + errno.errorcode.get(e.errno, type(e).__name__))
 open("mine.txt", "w").write("mine")
 print("cwd=" + os.getcwd())
 print("pid=" + str(os.getpid() < 100))"#,
         ws = py(&ws.path().display().to_string())
     );
     let got = outcome(&run_ok(&attacker, &plant, None).await);
-    assert_ne!(got["mcptools"], "written");
+    // Refused as a read-only file system (the same code writes its own directory: below).
+    assert_eq!(got["mcptools"], "EROFS", "{got:?}");
     assert!(!ws.path().join("mcptools").exists());
     assert!(got["cwd"].ends_with("/box/work"), "{got:?}");
     assert_eq!(got["pid"], "True");
+    // The kernel's own file is in its working directory on the host, not in the workspace.
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&got["cwd"]).join("mine.txt")).unwrap(),
+        "mine"
+    );
     assert!(!ws.path().join("mine.txt").exists());
     victim.close().await;
     attacker.close().await;
