@@ -644,7 +644,8 @@ async fn the_environment_of_the_next_start_cannot_be_planted() {
     // Every host process of the sandbox: all but the kernel itself and the kernel factory's
     // template (the Python the shell inside the sandbox `exec`s after sourcing the kernel's
     // variables, whichever kernel environment the server resolved).
-    let (kernels, wrappers): (Vec<(u32, String)>, Vec<(u32, String)>) = processes_below(ipybox, "")
+    type Processes = Vec<(u32, String)>;
+    let (kernels, wrappers): (Processes, Processes) = processes_below(ipybox, "")
         .into_iter()
         .partition(|(_, cmd)| {
             cmd.split(' ').next().is_some_and(|exe| {
