@@ -125,7 +125,8 @@ struct NotebookArgs {
     /// Where each session's notebook (every cell run, its outputs and approvals) is written,
     /// rewritten after each cell: default `notebooks/` of the workspace on stdio (relative
     /// paths are taken from the workspace); with --http a host directory, default
-    /// `$IPYBOX_HOME/notebooks` (files 0600 in a 0700 directory, never the shared workspace).
+    /// `$IPYBOX_HOME/notebooks`, relative paths taken from `$IPYBOX_HOME` (files 0600 in a 0700
+    /// directory, never the shared workspace).
     #[arg(long, value_name = "DIR", conflicts_with = "no_notebook")]
     notebook_dir: Option<PathBuf>,
     /// Record no session notebooks.
@@ -575,18 +576,21 @@ async fn serve(
     }
     let gateway = args.gateway.kernel_gateway.is_some();
     builder = args.gateway.apply(builder, args.python);
-    // Session notebooks: stdio's in the workspace, the HTTP service's in a host directory.
+    // Session notebooks: stdio's in the workspace, the HTTP service's in a host directory (a
+    // relative --notebook-dir too: taken from the data directory, never the shared workspace).
+    let http_notebooks = |dir: &std::path::Path| {
+        ipybox::pyenv::data_dir(&HostEnv::from_process())
+            .context(
+                "cannot find where to keep the HTTP sessions' notebooks
+  help: pass an absolute --notebook-dir DIR, or --no-notebook",
+            )
+            .map(|data| data.join(dir))
+    };
     let notebooks = match (&args.notebook.notebook_dir, args.notebook.no_notebook) {
         (_, true) => None,
+        (Some(dir), false) if http.is_some() && dir.is_relative() => Some(http_notebooks(dir)?),
         (Some(dir), false) => Some(workspace.join(dir)),
-        (None, false) if http.is_some() => Some(
-            ipybox::pyenv::data_dir(&HostEnv::from_process())
-                .context(
-                    "cannot find where to keep the HTTP sessions' notebooks
-  help: pass --notebook-dir DIR, or --no-notebook",
-                )?
-                .join("notebooks"),
-        ),
+        (None, false) if http.is_some() => Some(http_notebooks("notebooks".as_ref())?),
         (None, false) => Some(workspace.join("notebooks")),
     };
     // Over HTTP every session is its own executor. Local kernels (the default) are forked from

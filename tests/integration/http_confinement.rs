@@ -742,10 +742,11 @@ print("signal2=" + ",".join(sorted({{kill(p) for p in HOST}})))
 
 /// The operator's files (issue 42) where an operator keeps them (outside `/tmp` and `$HOME`,
 /// which every confined kernel sees empty anyway): the token files (one a link, as a
-/// Kubernetes secret's file is), the session-secret file, and the sessions' notebooks in the
-/// workspace (a relative `--notebook-dir`). A confined session reads none of them, while it reads
-/// a file next to each (so the place is in its view and only ipybox's hiding keeps them out);
-/// the same probe from an `--unconfined-sessions` service reads every one.
+/// Kubernetes secret's file is), the session-secret file, and the sessions' notebooks (a
+/// relative `--notebook-dir`: in `$IPYBOX_HOME`, never the workspace). A confined session reads
+/// none of them, while it reads a file next to each (so the place is in its view and only
+/// ipybox's hiding keeps them out); the same probe from an `--unconfined-sessions` service reads
+/// every one.
 #[tokio::test(flavor = "multi_thread")]
 async fn operators_files_are_hidden_from_confined_sessions() {
     require!(TestEnv);
@@ -765,7 +766,15 @@ async fn operators_files_are_hidden_from_confined_sessions() {
     let ws = etc.join("ws");
     std::fs::create_dir(&ws).unwrap();
     std::fs::write(ws.join("visible.txt"), PLANTED).unwrap();
-    let notebooks = ws.join("nb");
+    // The service's data directory, where a relative --notebook-dir goes.
+    let home = etc.join("home");
+    let notebooks = home.join("nb");
+    let python = kernel_python().display().to_string();
+    let home_env = home.display().to_string();
+    let env = [
+        ("IPYBOX_HOME", home_env.as_str()),
+        ("IPYBOX_PYTHON", python.as_str()),
+    ];
     for confined in [true, false] {
         let (tokens, link, secret) = (
             tokens.display().to_string(),
@@ -788,7 +797,7 @@ async fn operators_files_are_hidden_from_confined_sessions() {
         if !confined {
             flags.push("--unconfined-sessions");
         }
-        let service = Service::start(&ws, &[], &flags);
+        let service = Service::start(&ws, &env, &flags);
         let client = connect(&service.url(), Some(TOKEN_B), Era::Stateless).await;
         let (_, h) = new_session(&client, &format!("print({:?})", PLANTED)).await;
         // The notebook is written in the background: waited for.
@@ -842,6 +851,7 @@ async fn operators_files_are_hidden_from_confined_sessions() {
             ])
         };
         assert_eq!(out, want, "confined: {confined}");
+        assert!(!ws.join("nb").exists());
         client.close().await;
     }
 }
