@@ -100,11 +100,10 @@ pub(crate) fn skip(why: &str) {
 
 /// Where a kernel sees nothing whatever ipybox hides: `/tmp`, `$TMPDIR`, `$HOME`,
 /// `$XDG_RUNTIME_DIR`, `/run` and ipybox's data directory are empty (or private) in every
-/// confined or sandboxed kernel, so a probe of a "hidden" path there passes whatever the product
-/// does.
+/// confined kernel, so a probe of a "hidden" path there passes whatever the product does.
 pub(crate) fn private_to_kernels(path: &Path) -> bool {
     let host = ipybox::host_env::HostEnv::from_process();
-    let mut places: Vec<PathBuf> = vec!["/tmp".into(), "/var/tmp".into(), "/run".into()];
+    let mut places: Vec<PathBuf> = vec!["/tmp".into(), "/run".into()];
     places.extend(
         ["TMPDIR", "HOME", "XDG_RUNTIME_DIR"]
             .iter()
@@ -118,24 +117,32 @@ pub(crate) fn private_to_kernels(path: &Path) -> bool {
     })
 }
 
-/// A fresh directory where an operator's files would be (their `/etc`, `/srv`): under this
-/// checkout's `target/`, which kernels see (read-only), unlike `/tmp` and `$HOME`. Probes of what
-/// ipybox hides put their files here, next to a file that is not hidden (the control: the kernel
-/// reads that one). `None` (after [`skip`]) when the checkout itself is somewhere every kernel
-/// sees empty: there the probe would pass whatever ipybox hides.
+/// A fresh directory where an operator's files would be (their `/etc`, `/srv`), which kernels
+/// see (read-only), unlike `/tmp` and `$HOME`: under `$IPYBOX_TEST_PROBE_DIR` if set, else this
+/// checkout's `target/`, else (a checkout under `$HOME`, as on CI runners) `/var/tmp`. Probes of
+/// what ipybox hides put their files here, next to a file that is not hidden (the control: the
+/// kernel reads that one, so the place is in its view). `None` (after [`skip`]) when there is no
+/// such place.
 pub(crate) fn probe_dir(name: &str) -> Option<tempfile::TempDir> {
-    let target = root().join("target");
-    std::fs::create_dir_all(&target).unwrap();
-    if private_to_kernels(&target) {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("IPYBOX_TEST_PROBE_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    if candidates.is_empty() {
+        candidates = vec![root().join("target"), PathBuf::from("/var/tmp")];
+    }
+    let Some(base) = candidates
+        .iter()
+        .find(|c| std::fs::create_dir_all(c).is_ok() && !private_to_kernels(c))
+    else {
         skip(&format!(
-            "{} is inside a directory every kernel sees empty (/tmp, $HOME, $TMPDIR, the data directory): a probe of a hidden path there proves nothing; run the tests from a checkout elsewhere (e.g. /work or /srv)",
-            target.display()
+            "none of {candidates:?} is outside what every kernel sees empty (/tmp, $HOME, $TMPDIR, /run, the data directory): a probe of a hidden path there proves nothing; set IPYBOX_TEST_PROBE_DIR to a writable directory elsewhere"
         ));
         return None;
-    }
+    };
     let dir = tempfile::Builder::new()
         .prefix(&format!("probe-{name}-"))
-        .tempdir_in(&target)
+        .tempdir_in(base)
         .unwrap();
     Some(dir)
 }
