@@ -13,6 +13,9 @@
 #       0.9.2 drops a cell's output when the kernel's execute_reply overtakes its IOPub output
 #       (often, on a loaded machine); the suite orders the two for the reference unless
 #       IPYBOX_REFERENCE_SHIM=0 (tests/python_sdk/reference_shim.py).
+# Against the wheel the suite runs in strict mode (IPYBOX_TEST_STRICT=1: a skipped test fails,
+# tests/python_sdk/strict_skips.py); against the reference it does not (its ipybox-rs-only tests
+# skip there by design).
 # Prints the wheel size and the install time of the package (seconds), one line each.
 # Exit status: pytest's.
 set -euo pipefail
@@ -60,6 +63,7 @@ fresh_venv() {
 
 unset IPYBOX_FIXTURE_PYTHON
 if [ "$mode" = reference ]; then
+  unset IPYBOX_TEST_STRICT
   venv="$root/target/python-sdk/venv-ref"
   fresh_venv "$venv"
   echo "python-sdk-check: wheel size: n/a (${REFERENCE_PKGS[0]} from PyPI)"
@@ -96,6 +100,7 @@ else
   uv pip install -q --python "$venv/bin/python" "$wheel"
   echo "python-sdk-check: install time: $(elapsed "$start" "$(now)") s ($(basename "$wheel") and its dependencies, uv)"
   uv pip install -q --python "$venv/bin/python" "${TEST_PKGS[@]}" "${FIXTURE_PKGS[@]}"
+  export IPYBOX_TEST_STRICT=1
 fi
 
 py="$venv/bin/python"

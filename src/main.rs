@@ -130,7 +130,8 @@ struct NotebookArgs {
     /// Where each session's notebook (every cell run, its outputs and approvals) is written,
     /// rewritten after each cell: default `notebooks/` of the workspace on stdio (relative
     /// paths are taken from the workspace); with --http a host directory, default
-    /// `$IPYBOX_HOME/notebooks` (files 0600 in a 0700 directory, never the shared workspace).
+    /// `$IPYBOX_HOME/notebooks`, relative paths taken from `$IPYBOX_HOME` (files 0600 in a 0700
+    /// directory, never the shared workspace).
     #[arg(long, value_name = "DIR", conflicts_with = "no_notebook")]
     notebook_dir: Option<PathBuf>,
     /// Record no session notebooks.
@@ -612,18 +613,21 @@ async fn serve(
     }
     let gateway = args.gateway.kernel_gateway.is_some();
     builder = args.gateway.apply(builder, args.python);
-    // Session notebooks: stdio's in the workspace, the HTTP service's in a host directory.
+    // Session notebooks: stdio's in the workspace, the HTTP service's in a host directory (a
+    // relative --notebook-dir too: taken from the data directory, never the shared workspace).
+    let http_notebooks = |dir: &std::path::Path| {
+        ipybox::pyenv::data_dir(&HostEnv::from_process())
+            .context(
+                "cannot find where to keep the HTTP sessions' notebooks
+  help: pass an absolute --notebook-dir DIR, or --no-notebook",
+            )
+            .map(|data| data.join(dir))
+    };
     let notebooks = match (&args.notebook.notebook_dir, args.notebook.no_notebook) {
         (_, true) => None,
+        (Some(dir), false) if http.is_some() && dir.is_relative() => Some(http_notebooks(dir)?),
         (Some(dir), false) => Some(workspace.join(dir)),
-        (None, false) if http.is_some() => Some(
-            ipybox::pyenv::data_dir(&HostEnv::from_process())
-                .context(
-                    "cannot find where to keep the HTTP sessions' notebooks
-  help: pass --notebook-dir DIR, or --no-notebook",
-                )?
-                .join("notebooks"),
-        ),
+        (None, false) if http.is_some() => Some(http_notebooks("notebooks".as_ref())?),
         (None, false) => Some(workspace.join("notebooks")),
     };
     // Over HTTP every session is its own executor. Local kernels (the default) are forked from
@@ -713,8 +717,13 @@ async fn serve(
                     .with_context(|| format!("cannot create {}", images.display()))?;
             }
             if confined {
-                builder = builder
-                    .confine(confinement(&config.workspace, http.snapshot_dir.as_deref()).await?);
+                let operator_files = OperatorFiles {
+                    snapshot_dir: http.snapshot_dir.as_deref(),
+                    notebook_dir: notebooks.as_deref(),
+                    token_files: &http.token_file,
+                    session_secret_file: http.session_secret_file.as_deref(),
+                };
+                builder = builder.confine(confinement(&config.workspace, operator_files).await?);
             } else if !gateway && !args.sandbox {
                 tracing::warn!(
                     "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
@@ -892,12 +901,22 @@ async fn http_options(
     })
 }
 
+/// The operator's files a confined session must not see, wherever they are (an operator's
+/// `/etc` or `/srv`, or the workspace every kernel reads).
+struct OperatorFiles<'a> {
+    snapshot_dir: Option<&'a std::path::Path>,
+    notebook_dir: Option<&'a std::path::Path>,
+    token_files: &'a [PathBuf],
+    session_secret_file: Option<&'a std::path::Path>,
+}
+
 /// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
-/// names the install command and `--unconfined-sessions`); the workspace's `.env` and the
-/// sessions' images are hidden from every kernel.
+/// names the install command and `--unconfined-sessions`); the workspace's `.env`, the
+/// sessions' images and notebooks, the saved sessions (`--snapshot-dir`), the token files and
+/// the session-secret file are hidden from every kernel.
 async fn confinement(
     workspace: &std::path::Path,
-    snapshot_dir: Option<&std::path::Path>,
+    files: OperatorFiles<'_>,
 ) -> anyhow::Result<ipybox::confine::Confinement> {
     let refuse = |e: ipybox::confine::ConfineError| {
         anyhow::anyhow!(
@@ -912,11 +931,31 @@ async fn confinement(
         bwrap.display()
     );
     let mut hidden = vec![workspace.join(".env"), workspace.join("images")];
-    if let Some(dir) = snapshot_dir {
+    // Directories are made now: a path that does not exist when a kernel starts is not hidden.
+    if let Some(dir) = files.snapshot_dir {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create --snapshot-dir {}", dir.display()))?;
         hidden.push(dir.to_path_buf());
     }
+    if let Some(dir) = files.notebook_dir {
+        use std::os::unix::fs::DirBuilderExt;
+        if !dir.is_dir() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .with_context(|| {
+                    format!(
+                        "cannot create the notebook directory {}\n  help: pass a writable --notebook-dir, or --no-notebook",
+                        dir.display()
+                    )
+                })?;
+        }
+        hidden.push(dir.to_path_buf());
+    }
+    hidden.extend(files.token_files.iter().cloned());
+    hidden.extend(files.session_secret_file.map(std::path::Path::to_path_buf));
+    // (A link, as a Kubernetes secret's file is, hides what it points to: mounts follow it.)
     Ok(ipybox::confine::Confinement {
         hidden,
         bwrap: Some(bwrap),

@@ -406,7 +406,21 @@ async fn home_startup_files_and_credentials_are_out_of_reach() {
     let home = Scratch::new("home");
     let (_keep, ws) = workspace();
     let h = home.path();
+    // A home where the sandbox replaces what is there with an empty directory of its own (a
+    // checkout under /tmp) would make every "refused" and "hidden" below hold whatever the
+    // policy says.
+    if ["/tmp", "/var/tmp", "/run", "/var/run"]
+        .iter()
+        .any(|d| h.starts_with(d))
+    {
+        return skip(&format!(
+            "the scratch home {} is below a directory the sandbox empties: run from a checkout elsewhere",
+            h.display()
+        ));
+    }
     let marker = h.join("startup-file-ran");
+    // The control: a file of the home that no rule hides, which the kernel reads.
+    std::fs::write(h.join("notes.txt"), "secret in plain sight").unwrap();
     std::fs::create_dir_all(h.join(".ipython/profile_default/startup")).unwrap();
     for (file, secret) in [
         (".ssh/id_ed25519", "ssh-secret"),
@@ -473,27 +487,16 @@ async fn home_startup_files_and_credentials_are_out_of_reach() {
         let out = run(
             &ex,
             &format!(
-                "import os\nfrom IPython.paths import get_ipython_dir\nfrom jupyter_core.paths import jupyter_data_dir, jupyter_config_dir\nprint('private', all(d.startswith({rt:?}) for d in (get_ipython_dir(), get_ipython().profile_dir.location, jupyter_data_dir(), jupyter_config_dir())))\n{code}\nfor f in ['.ssh/id_ed25519', '.aws/credentials', '.config/gh/hosts.yml', '.netrc', '.local/share/ipybox/registrations/x.json']:\n    try:\n        seen = 'secret' in open(os.path.join({h:?}, f)).read()\n    except OSError:\n        seen = False\n    print(f, 'READ' if seen else 'hidden')\nimport pydantic, sys\nprint('kernel env', sys.prefix.startswith({k:?}))",
+                "import os\nfrom IPython.paths import get_ipython_dir\nfrom jupyter_core.paths import jupyter_data_dir, jupyter_config_dir\nprint('private', all(d.startswith({rt:?}) for d in (get_ipython_dir(), get_ipython().profile_dir.location, jupyter_data_dir(), jupyter_config_dir())))\n{code}\nfor f in ['notes.txt', '.ssh/id_ed25519', '.aws/credentials', '.config/gh/hosts.yml', '.netrc', '.local/share/ipybox/registrations/x.json']:\n    try:\n        seen = 'secret' in open(os.path.join({h:?}, f)).read()\n    except OSError:\n        seen = False\n    print(f, 'READ' if seen else 'hidden')\nimport pydantic, sys\nprint('kernel env', sys.prefix.startswith({k:?}))",
                 rt = rt.display().to_string(),
                 h = h.display().to_string(),
                 k = kernel.parent().unwrap().parent().unwrap().display().to_string(),
             ),
         )
         .await;
-        // A home below /tmp (a checkout there) is inside a directory the sandbox replaces with
-        // an empty tmpfs of its own: the writes may land there, never on the host (checked
-        // below). Elsewhere they are refused.
-        let below_hidden = ["/tmp", "/var/tmp", "/run", "/var/run"]
-            .iter()
-            .any(|d| h.starts_with(d));
-        let out = if below_hidden {
-            out.replace(" DONE\n", " refused\n")
-        } else {
-            out
-        };
         assert_eq!(
             out,
-            "private True\nipython startup refused\njupyter config refused\njupyter data refused\n.ssh/id_ed25519 hidden\n.aws/credentials hidden\n.config/gh/hosts.yml hidden\n.netrc hidden\n.local/share/ipybox/registrations/x.json hidden\nkernel env True",
+            "private True\nipython startup refused\njupyter config refused\njupyter data refused\nnotes.txt READ\n.ssh/id_ed25519 hidden\n.aws/credentials hidden\n.config/gh/hosts.yml hidden\n.netrc hidden\n.local/share/ipybox/registrations/x.json hidden\nkernel env True",
             "policy {config:?}"
         );
         assert!(!startup.exists());
@@ -637,21 +640,46 @@ async fn the_environment_of_the_next_start_cannot_be_planted() {
         "kernel-only-value 1"
     );
     let ipybox = s.pid().unwrap();
-    // Every host process of the sandbox: all but the kernel itself (what the shell inside
-    // the sandbox `exec`s after sourcing the kernel's variables).
-    let kernel = kernel_python().display().to_string();
-    let wrappers: Vec<(u32, String)> = processes_below(ipybox, "")
+    // Every host process of the sandbox: all but the kernel itself and the kernel factory's
+    // template (the Python the shell inside the sandbox `exec`s after sourcing the kernel's
+    // variables, whichever kernel environment the server resolved).
+    type Processes = Vec<(u32, String)>;
+    let (kernels, wrappers): (Processes, Processes) = processes_below(ipybox, "")
         .into_iter()
-        .filter(|(_, cmd)| !cmd.starts_with(&format!("{kernel} ")))
-        .collect();
+        .partition(|(_, cmd)| {
+            cmd.split(' ').next().is_some_and(|exe| {
+                exe.rsplit('/')
+                    .next()
+                    .is_some_and(|n| n.starts_with("python"))
+            })
+        });
     assert!(
         wrappers.iter().any(|(_, c)| c.contains("--settings"))
             && wrappers.iter().any(|(_, c)| c.contains("bwrap")),
         "{wrappers:?}"
     );
+    // A read that fails is a failure, not an empty environment.
+    let environ_of = |pid: u32| -> String {
+        let bytes = std::fs::read(format!("/proc/{pid}/environ"))
+            .unwrap_or_else(|e| panic!("cannot read the environment of {pid}: {e}"));
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    // The control: read the same way, the kernel's side (the process started with the kernel's
+    // variables) has it.
+    assert!(
+        kernels
+            .iter()
+            .any(|(pid, _)| environ_of(*pid).contains("CANARY=kernel-only-value")),
+        "no kernel process has CANARY: {kernels:?}"
+    );
     for (pid, cmd) in &wrappers {
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        let environ = String::from_utf8_lossy(&environ);
+        let environ = environ_of(*pid);
+        // The control: the read sees that process's environment (a failed or empty read would
+        // find no CANARY either).
+        assert!(
+            environ.split('\0').any(|v| v.starts_with("PATH=")),
+            "no PATH in the environment of {pid} {cmd}"
+        );
         assert!(
             !environ.contains("kernel-only-value") && !environ.contains("CANARY"),
             "a kernel variable reached a host process: {pid} {cmd}"

@@ -516,7 +516,9 @@ impl<H: rmcp::ClientHandler> Client for HttpClient<H> {
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxed_sessions_cannot_reach_each_other() {
     require!(TestEnv, SandboxDeps);
-    let ws = tempfile::tempdir().unwrap();
+    // Not under /tmp (which srt shows a kernel empty): the workspace in the kernel's view is the
+    // host's, so a refused write there is the workspace refusing it.
+    let ws = probe_dir_or_skip!("sandboxed-ws");
     let srt = root().join("target/sandbox-deps/node_modules/.bin/srt");
     let service = Service::start(
         ws.path(),
@@ -551,17 +553,24 @@ try:
     os.makedirs(os.path.join({ws}, "mcptools", "evil"))
     print("mcptools=written")
 except OSError as e:
-    print("mcptools=" + type(e).__name__)
+    import errno
+    print("mcptools=" + errno.errorcode.get(e.errno, type(e).__name__))
 open("mine.txt", "w").write("mine")
 print("cwd=" + os.getcwd())
 print("pid=" + str(os.getpid() < 100))"#,
         ws = py(&ws.path().display().to_string())
     );
     let got = outcome(&run_ok(&attacker, &plant, None).await);
-    assert_ne!(got["mcptools"], "written");
+    // Refused as a read-only file system (the same code writes its own directory: below).
+    assert_eq!(got["mcptools"], "EROFS", "{got:?}");
     assert!(!ws.path().join("mcptools").exists());
     assert!(got["cwd"].ends_with("/box/work"), "{got:?}");
     assert_eq!(got["pid"], "True");
+    // The kernel's own file is in its working directory on the host, not in the workspace.
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&got["cwd"]).join("mine.txt")).unwrap(),
+        "mine"
+    );
     assert!(!ws.path().join("mine.txt").exists());
     victim.close().await;
     attacker.close().await;
@@ -729,4 +738,120 @@ print("signal2=" + ",".join(sorted({{kill(p) for p in HOST}})))
     );
     victim.close().await;
     attacker.close().await;
+}
+
+/// The operator's files (issue 42) where an operator keeps them (outside `/tmp` and `$HOME`,
+/// which every confined kernel sees empty anyway): the token files (one a link, as a
+/// Kubernetes secret's file is), the session-secret file, and the sessions' notebooks (a
+/// relative `--notebook-dir`: in `$IPYBOX_HOME`, never the workspace). A confined session reads
+/// none of them, while it reads a file next to each (so the place is in its view and only
+/// ipybox's hiding keeps them out); the same probe from an `--unconfined-sessions` service reads
+/// every one.
+#[tokio::test(flavor = "multi_thread")]
+async fn operators_files_are_hidden_from_confined_sessions() {
+    require!(TestEnv);
+    let probe = probe_dir_or_skip!("operator");
+    let etc = probe.path();
+    let tokens = etc.join("tokens");
+    std::fs::write(&tokens, format!("# {PLANTED}\n{TOKEN_A}\n")).unwrap();
+    // A Kubernetes secret volume: `token` -> `..data/token`.
+    std::fs::create_dir_all(etc.join("k8s/..data")).unwrap();
+    let linked = etc.join("k8s/..data/token");
+    std::fs::write(&linked, format!("# {PLANTED}\n{TOKEN_B}\n")).unwrap();
+    std::os::unix::fs::symlink("..data/token", etc.join("k8s/token")).unwrap();
+    let secret = etc.join("session.secret");
+    std::fs::write(&secret, format!("{PLANTED}-{SECRET}\n")).unwrap();
+    let visible = etc.join("visible.txt");
+    std::fs::write(&visible, PLANTED).unwrap();
+    let ws = etc.join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("visible.txt"), PLANTED).unwrap();
+    // The service's data directory, where a relative --notebook-dir goes.
+    let home = etc.join("home");
+    let notebooks = home.join("nb");
+    let python = kernel_python().display().to_string();
+    let home_env = home.display().to_string();
+    let env = [
+        ("IPYBOX_HOME", home_env.as_str()),
+        ("IPYBOX_PYTHON", python.as_str()),
+    ];
+    for confined in [true, false] {
+        let (tokens, link, secret) = (
+            tokens.display().to_string(),
+            etc.join("k8s/token").display().to_string(),
+            secret.display().to_string(),
+        );
+        let mut flags = vec![
+            "--token-file",
+            &tokens,
+            "--token-file",
+            &link,
+            "--trust-tenants",
+            "--session-secret-file",
+            &secret,
+            "--notebook-dir",
+            "nb",
+            "--warm-sessions",
+            "0",
+        ];
+        if !confined {
+            flags.push("--unconfined-sessions");
+        }
+        let service = Service::start(&ws, &env, &flags);
+        let client = connect(&service.url(), Some(TOKEN_B), Era::Stateless).await;
+        let (_, h) = new_session(&client, &format!("print({:?})", PLANTED)).await;
+        // The notebook is written in the background: waited for.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let notebook = loop {
+            let found = std::fs::read_dir(&notebooks)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(PLANTED)));
+            if let Some(found) = found {
+                break found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no notebook in {}",
+                notebooks.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let code = read_probe(&[
+            ("visible", &visible),
+            ("workspace", &ws.join("visible.txt")),
+            ("tokens", Path::new(&tokens)),
+            ("token-link", Path::new(&link)),
+            ("token-target", &linked),
+            ("secret", Path::new(&secret)),
+            ("notebook", &notebook),
+        ]);
+        let out = run_ok(&client, &code, Some(&h)).await;
+        let want = if confined {
+            probe_outcome(&[
+                ("visible", "read"),
+                ("workspace", "read"),
+                ("tokens", "PermissionError"),
+                ("token-link", "PermissionError"),
+                ("token-target", "PermissionError"),
+                ("secret", "PermissionError"),
+                ("notebook", "FileNotFoundError"),
+            ])
+        } else {
+            probe_outcome(&[
+                ("visible", "read"),
+                ("workspace", "read"),
+                ("tokens", "read"),
+                ("token-link", "read"),
+                ("token-target", "read"),
+                ("secret", "read"),
+                ("notebook", "read"),
+            ])
+        };
+        assert_eq!(out, want, "confined: {confined}");
+        assert!(!ws.join("nb").exists());
+        client.close().await;
+    }
 }

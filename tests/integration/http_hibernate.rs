@@ -261,8 +261,13 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let replica = replica();
-    let saved = tempfile::tempdir().unwrap();
-    let saved_dir = saved.path().to_str().unwrap();
+    // Where an operator's shared storage would be (not /tmp or $HOME, which every confined
+    // kernel sees empty anyway), next to a file the kernel reads (the control).
+    let probe = probe_dir_or_skip!("snapshot-dir");
+    let visible = probe.path().join("visible.txt");
+    std::fs::write(&visible, "visible").unwrap();
+    let saved = probe.path().join("saved");
+    let saved_dir = saved.to_str().unwrap();
     let flags = [
         "--warm-sessions",
         "0",
@@ -276,17 +281,34 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     let (_, h) = new_session(&client, STATE).await;
     // The kernel sees neither the keys nor the snapshots nor the saved sessions' records.
     let home = data_dir();
-    let probe = format!(
-        "import os as _os\nfor _q in [{key:?}, {saved:?} + '/keys/snapshot.key', {saved:?} + '/snapshots', {saved:?} + '/sessions']:\n    try:\n        open(_q).read() if not _os.path.isdir(_q) else _os.listdir(_q)[0]\n        print('read', _q)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)\ndel _q, _os",
+    let code = format!(
+        "import os as _os\nprint(open({visible:?}).read())\nfor _q in [{key:?}, {saved:?} + '/keys/snapshot.key', {saved:?} + '/snapshots', {saved:?} + '/sessions']:\n    try:\n        open(_q).read() if not _os.path.isdir(_q) else _os.listdir(_q)[0]\n        print('read', _q)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)\ndel _q, _os",
+        visible = visible.display().to_string(),
         key = home.join("keys/session.key").display().to_string(),
         saved = saved_dir,
     );
-    assert!(home.join("keys/session.key").is_file());
-    assert!(saved.path().join("keys/snapshot.key").is_file());
-    let (is_error, text) = cell(&client, &probe, Some(&h)).await;
+    // The control: the host reads each of them (they are there to be hidden).
+    assert!(
+        !std::fs::read(home.join("keys/session.key"))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !std::fs::read(saved.join("keys/snapshot.key"))
+            .unwrap()
+            .is_empty()
+    );
+    for dir in ["snapshots", "sessions"] {
+        assert!(saved.join(dir).is_dir(), "{dir}");
+    }
+    let (is_error, text) = cell(&client, &code, Some(&h)).await;
     assert!(!is_error, "{text}");
-    // Hidden (an empty directory in the kernel's view), not merely unreadable.
-    assert_eq!(text, ["FileNotFoundError"; 4].join("\n"));
+    // Hidden (an empty directory in the kernel's view), not merely unreadable; the file next to
+    // the snapshot directory is read.
+    assert_eq!(
+        text,
+        format!("visible\n{}", ["FileNotFoundError"; 4].join("\n"))
+    );
     client.close().await;
 
     // SIGTERM: the idle session is hibernated, not lost.

@@ -531,8 +531,11 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
             .post(service.url())
             .header("Accept", "application/json, text/event-stream")
             .header("MCP-Protocol-Version", "2026-07-28")
-            .header("Mcp-Method", "server/discover")
+            .header("Mcp-Method", body["method"].as_str().unwrap().to_string())
             .json(&body);
+        if let Some(name) = body["params"]["name"].as_str() {
+            req = req.header("Mcp-Name", name.to_string());
+        }
         if let Some(token) = token {
             req = req.header("Authorization", format!("Bearer {token}"));
         }
@@ -594,11 +597,15 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
             .status(),
         200
     );
-    // A body over --max-body-bytes: 413, nothing runs.
+    // A body over --max-body-bytes: 413, nothing runs (the code would connect to `knock`: a
+    // confined kernel cannot write where the host looks).
+    let knock = Knock::new();
+    // (A call that runs when the limit allows it: see the control below.)
     let big = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "execute_ipython_cell", "arguments": {"code": format!("open('ran', 'w')  # {}", "x".repeat(3000))}}});
+        "name": "execute_ipython_cell", "arguments": {"code": format!("{}  # {}", knock.code(), "x".repeat(3000))},
+        "_meta": discover["params"]["_meta"].clone()}});
     assert_eq!(post(Some(TOKEN_A), None, big).await.unwrap().status(), 413);
-    assert!(!ws.path().join("ran").exists());
+    assert_eq!(knock.count(), 0, "the refused call ran");
     assert_eq!(
         metric(
             service.port,
@@ -617,6 +624,13 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
         .await,
         0.0
     );
+    // The control: the same code in a body within the limit runs (and knocks) before its result
+    // comes back; the big one never did.
+    let client = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let (is_error, text) = cell(&client, &knock.code(), None).await;
+    assert!(!is_error, "{text}");
+    assert_eq!(knock.count(), 1, "one knock: the call within the limit");
+    client.close().await;
 
     // Several tokens sharing local kernels: refused unless the operator says they trust each
     // other.
@@ -695,7 +709,8 @@ async fn shutdown_with_running_cells_leaves_no_kernel() {
     }
 }
 
-/// 500 sessions made and closed (handshake-era MCP sessions, DELETE at the end): kernels, file
+/// 500 sessions made and closed (handshake-era MCP sessions, DELETE at the end; one more held
+/// open as the control of the kernel count): kernels (among all descendants), processes, file
 /// descriptors and memory come back to where they were after the first 20.
 #[tokio::test(flavor = "multi_thread")]
 async fn five_hundred_sessions_leak_nothing() {
@@ -729,18 +744,27 @@ async fn five_hundred_sessions_leak_nothing() {
             c.close().await;
         }
     };
-    // Settled: every closed session's kernel is gone and the warm one is ready.
-    let settle = || async move {
+    // Settled: every closed session's kernel is gone and the warm one is ready (the one kernel,
+    // and no process below the service but it ends a branch: none half started or half gone).
+    // Kernels are counted among all of the service's descendants (a forked kernel is the
+    // template's child); with `processes`, every descendant (bubblewrap, the template, a
+    // kernel's outer process and init) is counted too.
+    let settle = |processes: Option<usize>| async move {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let open = metric(port, None, "ipybox_sessions").await;
-            let kernels = crate::proc_tree::children(pid).len();
-            if open == 0.0 && kernels == 1 {
-                return;
+            let kernels = crate::proc_tree::kernels(pid);
+            let all = crate::proc_tree::descendants(pid).len();
+            if open == 0.0
+                && kernels.len() == 1
+                && crate::proc_tree::leaves(pid) == kernels
+                && processes.is_none_or(|n| n == all)
+            {
+                return all;
             }
             assert!(
                 Instant::now() < deadline,
-                "{open} sessions, {kernels} kernels still there"
+                "{open} sessions, kernels {kernels:?}, {all} processes (want {processes:?}) still there"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -748,17 +772,32 @@ async fn five_hundred_sessions_leak_nothing() {
     for n in 0..20 {
         round(n).await;
     }
-    settle().await;
+    let processes = settle(None).await;
+    // The control: a session's kernel is counted while the session is open (next to the warm
+    // one that replaces it), and gone when it closes.
+    let open = connect(&url, None, Era::Handshake).await;
+    assert_eq!(cell(&open, "print(1)", None).await, (false, "1".into()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while crate::proc_tree::kernels(pid).len() != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "an open session and a warm kernel: {:?}",
+            crate::proc_tree::kernels(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    open.close().await;
+    settle(Some(processes)).await;
     let (fds0, rss0) = (fds(), rss_kb());
     let started = Instant::now();
     for batch in 0..240 {
         // Two sessions at a time.
-        tokio::join!(round(20 + 2 * batch), round(21 + 2 * batch));
+        tokio::join!(round(21 + 2 * batch), round(22 + 2 * batch));
     }
-    settle().await;
+    settle(Some(processes)).await;
     let (fds1, rss1) = (fds(), rss_kb());
     eprintln!(
-        "500 sessions in {:?}: fds {fds0} -> {fds1}, RSS {rss0} kB -> {rss1} kB",
+        "500 sessions in {:?}: fds {fds0} -> {fds1}, RSS {rss0} kB -> {rss1} kB, {processes} processes",
         started.elapsed()
     );
     assert_eq!(
@@ -768,7 +807,7 @@ async fn five_hundred_sessions_leak_nothing() {
             "ipybox_sessions_closed_total{reason=\"mcp_session\"}"
         )
         .await,
-        500.0
+        501.0
     );
     assert!(fds1 <= fds0 + 4, "fds {fds0} -> {fds1}");
     assert!(rss1 <= rss0 + 16 * 1024, "RSS {rss0} kB -> {rss1} kB");

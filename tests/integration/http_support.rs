@@ -43,11 +43,13 @@ impl Service {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("ipybox.log");
         let file = std::fs::File::create(&log).unwrap();
-        // The sessions' notebooks go to the test's directory, not the user's data directory.
+        // The sessions' notebooks go to the test's directory, not the user's data directory
+        // (unless the test names one: flags, or an IPYBOX_HOME of its own for the default).
         let notebooks = dir.path().join("notebooks");
         let own_notebooks = !flags
             .iter()
-            .any(|f| *f == "--notebook-dir" || *f == "--no-notebook");
+            .any(|f| *f == "--notebook-dir" || *f == "--no-notebook")
+            && !env.iter().any(|(k, _)| *k == "IPYBOX_HOME");
         let mut command = Command::new(BIN);
         command.args(["serve", "--http", &format!("127.0.0.1:{port}")]);
         if own_notebooks {
@@ -97,11 +99,6 @@ impl Service {
 
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Where the sessions' notebooks go (unless the flags said otherwise).
-    pub(crate) fn notebooks(&self) -> PathBuf {
-        self._dir.path().join("notebooks")
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -447,4 +444,71 @@ pub(crate) async fn metric(port: u16, token: Option<&str>, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
         .parse()
         .unwrap()
+}
+
+/// What every file a hidden-path probe plants holds (and [`read_probe`] looks for).
+pub(crate) const PLANTED: &str = "planted-secret-5e1f";
+
+/// Python that reads each `(label, path)` and prints one `label=<outcome>` line: `read` when
+/// the text holds [`PLANTED`], `empty` when there is none (a file hidden behind an empty one),
+/// `other` for any other text, else the error's type (`FileNotFoundError`: a file in a hidden
+/// directory).
+pub(crate) fn read_probe(paths: &[(&str, &Path)]) -> String {
+    let mut code = String::from(
+        "def _probe(label, path):\n    try:\n        text = open(path).read()\n        print(f'{label}=' + ('read' if '",
+    );
+    code.push_str(PLANTED);
+    code.push_str("' in text else 'empty' if text == '' else 'other'))\n    except OSError as e:\n        print(f'{label}=' + type(e).__name__)\n");
+    for (label, path) in paths {
+        code.push_str(&format!(
+            "_probe({}, {})\n",
+            serde_json::to_string(label).unwrap(),
+            serde_json::to_string(&path.display().to_string()).unwrap()
+        ));
+    }
+    code.push_str("del _probe");
+    code
+}
+
+/// The lines [`read_probe`] prints for these `(label, outcome)`s.
+pub(crate) fn probe_outcome(labels: &[(&str, &str)]) -> String {
+    labels
+        .iter()
+        .map(|(label, outcome)| format!("{label}={outcome}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A host-side signal that kernel code ran, which a confined kernel can send (it cannot write
+/// anywhere the host looks): a TCP connection to a loopback port the test listens on.
+pub(crate) struct Knock {
+    listener: std::net::TcpListener,
+    seen: std::cell::Cell<usize>,
+}
+
+impl Knock {
+    pub(crate) fn new() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        Self {
+            listener,
+            seen: std::cell::Cell::new(0),
+        }
+    }
+
+    /// Python that knocks once.
+    pub(crate) fn code(&self) -> String {
+        format!(
+            "__import__('socket').create_connection(('127.0.0.1', {})).close()",
+            self.listener.local_addr().unwrap().port()
+        )
+    }
+
+    /// How many knocks came so far.
+    pub(crate) fn count(&self) -> usize {
+        while self.listener.accept().is_ok() {
+            self.seen.set(self.seen.get() + 1);
+        }
+        self.seen.get()
+    }
 }

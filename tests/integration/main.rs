@@ -6,6 +6,33 @@
 //!
 //! Generated-code snapshots (exact text, no Python) live in `apigen_snapshots`, apart from the
 //! tests that run generated code (`apigen`, `apigen_corpus`, `tool_calls`, `tool_calls_async`).
+//!
+//! # The rule of the suite: every test can fail (issue 42; also `tests/README.md`)
+//!
+//! - **A check that something did not happen has a control.** A file absent, a call refused, a
+//!   value unreadable: the same test runs the same attack where it *does* happen (unconfined,
+//!   unsandboxed, without the check, or a file next to the hidden one that nothing hides) and
+//!   asserts both outcomes exactly (not `assert_ne!(x, "written")`: which error, which text).
+//! - **The signal must be one the mechanism cannot fake.** A confined kernel cannot write the
+//!   workspace at all, so "no file in the workspace" proves nothing about whether code ran: use
+//!   a signal it can send and the host sees ([`http_support::Knock`], a loopback connection), or
+//!   the other side's own record (the fixture's `FIXTURE_CALL_LOG`), not a count that was already
+//!   what the assertion wants.
+//! - **Hidden paths are probed where an operator's files would be**: outside `/tmp`, `$HOME`,
+//!   `$TMPDIR`, `/run` and the data directory, which every confined or sandboxed kernel sees
+//!   empty anyway (a probe there passes whatever ipybox hides). Use [`support::probe_dir`]
+//!   (`target/probe-*`, or under `/var/tmp` or `$IPYBOX_TEST_PROBE_DIR`) and
+//!   [`http_support::read_probe`], with a visible file next to the hidden ones.
+//! - **Processes are counted among all descendants.** A forked kernel is the kernel factory
+//!   template's child, not ipybox's: count kernels with [`proc_tree::kernels`] over
+//!   [`proc_tree::descendants`], never `children(pid)`.
+//! - **Reads that fail, fail.** `read(...).unwrap_or_default()` turns "could not look" into
+//!   "nothing there".
+//! - **Every skip goes through [`support::skip`]** (or `require!`, `probe_dir_or_skip!`), which
+//!   fails under `IPYBOX_TEST_STRICT=1` (`scripts/test.sh`); the Python SDK suite does the same
+//!   (`tests/python_sdk/strict_skips.py`).
+//! - **Show it once**: disable the mechanism locally (comment out the hiding line, raise the
+//!   limit), watch the test fail, restore, and say so in the commit message.
 
 // These start fixtures and ipybox itself, not host children of ipybox (clippy.toml).
 #![allow(clippy::disallowed_methods)]

@@ -176,7 +176,7 @@ async fn ask_with_a_client_without_elicitation_fails_clearly(era: Era) {
     );
     let (failed, out) = cell(&c, "!echo never-runs").await;
     assert!(failed, "{out}");
-    assert!(!out.contains("\nnever-runs"), "{out}");
+    assert!(!has_line(&out, "never-runs"), "{out}");
     assert!(
         out.contains(
             "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `echo never-runs` was rejected: nobody could be asked"
@@ -187,6 +187,19 @@ async fn ask_with_a_client_without_elicitation_fails_clearly(era: Era) {
     assert_eq!(cell(&c, "print(6 * 7)").await, (false, "42".into()));
     assert!(user.questions().is_empty());
     c.close().await;
+    // The control: without --approve-shell the same command runs, and its line is found (on a
+    // pty: `never-runs\r`, the output's first line).
+    let c = start(ws.path(), &user, &["--approve", "ask"]).await;
+    let (failed, out) = cell(&c, "!echo never-runs").await;
+    assert!(!failed && has_line(&out, "never-runs"), "{out:?}");
+    c.close().await;
+}
+
+/// True when `out` has `line` as one of its lines: a command's output on a pty ends its lines
+/// in `\r\n`, and its first line has no `\n` before it.
+pub(crate) fn has_line(out: &str, line: &str) -> bool {
+    out.split('\n')
+        .any(|l| l.trim_end_matches('\r').trim() == line)
 }
 
 async fn ask_about_shell_commands_and_magics(era: Era) {

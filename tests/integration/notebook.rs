@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::http_support::{Service, cell as http_cell, connect, split_note};
+use crate::http_support::{
+    PLANTED, Service, cell as http_cell, connect, probe_outcome, read_probe, split_note,
+};
 use crate::mcp_approvals::{CALL_ADD, ask_add, cell, start};
 use crate::mcp_eras::{Answer, Era, ScriptedClient, both_eras};
 use crate::support::*;
@@ -516,28 +518,43 @@ async fn no_notebook_records_nothing() {
 }
 
 /// Over HTTP each session's notebook is host-side (0600 in a 0700 directory, not the workspace)
-/// and readable only by the session's owner: another token's URI answers as unknown.
+/// and readable only by the session's owner: another token's URI answers as unknown. No kernel
+/// reads a notebook file: not in an operator's `--notebook-dir` (outside `/tmp` and `$HOME`, next
+/// to a file the kernel reads), not in the default `$IPYBOX_HOME/notebooks`; the same probes from
+/// an `--unconfined-sessions` service read them (the control).
 async fn http_sessions_never_see_each_others_notebook(era: Era) {
+    require!(TestEnv);
+    let probe = probe_dir_or_skip!("notebooks");
     let ws = tempfile::tempdir().unwrap();
-    let service = Service::start(
-        ws.path(),
-        &[],
-        &[
-            "--token",
-            "token-of-alice-0123456789",
-            "--token",
-            "token-of-bob-0123456789",
-            "--trust-tenants",
-        ],
-    );
+    let visible = probe.path().join("visible.txt");
+    std::fs::write(&visible, PLANTED).unwrap();
+    let dir = probe.path().join("notebooks");
+    let dir_flag = dir.display().to_string();
+    let tenants = [
+        "--token",
+        "token-of-alice-0123456789",
+        "--token",
+        "token-of-bob-0123456789",
+        "--trust-tenants",
+        "--notebook-dir",
+        &dir_flag,
+    ];
+    let service = Service::start(ws.path(), &[], &tenants);
     let alice = connect(&service.url(), Some("token-of-alice-0123456789"), era).await;
     let bob = connect(&service.url(), Some("token-of-bob-0123456789"), era).await;
-    let (failed, text) = http_cell(&alice, "print('alice was here')", None).await;
+    let (failed, text) = http_cell(
+        &alice,
+        &format!("print('alice was here', {PLANTED:?})"),
+        None,
+    )
+    .await;
     assert!(!failed, "{text}");
-    let (failed, text) = http_cell(&bob, "print('bob was here')", None).await;
+    let (failed, text) =
+        http_cell(&bob, &format!("print('bob was here', {PLANTED:?})"), None).await;
     assert!(!failed, "{text}");
+    let bob_session = split_note(&text).1;
     if era == Era::Stateless {
-        assert!(split_note(&text).1.is_some());
+        assert!(bob_session.is_some());
     }
     let own = |resources: Vec<rmcp::model::Resource>| -> Vec<String> {
         resources
@@ -586,36 +603,96 @@ async fn http_sessions_never_see_each_others_notebook(era: Era) {
     // On the host, private, and nowhere in the shared workspace (written in the background:
     // waited for).
     use std::os::unix::fs::MetadataExt;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while notebooks_in(&service.notebooks()).len() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let files = notebooks_in(&service.notebooks());
-    assert_eq!(files.len(), 2, "{files:?}");
-    assert_eq!(
-        std::fs::metadata(service.notebooks()).unwrap().mode() & 0o777,
-        0o700
-    );
+    let files = wait_notebooks(&dir, 2).await;
+    assert_eq!(std::fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
     for file in &files {
         assert_eq!(std::fs::metadata(file).unwrap().mode() & 0o777, 0o600);
     }
     assert!(!ws.path().join("notebooks").exists());
     // Confined (the service's default): no kernel can read a notebook file, another session's
-    // or its own: the host's directory is not in its view.
-    for file in &files {
-        let probe = format!(
-            "try:\n    open({}).read()\n    print('read it')\nexcept OSError as e:\n    print('refused', type(e).__name__)",
-            serde_json::to_string(&file.display().to_string()).unwrap()
-        );
-        let (failed, text) = http_cell(&bob, &probe, None).await;
-        assert!(!failed, "{text}");
-        assert!(
-            split_note(&text).0.starts_with("refused FileNotFoundError"),
-            "{text}"
-        );
-    }
+    // or its own: the host's directory is hidden from its view, the file next to it is not.
+    let probe_code = notebook_probe(&visible, &files);
+    let hidden = notebook_outcome(files.len(), "FileNotFoundError");
+    let (failed, text) = http_cell(&bob, &probe_code, bob_session.as_deref()).await;
+    assert!(!failed, "{text}");
+    assert_eq!(split_note(&text).0, hidden);
     alice.close().await;
     bob.close().await;
+    drop(service);
+
+    // The documented default, `$IPYBOX_HOME/notebooks` (the data directory, which every
+    // confined kernel sees empty): hidden too, and not in the workspace.
+    let home = probe.path().join("home");
+    let python = kernel_python().display().to_string();
+    let home_env = home.display().to_string();
+    let env = [
+        ("IPYBOX_HOME", home_env.as_str()),
+        ("IPYBOX_PYTHON", python.as_str()),
+    ];
+    let service = Service::start(ws.path(), &env, &["--warm-sessions", "0"]);
+    let carol = connect(&service.url(), None, era).await;
+    let (failed, text) = http_cell(&carol, &format!("print({PLANTED:?})"), None).await;
+    assert!(!failed, "{text}");
+    let carol_session = split_note(&text).1;
+    let default_files = wait_notebooks(&home.join("notebooks"), 1).await;
+    assert!(!ws.path().join("notebooks").exists());
+    let (failed, text) = http_cell(
+        &carol,
+        &notebook_probe(&visible, &default_files),
+        carol_session.as_deref(),
+    )
+    .await;
+    assert!(!failed, "{text}");
+    assert_eq!(
+        split_note(&text).0,
+        notebook_outcome(1, "FileNotFoundError")
+    );
+    carol.close().await;
+    drop(service);
+
+    // The control: the same probes from an unconfined service's kernel read every notebook.
+    let mut unconfined = tenants.to_vec();
+    unconfined.push("--unconfined-sessions");
+    let service = Service::start(ws.path(), &[], &unconfined);
+    let bob = connect(&service.url(), Some("token-of-bob-0123456789"), era).await;
+    let mut all = files.clone();
+    all.extend(default_files);
+    let (failed, text) = http_cell(&bob, &notebook_probe(&visible, &all), None).await;
+    assert!(!failed, "{text}");
+    assert_eq!(split_note(&text).0, notebook_outcome(all.len(), "read"));
+    bob.close().await;
+}
+
+/// Waits (30 s at most) for `n` notebook files in `dir`; returns them.
+async fn wait_notebooks(dir: &Path, n: usize) -> Vec<PathBuf> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while notebooks_in(dir).len() < n && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let files = notebooks_in(dir);
+    assert_eq!(files.len(), n, "{files:?}");
+    files
+}
+
+/// A kernel's reads of `visible` (the control) and of each notebook file.
+fn notebook_probe(visible: &Path, files: &[PathBuf]) -> String {
+    let labels: Vec<String> = (0..files.len()).map(|i| format!("notebook{i}")).collect();
+    let mut paths: Vec<(&str, &Path)> = vec![("visible", visible)];
+    paths.extend(
+        labels
+            .iter()
+            .map(String::as_str)
+            .zip(files.iter().map(PathBuf::as_path)),
+    );
+    read_probe(&paths)
+}
+
+/// What [`notebook_probe`] prints when the `n` notebooks read as `outcome`.
+fn notebook_outcome(n: usize, outcome: &str) -> String {
+    let labels: Vec<String> = (0..n).map(|i| format!("notebook{i}")).collect();
+    let mut want = vec![("visible", "read")];
+    want.extend(labels.iter().map(|l| (l.as_str(), outcome)));
+    probe_outcome(&want)
 }
 
 both_eras!(http_sessions_never_see_each_others_notebook);

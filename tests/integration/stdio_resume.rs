@@ -13,7 +13,7 @@ use ipybox::tools::tool_output;
 use serde_json::json;
 
 use crate::mcp_eras::{CallTool, Era, Plain, both_eras, start};
-use crate::support::{call, kernel_python};
+use crate::support::{call, kernel_python, skip};
 
 /// Seconds of idleness before a checkpoint in these tests.
 const CHECKPOINT_AFTER: &str = "1";
@@ -301,8 +301,7 @@ both_eras!(a_handle_whose_session_was_never_saved_is_refused);
 async fn exits_within_100_ms_during_a_checkpoint(era: Era) {
     let ws = tempfile::tempdir().unwrap();
     let Some(base) = crate::mcp_server::tmpfs_runtime_base() else {
-        eprintln!("skipped: no /dev/shm for a tmpfs runtime directory");
-        return;
+        return skip("no /dev/shm for a tmpfs runtime directory");
     };
     let home = tempfile::tempdir_in("/dev/shm").unwrap();
     let python = kernel_python();

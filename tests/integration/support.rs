@@ -76,20 +76,87 @@ pub(crate) fn ready(needs: &[Need]) -> bool {
         return true;
     }
     let scripts: Vec<&str> = missing.iter().map(|n| n.script()).collect();
+    skip(&format!(
+        "needs {} (run `bash scripts/test.sh`, or `bash {}` first)",
+        scripts.join(" and "),
+        scripts.join(" && bash ")
+    ));
+    false
+}
+
+/// The one way a test skips (every skip goes through here): under `IPYBOX_TEST_STRICT=1` it
+/// panics (a skip is a failure); else it prints one `skipped <test>: <why>` line straight to
+/// stderr (libtest does not capture that). The caller then returns.
+pub(crate) fn skip(why: &str) {
     let test = std::thread::current()
         .name()
         .unwrap_or("a test")
         .to_string();
-    let line = format!(
-        "skipped {test}: needs {} (run `bash scripts/test.sh`, or `bash {}` first)",
-        scripts.join(" and "),
-        scripts.join(" && bash ")
-    );
+    let line = format!("skipped {test}: {why}");
     assert!(std::env::var_os("IPYBOX_TEST_STRICT").is_none(), "{line}");
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "{line}");
-    false
 }
+
+/// Where a kernel sees nothing whatever ipybox hides: `/tmp`, `$TMPDIR`, `$HOME`,
+/// `$XDG_RUNTIME_DIR`, `/run` and ipybox's data directory are empty (or private) in every
+/// confined kernel, so a probe of a "hidden" path there passes whatever the product does.
+pub(crate) fn private_to_kernels(path: &Path) -> bool {
+    let host = ipybox::host_env::HostEnv::from_process();
+    let mut places: Vec<PathBuf> = vec!["/tmp".into(), "/run".into()];
+    places.extend(
+        ["TMPDIR", "HOME", "XDG_RUNTIME_DIR"]
+            .iter()
+            .filter_map(|v| host.get(v).map(PathBuf::from)),
+    );
+    places.extend(host.data_dir());
+    let canonical = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    places.iter().any(|p| {
+        let p = p.canonicalize().unwrap_or_else(|_| p.clone());
+        p.components().count() > 1 && (path.starts_with(&p) || canonical.starts_with(&p))
+    })
+}
+
+/// A fresh directory where an operator's files would be (their `/etc`, `/srv`), which kernels
+/// see (read-only), unlike `/tmp` and `$HOME`: under `$IPYBOX_TEST_PROBE_DIR` if set, else this
+/// checkout's `target/`, else (a checkout under `$HOME`, as on CI runners) `/var/tmp`. Probes of
+/// what ipybox hides put their files here, next to a file that is not hidden (the control: the
+/// kernel reads that one, so the place is in its view). `None` (after [`skip`]) when there is no
+/// such place.
+pub(crate) fn probe_dir(name: &str) -> Option<tempfile::TempDir> {
+    let mut candidates: Vec<PathBuf> = std::env::var_os("IPYBOX_TEST_PROBE_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    if candidates.is_empty() {
+        candidates = vec![root().join("target"), PathBuf::from("/var/tmp")];
+    }
+    let Some(base) = candidates
+        .iter()
+        .find(|c| std::fs::create_dir_all(c).is_ok() && !private_to_kernels(c))
+    else {
+        skip(&format!(
+            "none of {candidates:?} is outside what every kernel sees empty (/tmp, $HOME, $TMPDIR, /run, the data directory): a probe of a hidden path there proves nothing; set IPYBOX_TEST_PROBE_DIR to a writable directory elsewhere"
+        ));
+        return None;
+    };
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("probe-{name}-"))
+        .tempdir_in(base)
+        .unwrap();
+    Some(dir)
+}
+
+/// Returns from the calling test (after one `skipped` line) unless [`probe_dir`] has a place.
+macro_rules! probe_dir_or_skip {
+    ($name:expr) => {
+        match $crate::support::probe_dir($name) {
+            Some(dir) => dir,
+            None => return,
+        }
+    };
+}
+pub(crate) use probe_dir_or_skip;
 
 /// Returns from the calling test (after one `skipped` line) unless the components are there.
 macro_rules! require {

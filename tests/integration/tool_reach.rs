@@ -43,10 +43,25 @@ async fn started(builder: ipybox::executor::CodeExecutorBuilder) -> CodeExecutor
     ex
 }
 
-/// What every layout must do with the package imported as `module` (`fx` or `mcptools.fx`):
-/// an approved call with a structured result, a rejected one, output streamed around a call,
-/// and a cancel while the approval is pending (the call is never made, state is kept).
-async fn calls_work(ex: &CodeExecutor, module: &str, what: &str) {
+/// The fixture (stdio), writing a line to `log` for each `get_pid` call that reaches it.
+fn fixture_logging(log: &Path) -> Value {
+    json!({"command": python(), "args": [fixture_script(), "stdio"], "env": {"FIXTURE_CALL_LOG": log}})
+}
+
+/// The lines of the fixture's call log (none: no call reached it).
+fn calls_in(log: &Path) -> String {
+    match std::fs::read_to_string(log) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("cannot read {}: {e}", log.display()),
+    }
+}
+
+/// What every layout must do with the package imported as `module` (`fx` or `mcptools.fx`,
+/// registered as [`fixture_logging`] with `log`): an approved call with a structured result, a
+/// rejected one, output streamed around a call, and a cancel while the approval is pending (the
+/// call never reaches the server, which the same call approved does; state is kept).
+async fn calls_work(ex: &CodeExecutor, module: &str, log: &Path, what: &str) {
     // Approved (execute() accepts), structured result.
     let out = run(
         ex,
@@ -83,13 +98,13 @@ async fn calls_work(ex: &CodeExecutor, module: &str, what: &str) {
     );
     assert_eq!(chunks.trim_end(), expected, "{what}: chunks");
     assert_eq!(result.expect("streamed").text, expected, "{what}: streamed");
+    // The control: the call approved reaches the server (a line in its log).
+    let get_pid = format!("from {module} import get_pid\nprint(get_pid.run(get_pid.Params()))");
+    run(ex, &get_pid).await;
+    assert_eq!(calls_in(log), "get_pid\n", "{what}: the approved call");
     // Cancel while the approval is pending.
-    let sessions_before = ex.mcp_sessions().await;
     run(ex, "kept = 'state'").await;
-    let mut execution = ex.stream(
-        &format!("from {module} import get_pid\nprint(get_pid.run(get_pid.Params()))"),
-        None,
-    );
+    let mut execution = ex.stream(&get_pid, None);
     let held = loop {
         match execution.next().await.expect("the call asks first") {
             ExecutionEvent::Approval(request) => break request,
@@ -122,7 +137,11 @@ async fn calls_work(ex: &CodeExecutor, module: &str, what: &str) {
     );
     held.accept(); // too late: nothing is called
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(ex.mcp_sessions().await, sessions_before, "{what}: called");
+    assert_eq!(
+        calls_in(log),
+        "get_pid\n",
+        "{what}: the cancelled call reached the server"
+    );
     assert_eq!(run(ex, "print(kept)").await, "state", "{what}");
 }
 
@@ -132,14 +151,15 @@ async fn calls_work(ex: &CodeExecutor, module: &str, what: &str) {
 async fn a_temp_dir_on_the_kernels_pythonpath() {
     require!(TestEnv);
     let (ws, tmp) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    generate(tmp.path(), "fx", &fixture_stdio_params("stdio")).await;
+    let log = tmp.path().join("calls.log");
+    generate(tmp.path(), "fx", &fixture_logging(&log)).await;
     let ex = started(
         CodeExecutor::builder()
             .workspace(ws.path())
             .kernel_env([("PYTHONPATH", tmp.path().display().to_string())]),
     )
     .await;
-    calls_work(&ex, "fx", "temp dir on PYTHONPATH").await;
+    calls_work(&ex, "fx", &log, "temp dir on PYTHONPATH").await;
     ex.stop().await;
     // The same workspace without that entry reaches nothing.
     let ex = started(CodeExecutor::builder().workspace(ws.path())).await;
@@ -169,10 +189,11 @@ async fn a_temp_dir_on_the_kernels_pythonpath() {
 async fn mcptools_under_a_pythonpath_entry_and_a_package_in_the_workspace() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
+    let log = ws.path().join("calls.log");
     generate(
         &ws.path().join("lib/mcptools"),
         "fx",
-        &fixture_stdio_params("stdio"),
+        &fixture_logging(&log),
     )
     .await;
     generate(ws.path(), "gx", &fixture_who("in the workspace")).await;
@@ -182,7 +203,7 @@ async fn mcptools_under_a_pythonpath_entry_and_a_package_in_the_workspace() {
             .kernel_env([("PYTHONPATH", "./lib")]),
     )
     .await;
-    calls_work(&ex, "mcptools.fx", "<PYTHONPATH entry>/mcptools").await;
+    calls_work(&ex, "mcptools.fx", &log, "<PYTHONPATH entry>/mcptools").await;
     assert_eq!(
         run(
             &ex,

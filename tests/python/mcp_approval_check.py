@@ -161,6 +161,12 @@ def rejected(out, line):
     return line in out.split("\n")
 
 
+def has_line(out, line):
+    """`line` is one of the output's lines: a command's output on a pty ends its lines in
+    `\\r\\n`, and the first line has no `\\n` before it."""
+    return any(l.rstrip("\r").strip() == line for l in out.split("\n"))
+
+
 async def ask_tool_calls(ipybox):
     user = User("accept", "decline", "cancel", "remember")
     async with Server(ipybox, ["--approve", "ask"], user) as s:
@@ -210,11 +216,19 @@ async def no_elicitation_capability(ipybox):
         err, out = await s.run("!echo never-runs")
         check(
             "no elicitation capability: shell command rejected, not run",
-            (err, "never-runs" in out.split("\n")),
+            (err, has_line(out, "never-runs")),
             (True, False),
         )
         check(
             "no elicitation capability: plain code runs", await s.run("print(6*7)"), (False, "42")
+        )
+    # The control: without --approve-shell the same command runs, and the same check finds it.
+    async with Server(ipybox, ["--approve", "ask"]) as s:
+        err, out = await s.run("!echo never-runs")
+        check(
+            "no elicitation capability, shell not asked: the command runs (the control)",
+            (err, has_line(out, "never-runs")),
+            (False, True),
         )
 
 

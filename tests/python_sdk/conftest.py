@@ -6,6 +6,9 @@ import pytest
 
 from sdk_support import FIXTURE_PYTHON, SERVER_NAME, is_ipybox_rs, stdio_params
 
+# IPYBOX_TEST_STRICT: every skip is a failure (strict_skips.py).
+from strict_skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402, F401
+
 # Against the Python reference (not ipybox-rs), work around 0.9.2's shell/IOPub ordering race
 # (see reference_shim.py) unless IPYBOX_REFERENCE_SHIM=0.
 REFERENCE_SHIM = not is_ipybox_rs() and os.environ.get("IPYBOX_REFERENCE_SHIM", "1") != "0"
