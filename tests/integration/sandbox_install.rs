@@ -17,7 +17,7 @@ use ipybox::host_env::HostEnv;
 use ipybox::tools::{McpSession, ServerParams, tool_output};
 use serde_json::{Value, json};
 
-use crate::support::{BIN, process_env, python, require, root};
+use crate::support::{BIN, probe_dir, process_env, python, require, root};
 
 fn srt() -> PathBuf {
     root().join("target/sandbox-deps/node_modules/.bin/srt")
@@ -35,16 +35,15 @@ fn uv() -> PathBuf {
         .expect("uv on PATH or in ~/.local/bin (the tests' installer)")
 }
 
-/// A fresh directory `target/probe-install-<name>-<pid>` (canonical).
+/// A fresh directory `probe-install-<name>-*` from `support::probe_dir` (canonical).
 struct Probe(PathBuf);
 
 impl Probe {
     fn new(name: &str) -> Self {
-        let dir = root()
-            .join("target")
-            .join(format!("probe-install-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        // Outside /tmp, /var/tmp and $HOME (see `support::probe_dir`), kept until dropped.
+        let dir = probe_dir(&format!("install-{name}"))
+            .expect("a probe directory (see support::probe_dir)")
+            .keep();
         Self(dir.canonicalize().unwrap())
     }
 

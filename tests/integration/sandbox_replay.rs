@@ -22,16 +22,15 @@ fn srt() -> PathBuf {
     root().join("target/sandbox-deps/node_modules/.bin/srt")
 }
 
-/// A fresh directory under `target/`, removed on drop.
+/// A fresh directory from `support::probe_dir` (under `target/`), removed on drop.
 struct Probe(PathBuf);
 
 impl Probe {
     fn new(name: &str) -> Self {
-        let dir = root()
-            .join("target")
-            .join(format!("probe-replay-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        // Outside /tmp, /var/tmp and $HOME (see `support::probe_dir`), kept until dropped.
+        let dir = probe_dir(&format!("replay-{name}"))
+            .expect("a probe directory (see support::probe_dir)")
+            .keep();
         Self(dir.canonicalize().unwrap())
     }
 

@@ -11,7 +11,7 @@
 //! `--unconfined-sessions`) and through the library (a Jupyter server's kernel's snapshot, a
 //! local executor), each beside its control.
 //!
-//! MARKER lies under `target/probe-…` (outside /tmp and $HOME, which a sandboxed kernel sees
+//! MARKER lies under `support::probe_dir` (`target/probe-…`: outside /tmp and $HOME, which a sandboxed kernel sees
 //! empty or private, and outside the workspace, the only place the default policy writes).
 
 use std::path::{Path, PathBuf};
@@ -24,7 +24,7 @@ use serde_json::json;
 
 use crate::mcp_eras::{Era, Plain, both_eras, start};
 use crate::stdio_resume::{checkpointed_after, err, handle_note, ok};
-use crate::support::{call, kernel_python, require, root};
+use crate::support::{call, kernel_python, probe_dir_or_skip, require, root};
 
 fn srt() -> PathBuf {
     root().join("target/sandbox-deps/node_modules/.bin/srt")
@@ -78,10 +78,7 @@ async fn a_sandboxed_checkpoint_restores_only_in_the_same_sandbox(era: Era) {
     require!(SandboxDeps);
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
-    let probe = tempfile::Builder::new()
-        .prefix("probe-sandbox-resume-")
-        .tempdir_in(root().join("target"))
-        .unwrap();
+    let probe = probe_dir_or_skip!("sandbox-resume");
     let marker = probe.path().join("MARKER");
     let planted = plant(&marker);
 
@@ -181,10 +178,7 @@ async fn a_confined_sessions_snapshot_is_not_restored_unconfined() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
     let saved = tempfile::tempdir().unwrap();
-    let probe = tempfile::Builder::new()
-        .prefix("probe-http-resume-")
-        .tempdir_in(root().join("target"))
-        .unwrap();
+    let probe = probe_dir_or_skip!("http-resume");
     let (confined_marker, unconfined_marker) = (
         probe.path().join("CONFINED"),
         probe.path().join("UNCONFINED"),
@@ -276,10 +270,7 @@ async fn a_remote_kernels_snapshot_is_not_restored_locally() {
     let server = JupyterServer::start(Kind::KernelGateway);
     let ws = tempfile::tempdir().unwrap();
     let home = tempfile::tempdir().unwrap();
-    let probe = tempfile::Builder::new()
-        .prefix("probe-remote-resume-")
-        .tempdir_in(root().join("target"))
-        .unwrap();
+    let probe = probe_dir_or_skip!("remote-resume");
     let marker = probe.path().join("MARKER");
     let store =
         SnapshotStore::open(home.path().join("snapshots"), &home.path().join("keys/k")).unwrap();

@@ -98,12 +98,14 @@ pub(crate) fn skip(why: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// Where a kernel sees nothing whatever ipybox hides: `/tmp`, `$TMPDIR`, `$HOME`,
+/// Where a kernel sees nothing whatever ipybox hides: `/tmp`, `/var/tmp`, `$TMPDIR`, `$HOME`,
 /// `$XDG_RUNTIME_DIR`, `/run` and ipybox's data directory are empty (or private) in every
-/// confined kernel, so a probe of a "hidden" path there passes whatever the product does.
+/// confined kernel, so a probe of a "hidden" path there passes whatever the product does (and
+/// srt makes `/tmp`, `/var/tmp` and `/run` empty *writable* tmpfs: a sandboxed write there
+/// "succeeds" and never reaches the host).
 pub(crate) fn private_to_kernels(path: &Path) -> bool {
     let host = ipybox::host_env::HostEnv::from_process();
-    let mut places: Vec<PathBuf> = vec!["/tmp".into(), "/run".into()];
+    let mut places: Vec<PathBuf> = vec!["/tmp".into(), "/var/tmp".into(), "/run".into()];
     places.extend(
         ["TMPDIR", "HOME", "XDG_RUNTIME_DIR"]
             .iter()
@@ -119,7 +121,8 @@ pub(crate) fn private_to_kernels(path: &Path) -> bool {
 
 /// A fresh directory where an operator's files would be (their `/etc`, `/srv`), which kernels
 /// see (read-only), unlike `/tmp` and `$HOME`: under `$IPYBOX_TEST_PROBE_DIR` if set, else this
-/// checkout's `target/`, else (a checkout under `$HOME`, as on CI runners) `/var/tmp`. Probes of
+/// checkout's `target/`, else (a checkout under `/tmp` or `$HOME`) `/var/lib/ipybox-test-probes`
+/// (not `/var/tmp`, which srt hides). Probes of
 /// what ipybox hides put their files here, next to a file that is not hidden (the control: the
 /// kernel reads that one, so the place is in its view). `None` (after [`skip`]) when there is no
 /// such place.
@@ -129,7 +132,10 @@ pub(crate) fn probe_dir(name: &str) -> Option<tempfile::TempDir> {
         .into_iter()
         .collect();
     if candidates.is_empty() {
-        candidates = vec![root().join("target"), PathBuf::from("/var/tmp")];
+        candidates = vec![
+            root().join("target"),
+            PathBuf::from("/var/lib/ipybox-test-probes"),
+        ];
     }
     let Some(base) = candidates
         .iter()

@@ -6,7 +6,7 @@
 //! file there shadows nothing the kernel environment has (`pydantic.py`).
 //!
 //! The planted hooks write a marker into a probe directory outside `/tmp`, `$HOME` and the
-//! workspace (under `target/`, where a sandboxed kernel cannot write and an unsandboxed one can)
+//! workspace (`support::probe_dir`, where a sandboxed kernel cannot write and an unsandboxed one can)
 //! and into the workspace (where a later sandboxed kernel can); each later kernel also lists the
 //! modules it imported from the workspace (which works under any confinement). The control runs
 //! the same files where Python does run them (`PYTHONPATH` = the workspace, the workspace as the
@@ -89,9 +89,8 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
     require!(SandboxDeps, TestEnv);
     let ws_dir = tempfile::tempdir().unwrap();
     let ws = ws_dir.path().canonicalize().unwrap();
-    let probe = root().join(format!("target/probe-startup-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&probe);
-    std::fs::create_dir_all(&probe).unwrap();
+    let probe_dir = probe_dir_or_skip!("startup");
+    let probe = probe_dir.path().canonicalize().unwrap();
     let ws_marks = ws.join("marks");
 
     // 1. A sandboxed cell plants the hooks and a module of its own; it cannot write the probe.
@@ -111,6 +110,7 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
         "probe denied\n['ipybox_runtime', 'ipython_config.py', 'ipython_kernel_config.py', 'marks', 'planted_ok.py', 'pydantic.py', 'sitecustomize.py']"
     );
     ex.stop().await;
+    assert!(!probe.join("from-sandbox").exists());
     let check = check_code(&ws);
 
     // 2. Later kernels of the workspace: none of the hooks runs, the workspace still imports.
@@ -188,5 +188,4 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
     sorted.sort();
     assert_eq!(markers(&probe), sorted, "the control: the hooks run there");
     assert_eq!(markers(&ws_marks), sorted);
-    let _ = std::fs::remove_dir_all(&probe);
 }
