@@ -17,7 +17,7 @@ use ipybox::host_env::HostEnv;
 use ipybox::tools::{McpSession, ServerParams, tool_output};
 use serde_json::{Value, json};
 
-use crate::support::{BIN, probe_dir, process_env, python, require, root};
+use crate::support::{BIN, Probe, process_env, python, require, root};
 
 fn srt() -> PathBuf {
     root().join("target/sandbox-deps/node_modules/.bin/srt")
@@ -33,29 +33,6 @@ fn uv() -> PathBuf {
         .map(|d| d.join("uv"))
         .find(|p| p.is_file())
         .expect("uv on PATH or in ~/.local/bin (the tests' installer)")
-}
-
-/// A fresh directory `probe-install-<name>-*` from `support::probe_dir` (canonical).
-struct Probe(PathBuf);
-
-impl Probe {
-    fn new(name: &str) -> Self {
-        // Outside /tmp, /var/tmp and $HOME (see `support::probe_dir`), kept until dropped.
-        let dir = probe_dir(&format!("install-{name}"))
-            .expect("a probe directory (see support::probe_dir)")
-            .keep();
-        Self(dir.canonicalize().unwrap())
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// The ipybox MCP server over stdio in `ws`, with `--sandbox` unless `sandboxed` is false.
@@ -179,7 +156,7 @@ fn try_write(marker: &Path) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_wheel_the_kernel_wrote_is_never_installed() {
     require!(SandboxDeps, TestEnv);
-    let probe = Probe::new("pth");
+    let probe = Probe::new("install-pth");
     let marker = probe.path().join("pth-ran-on-the-host");
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
@@ -363,7 +340,7 @@ with tarfile.open(f"{links}/ipybox_build_probe-1.0.tar.gz", "w:gz") as t:
 #[tokio::test(flavor = "multi_thread")]
 async fn an_sdist_builds_inside_the_sandbox() {
     require!(SandboxDeps, TestEnv);
-    let probe = Probe::new("build");
+    let probe = Probe::new("install-build");
     let marker = probe.path().join("build-ran-on-the-host");
     let links = probe.path().join("links");
     build_probe_sdist(&links, &marker);
@@ -475,7 +452,7 @@ const IMPORT_INICONFIG: &str = "try:\n    import iniconfig\n    print('imported'
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
     require!(SandboxDeps, TestEnv);
-    let probe = Probe::new("layer");
+    let probe = Probe::new("install-layer");
     // A private data directory (a kernel environment of its own): the control installs into it.
     let home = probe.path().join("home");
     let env = [("IPYBOX_HOME", home.display().to_string())];

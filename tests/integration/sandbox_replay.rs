@@ -22,29 +22,6 @@ fn srt() -> PathBuf {
     root().join("target/sandbox-deps/node_modules/.bin/srt")
 }
 
-/// A fresh directory from `support::probe_dir` (under `target/`), removed on drop.
-struct Probe(PathBuf);
-
-impl Probe {
-    fn new(name: &str) -> Self {
-        // Outside /tmp, /var/tmp and $HOME (see `support::probe_dir`), kept until dropped.
-        let dir = probe_dir(&format!("replay-{name}"))
-            .expect("a probe directory (see support::probe_dir)")
-            .keep();
-        Self(dir.canonicalize().unwrap())
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A canonical temporary workspace.
 fn workspace() -> (tempfile::TempDir, PathBuf) {
     let t = tempfile::tempdir().unwrap();
@@ -149,7 +126,7 @@ fn write_probe(file: &Path) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandboxed_recording_replays_in_the_sandbox() {
     require!(SandboxDeps);
-    let probe = Probe::new("confinement");
+    let probe = Probe::new("replay-confinement");
     let file = probe.path().join("written-on-the-host");
     let code = write_probe(&file);
 
@@ -301,7 +278,7 @@ const FORGER_REPORT: &str =
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sandboxed_cell_cannot_forge_the_notebook() {
     require!(SandboxDeps);
-    let probe = Probe::new("forged");
+    let probe = Probe::new("replay-forged");
     let file = probe.path().join("forged-cell-ran");
 
     let (_keep, ws) = workspace();
@@ -472,7 +449,7 @@ async fn a_nested_notebook_directory_cannot_be_moved_away() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_confined_recording_needs_a_flag_to_replay_unconfined() {
     require!(TestEnv);
-    let probe = Probe::new("confined");
+    let probe = Probe::new("replay-confined");
     let file = probe.path().join("written-on-the-host");
     let nb = probe.path().join("confined.ipynb");
     let notebook = json!({

@@ -153,6 +153,30 @@ pub(crate) fn probe_dir(name: &str) -> Option<tempfile::TempDir> {
     Some(dir)
 }
 
+/// A [`probe_dir`] kept until dropped, by its canonical path: for tests that hand the path to
+/// kernels and compare it with what they print. Panics (a failure, not a skip) when there is no
+/// probe place.
+pub(crate) struct Probe(PathBuf);
+
+impl Probe {
+    pub(crate) fn new(name: &str) -> Self {
+        let dir = probe_dir(name)
+            .expect("a probe directory (see support::probe_dir)")
+            .keep();
+        Self(dir.canonicalize().unwrap())
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Returns from the calling test (after one `skipped` line) unless [`probe_dir`] has a place.
 macro_rules! probe_dir_or_skip {
     ($name:expr) => {
