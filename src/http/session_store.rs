@@ -63,9 +63,21 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 
 /// Seconds since the Unix epoch, now.
 pub(crate) fn now_secs() -> u64 {
+    now_millis() / 1000
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A duration as a number of seconds for people, fractions kept (`1.6`, `0.25`, `30`): what
+/// messages and the log say of a flag given in seconds.
+pub(crate) fn secs_text(d: std::time::Duration) -> String {
+    let text = format!("{:.3}", d.as_secs_f64());
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// A session whose state is saved.
@@ -73,7 +85,7 @@ pub(crate) fn now_secs() -> u64 {
 pub(crate) struct Record {
     pub(crate) id: [u8; 16],
     pub(crate) owner: [u8; 32],
-    /// When the session was last used (seconds since the Unix epoch, the host's clock).
+    /// When the session was last used (milliseconds since the Unix epoch, the host's clock).
     pub(crate) last_used: u64,
     /// The snapshot's data bytes (what counts against `--snapshot-quota`).
     pub(crate) bytes: u64,
@@ -89,7 +101,11 @@ struct RecordFile {
     format: u32,
     id: String,
     owner: String,
+    /// Seconds since the Unix epoch (what older records hold).
     last_used: u64,
+    /// Milliseconds since the Unix epoch (fractional idle timeouts); absent in older records.
+    #[serde(default)]
+    last_used_ms: Option<u64>,
     bytes: u64,
     named: bool,
     #[serde(default)]
@@ -102,7 +118,8 @@ impl Record {
             format: 1,
             id: hex(&self.id),
             owner: hex(&self.owner),
-            last_used: self.last_used,
+            last_used: self.last_used / 1000,
+            last_used_ms: Some(self.last_used),
             bytes: self.bytes,
             named: self.named,
             runtime: self.runtime.clone(),
@@ -114,7 +131,9 @@ impl Record {
         Some(Self {
             id: unhex(&file.id)?,
             owner: unhex(&file.owner)?,
-            last_used: file.last_used,
+            last_used: file
+                .last_used_ms
+                .unwrap_or(file.last_used.saturating_mul(1000)),
             bytes: file.bytes,
             named: file.named,
             runtime: file.runtime,
@@ -393,7 +412,7 @@ mod tests {
         let r = Record {
             id: [3; 16],
             owner: owner_digest(&Caller::Token([9; 32])),
-            last_used: 1_700_000_000,
+            last_used: 1_700_000_000_123,
             bytes: 42,
             named: true,
             runtime: Some("/tmp/ipybox-1-a/ipybox-1-b".into()),
@@ -437,7 +456,7 @@ mod tests {
         let r = Record {
             id: [5; 16],
             owner: owner_digest(&Caller::Local),
-            last_used: 1_700_000_000,
+            last_used: 1_700_000_000_123,
             bytes: 1,
             named: true,
             runtime: None,

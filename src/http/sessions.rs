@@ -35,6 +35,7 @@ use super::super::mcp_server::caller::Caller;
 use super::super::mcp_server::session::{KernelSession, SessionSource};
 use super::super::metrics::{self, Closed};
 use super::handle::{Handle, Handles, Place};
+use super::session_store::secs_text;
 
 mod hibernate;
 pub(crate) use hibernate::Hibernation;
@@ -343,10 +344,10 @@ impl Registry {
         if open >= self.config.max_sessions {
             metrics::session_refused();
             let freed = match self.sleep.as_ref().and_then(|s| s.after) {
-                Some(after) => format!("sessions idle for {} s are hibernated", after.as_secs()),
+                Some(after) => format!("sessions idle for {} s are hibernated", secs_text(after)),
                 None => format!(
                     "sessions idle for {} s are closed",
-                    self.config.idle_timeout.as_secs()
+                    secs_text(self.config.idle_timeout)
                 ),
             };
             return Err(format!(
@@ -460,7 +461,7 @@ impl Registry {
                     let why = format!(
                         "session {} is gone: {e}: it was reset (a reset names the new handle), closed after being idle for more than {} s, or its kernel died\n  help: call without `session` to start a new session",
                         session.tag,
-                        self.config.idle_timeout.as_secs()
+                        secs_text(self.config.idle_timeout)
                     );
                     session.mark_closed(why.clone());
                     Err(why)
@@ -533,7 +534,7 @@ impl Registry {
             let message = format!(
                 "session {} expired: it was idle for more than {} s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session",
                 session.tag,
-                self.config.idle_timeout.as_secs()
+                secs_text(self.config.idle_timeout)
             );
             // A call may have entered since the snapshot: then the session stays.
             if session.close_if_idle(self.config.idle_timeout, message.clone()) {

@@ -34,7 +34,7 @@ use ipybox::snapshot::{SnapshotBinding, SnapshotError, SnapshotStore};
 use super::super::super::mcp_server::caller::Caller;
 use super::super::super::mcp_server::session::KernelSession;
 use super::super::super::metrics;
-use super::super::session_store::{Record, SessionStore, hex, now_secs, owner_digest};
+use super::super::session_store::{Record, SessionStore, hex, now_millis, owner_digest, secs_text};
 use super::Registry;
 
 /// How long a kernel may take to write or load a snapshot.
@@ -193,8 +193,8 @@ impl Registry {
                 lock(&registry.sleep_ref().saving).remove(&session.id);
             });
         }
-        let now = now_secs();
-        let timeout = self.config.idle_timeout.as_secs();
+        let now = now_millis();
+        let timeout = u64::try_from(self.config.idle_timeout.as_millis()).unwrap_or(u64::MAX);
         self.refresh_saved_gauge();
         for record in sleep.records.all() {
             if now.saturating_sub(record.last_used) < timeout
@@ -243,7 +243,7 @@ impl Registry {
             *id,
             format!(
                 "session {tag} expired: it was idle for more than {} s (--idle-timeout), so {what}\n  help: call without `session` to start a new session",
-                self.config.idle_timeout.as_secs()
+                secs_text(self.config.idle_timeout)
             ),
         );
         self.factory.remove_images(id);
@@ -299,7 +299,8 @@ impl Registry {
             let record = Record {
                 id: session.id,
                 owner,
-                last_used: now_secs().saturating_sub(used.elapsed().as_secs()),
+                last_used: now_millis()
+                    .saturating_sub(u64::try_from(used.elapsed().as_millis()).unwrap_or(u64::MAX)),
                 bytes: report.manifest.data_bytes,
                 named: session.named(),
                 runtime: session
