@@ -146,6 +146,8 @@ impl Record {
 pub(crate) struct SessionStore {
     /// The replica's directory and its lock (held while this value lives); `None`: memory only.
     disk: Option<(PathBuf, std::fs::File)>,
+    /// `<data dir>/sessions`: every replica's records (what the sweep of snapshots keeps).
+    all_replicas: Option<PathBuf>,
     records: Mutex<HashMap<[u8; 16], Record>>,
 }
 
@@ -154,6 +156,7 @@ impl SessionStore {
     pub(crate) fn memory() -> Self {
         Self {
             disk: None,
+            all_replicas: None,
             records: Mutex::default(),
         }
     }
@@ -167,7 +170,10 @@ impl SessionStore {
                 tracing::warn!(
                     "hibernated sessions will not outlive this process: {e}\n  help: give each ipybox serving this data directory its own --replica-id"
                 );
-                Self::memory()
+                Self {
+                    all_replicas: Some(data_dir.join("sessions")),
+                    ..Self::memory()
+                }
             }
         }
     }
@@ -233,6 +239,7 @@ impl SessionStore {
         }
         Ok(Self {
             disk: Some((dir, lock)),
+            all_replicas: Some(data_dir.join("sessions")),
             records: Mutex::new(records),
         })
     }
@@ -252,6 +259,38 @@ impl SessionStore {
 
     pub(crate) fn all(&self) -> Vec<Record> {
         self.records().values().cloned().collect()
+    }
+
+    /// The (id, owner) of every saved session any replica on this data directory has a record
+    /// of (on disk, whatever replica's directory it is in, live or dead: a dead one's may be
+    /// taken over), and of this process's records in memory.
+    pub(crate) fn everyone(&self) -> Vec<([u8; 16], [u8; 32])> {
+        let mut all: Vec<([u8; 16], [u8; 32])> =
+            self.records().values().map(|r| (r.id, r.owner)).collect();
+        let Some(base) = &self.all_replicas else {
+            return all;
+        };
+        let Ok(replicas) = std::fs::read_dir(base) else {
+            return all;
+        };
+        for replica in replicas.flatten() {
+            if !replica.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let Ok(files) = std::fs::read_dir(replica.path()) else {
+                continue;
+            };
+            for file in files.flatten() {
+                let name = file.file_name();
+                let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                    continue;
+                };
+                if let Some(record) = read_record(&file.path()).filter(|r| hex(&r.id) == stem) {
+                    all.push((record.id, record.owner));
+                }
+            }
+        }
+        all
     }
 
     /// Renews this replica's lease (`sessions/<replica>/lease`, its modification time) every

@@ -241,6 +241,9 @@ impl Registry {
                     sleep.forget(&record.id);
                 }
             }
+            // Snapshots no record names (a save cut short by a crash, or from before saves
+            // of closed sessions were abandoned): removed once older than the grace.
+            sleep.sweep();
         }
         for _ in 0..registry.config.warm_sessions {
             registry.refill_warm();
@@ -500,7 +503,12 @@ impl Registry {
         metrics::session_closed(why);
         tracing::info!(session = %session.tag, reason = ?why, "kernel session closed");
         if let Some(sleep) = &self.sleep {
-            sleep.forget(&session.id);
+            // Its snapshot too when no record names it yet (a save in flight abandons its own
+            // once it sees the session closed, see `hibernate`).
+            sleep.forget_of(
+                &session.id,
+                Some(&super::session_store::owner_digest(&session.owner)),
+            );
         }
         if !self.config.gateway {
             self.closed().insert(session.id, message);

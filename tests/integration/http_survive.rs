@@ -1,5 +1,8 @@
 //! Sessions that survive, exactly (issue 39): a fractional `--idle-timeout` expires a saved
-//! session when it says (not truncated to whole seconds).
+//! session when it says (not truncated to whole seconds); a save whose session closes meanwhile
+//! (expiry during a checkpoint or a hibernation, a handshake-era DELETE during a hibernation)
+//! leaves no snapshot behind, and the start-up sweep removes snapshot directories no record of
+//! any replica names (after a grace).
 //!
 //! Every service here has a replica name of its own and keeps its saved sessions in a
 //! temporary `--snapshot-dir` (removed with the test).
@@ -49,6 +52,54 @@ async fn metric_reaches(service: &Service, name: &str, want: f64, within: Durati
     }
 }
 
+/// The snapshot directories (and unfinished writes) under `saved`, and the session records.
+fn on_disk(saved: &Path) -> (Vec<String>, Vec<String>) {
+    let list = |dir: &Path, keep: &dyn Fn(&str) -> bool| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| keep(n))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let snapshots = list(&saved.join("snapshots"), &|_| true);
+    let mut records = Vec::new();
+    for replica in list(&saved.join("sessions"), &|_| true) {
+        for r in list(&saved.join("sessions").join(&replica), &|n| {
+            n.ends_with(".json")
+        }) {
+            records.push(format!("{replica}/{r}"));
+        }
+    }
+    (snapshots, records)
+}
+
+/// Waits until the log holds `want` lines with `what` (at most 60 s).
+async fn log_count(service: &Service, what: &str, want: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n = service.log().matches(what).count();
+        if n >= want {
+            assert_eq!(n, want, "{what}:\n{}", service.log());
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} of {want} `{what}` in:\n{}",
+            service.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A namespace big enough that saving it takes a while (50 MB).
+const BIG: &str = "big = bytearray(50_000_000)";
+const ABANDONED: &str = "abandoned: the session was closed while it was being saved";
+
 const HIBERNATED: &str = "ipybox_session_saves_total{kind=\"hibernate\"}";
 const EXPIRED: &str = "ipybox_saved_sessions_expired_total";
 
@@ -94,5 +145,198 @@ async fn a_sub_second_idle_timeout_expires_a_saved_session_when_it_says() {
         "{}",
         service.log()
     );
+    client.close().await;
+}
+
+/// Expiry races a checkpoint (2026-07-28) and a hibernation (both eras): each save sees its
+/// session closed, waits for its write and deletes it; nothing is left under `snapshots/` and
+/// no record. The log never says such a session "stays open".
+#[tokio::test(flavor = "multi_thread")]
+async fn expiry_during_a_save_leaves_no_snapshot() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    // Checkpoints: the session stays open while saved, and expires 0.6 s after its last use,
+    // while its 50 MB checkpoint (started at 0.2 s) is still being written.
+    let saved_c = tempfile::tempdir().unwrap();
+    let checkpointing = service(
+        ws.path(),
+        saved_c.path(),
+        &[
+            "--hibernate-after",
+            "off",
+            "--checkpoint-after",
+            "0.2",
+            "--idle-timeout",
+            "0.6",
+        ],
+    );
+    // Hibernation, both eras.
+    let saved_h = tempfile::tempdir().unwrap();
+    let hibernating = service(
+        ws.path(),
+        saved_h.path(),
+        &["--hibernate-after", "0.2", "--idle-timeout", "0.6"],
+    );
+    let c = connect(&checkpointing.url(), None, Era::Stateless).await;
+    let modern = connect(&hibernating.url(), None, Era::Stateless).await;
+    let legacy = connect(&hibernating.url(), None, Era::Handshake).await;
+    let (_, hc) = new_session(&c, BIG).await;
+    let (_, hm) = new_session(&modern, BIG).await;
+    assert_eq!(cell(&legacy, BIG, None).await, (false, String::new()));
+    log_count(&checkpointing, ABANDONED, 1).await;
+    log_count(&hibernating, ABANDONED, 2).await;
+    for (service, saved, handle) in [
+        (&checkpointing, &saved_c, &hc),
+        (&hibernating, &saved_h, &hm),
+    ] {
+        assert_eq!(on_disk(saved.path()), (vec![], vec![]), "{}", service.log());
+        assert!(!service.log().contains("stays open"), "{}", service.log());
+        // The handle is told the session expired.
+        let client = connect(&service.url(), None, Era::Stateless).await;
+        let (is_error, text) = cell(&client, "print(len(big))", Some(handle)).await;
+        assert!(
+            is_error && text.contains(" expired: it was idle for more than 0.6 s"),
+            "{text}"
+        );
+        client.close().await;
+    }
+    for client in [c, modern, legacy] {
+        client.close().await;
+    }
+}
+
+/// A handshake-era MCP session ended (DELETE) while its kernel session is being hibernated:
+/// the hibernation is abandoned and its snapshot deleted. Control in the same service: a
+/// 2026-07-28 session that hibernates undisturbed keeps exactly its snapshot and its record.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delete_during_a_hibernation_leaves_no_snapshot() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let service = service(
+        ws.path(),
+        saved.path(),
+        &["--hibernate-after", "0.2", "--idle-timeout", "60"],
+    );
+    let modern = connect(&service.url(), None, Era::Stateless).await;
+    let (_, h) = new_session(&modern, "kept = 1").await;
+    metric_reaches(&service, HIBERNATED, 1.0, Duration::from_secs(30)).await;
+    let (snapshots, records) = on_disk(saved.path());
+    assert_eq!(
+        (snapshots.len(), records.len()),
+        (1, 1),
+        "{snapshots:?} {records:?}"
+    );
+
+    let legacy = connect(&service.url(), None, Era::Handshake).await;
+    assert_eq!(cell(&legacy, BIG, None).await, (false, String::new()));
+    // The hibernation starts 0.2-0.3 s after the cell and takes longer than that for 50 MB:
+    // nothing tells a client it started, so the DELETE comes at 0.4 s (the log below proves
+    // it came during the save).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    legacy.close().await;
+    log_count(&service, ABANDONED, 1).await;
+    assert_eq!(
+        on_disk(saved.path()),
+        (snapshots, records),
+        "{}",
+        service.log()
+    );
+    assert!(!service.log().contains("stays open"), "{}", service.log());
+    // The undisturbed session comes back.
+    let (is_error, text) = cell(&modern, "print(kept)", Some(&h)).await;
+    assert!(!is_error && text.ends_with("\n\n1"), "{text}");
+    modern.close().await;
+}
+
+/// Makes `dir` and the files in it look last changed 10 minutes ago (past the sweep's grace).
+fn make_old(dir: &Path) {
+    let old = std::time::SystemTime::now() - Duration::from_secs(600);
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        std::fs::File::open(entry.path())
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+    }
+    std::fs::File::open(dir).unwrap().set_modified(old).unwrap();
+}
+
+/// The start-up sweep, run by another replica on the same `--snapshot-dir`: it removes an
+/// orphan snapshot directory and an unfinished write older than the grace; it keeps a fresh
+/// orphan (a write in flight, maybe another replica's) and the snapshot a record of another
+/// replica names, however old, which that replica then restores.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_start_up_sweep_removes_only_old_snapshots_nobody_names() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let snapshots = saved.path().join("snapshots");
+    let (one, two) = (replica(), replica());
+    let flags = |replica: &str| -> Vec<String> {
+        [
+            "--warm-sessions",
+            "0",
+            "--hibernate-after",
+            "0.2",
+            "--replica-id",
+            replica,
+            "--snapshot-dir",
+            saved.path().to_str().unwrap(),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let start = |replica: &str| {
+        let flags = flags(replica);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Service::start(ws.path(), &[], &flags)
+    };
+    let mut first = start(&one);
+    let client = connect(&first.url(), None, Era::Stateless).await;
+    let (_, h) = new_session(&client, "kept = 'still here'").await;
+    metric_reaches(&first, HIBERNATED, 1.0, Duration::from_secs(30)).await;
+    client.close().await;
+    let (status, _) = first.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", first.log());
+    let (named, records) = on_disk(saved.path());
+    assert_eq!(
+        (named.len(), records.len()),
+        (1, 1),
+        "{named:?} {records:?}"
+    );
+    make_old(&snapshots.join(&named[0]));
+    // Planted: an old orphan, an old unfinished write, a fresh orphan.
+    let plant = |name: &str, old: bool| {
+        let dir = snapshots.join(name);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("data"), vec![7u8; 1000]).unwrap();
+        if old {
+            make_old(&dir);
+        }
+    };
+    plant("0123456789abcdef0123456789abcdef", true);
+    plant(".tmp-00000000deadbeef", true);
+    plant("fedcba9876543210fedcba9876543210", false);
+
+    let second = start(&two);
+    let mut want = vec![
+        named[0].clone(),
+        "fedcba9876543210fedcba9876543210".to_string(),
+    ];
+    want.sort();
+    assert_eq!(on_disk(saved.path()), (want, records), "{}", second.log());
+    assert!(
+        second
+            .log()
+            .contains("removed 2 snapshot directories no saved session names (2000 bytes)"),
+        "{}",
+        second.log()
+    );
+    drop(second);
+    // The kept snapshot is whole: its replica restores it.
+    let first = start(&one);
+    let client = connect(&first.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&client, "print(kept)", Some(&h)).await;
+    assert!(!is_error && text.ends_with("\n\nstill here"), "{text}");
     client.close().await;
 }

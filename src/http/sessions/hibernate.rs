@@ -40,6 +40,14 @@ use super::Registry;
 /// How long a kernel may take to write or load a snapshot.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// A snapshot directory no record names is removed once it has not changed for this long (a
+/// save in flight, here or in another replica on the same storage, writes its record right
+/// after its directory).
+pub(crate) const SWEEP_GRACE: Duration = Duration::from_secs(120);
+
+/// How often the reaper sweeps the snapshot directory (besides at start).
+const SWEEP_EVERY: Duration = Duration::from_secs(300);
+
 /// When and where sessions are saved (`None` in the registry: never).
 pub(crate) struct Hibernation {
     pub(super) store: SnapshotStore,
@@ -57,6 +65,8 @@ pub(crate) struct Hibernation {
     covered: Mutex<HashMap<[u8; 16], Instant>>,
     /// The last use a failed save was for (not tried again until the session is used again).
     failed: Mutex<HashMap<[u8; 16], Instant>>,
+    /// When the snapshot directory was last swept.
+    swept: Mutex<Instant>,
 }
 
 /// A session's transition lock, held (see the module docs).
@@ -104,6 +114,7 @@ impl Hibernation {
             saving: Mutex::default(),
             covered: Mutex::default(),
             failed: Mutex::default(),
+            swept: Mutex::new(Instant::now()),
         }
     }
 
@@ -129,13 +140,41 @@ impl Hibernation {
 
     /// Deletes session `id`'s snapshot and record; returns the record if there was one.
     pub(super) fn forget(&self, id: &[u8; 16]) -> Option<Record> {
+        self.forget_of(id, None)
+    }
+
+    /// [`Self::forget`], and with `owner` (the session's) its snapshot even when there is no
+    /// record (a save of a session that closed meanwhile wrote one).
+    pub(super) fn forget_of(&self, id: &[u8; 16], owner: Option<&[u8; 32]>) -> Option<Record> {
         lock(&self.covered).remove(id);
         lock(&self.failed).remove(id);
-        let record = self.records.remove(id)?;
-        if let Err(e) = self.store.delete(&Self::binding(id, &record.owner)) {
+        let record = self.records.remove(id);
+        let owner = record.as_ref().map(|r| &r.owner).or(owner)?;
+        if let Err(e) = self.store.delete(&Self::binding(id, owner)) {
             tracing::warn!("cannot delete a saved session's snapshot: {e}");
         }
-        Some(record)
+        record
+    }
+
+    /// Removes the snapshot directories no saved session of any replica names (and unfinished
+    /// writes), once older than [`SWEEP_GRACE`]; logs what it removed.
+    pub(super) fn sweep(&self) {
+        let keep: HashSet<String> = self
+            .records
+            .everyone()
+            .iter()
+            .map(|(id, owner)| self.store.dir_name(&Self::binding(id, owner)))
+            .collect();
+        match self.store.sweep(&keep, SWEEP_GRACE) {
+            Ok(swept) if swept.removed.is_empty() => {}
+            Ok(swept) => tracing::info!(
+                "removed {} snapshot directories no saved session names ({} bytes) from {}",
+                swept.removed.len(),
+                swept.bytes,
+                self.store.root().display()
+            ),
+            Err(e) => tracing::warn!("cannot sweep the snapshot directory: {e}"),
+        }
     }
 
     /// Whether `session` is due for a save now: hibernation (`Some(false)`) or a checkpoint
@@ -192,6 +231,14 @@ impl Registry {
                     .await;
                 lock(&registry.sleep_ref().saving).remove(&session.id);
             });
+        }
+        {
+            let mut swept = lock(&sleep.swept);
+            if swept.elapsed() >= SWEEP_EVERY {
+                *swept = Instant::now();
+                let registry = self.clone();
+                tokio::task::spawn_blocking(move || registry.sleep_ref().sweep());
+            }
         }
         let now = now_millis();
         let timeout = u64::try_from(self.config.idle_timeout.as_millis()).unwrap_or(u64::MAX);
@@ -280,11 +327,16 @@ impl Registry {
         let current = lock(&sleep.covered).get(&session.id) == Some(&used)
             && sleep.records.get(&session.id).is_some();
         if !current {
-            let report = match session
+            let snapshot = session
                 .executor
                 .snapshot(&sleep.store, &binding, Some(SNAPSHOT_TIMEOUT))
-                .await
-            {
+                .await;
+            // Closed meanwhile (expired, its MCP session ended): what was written is nobody's.
+            if session.closed().is_some() {
+                self.abandon(session, &owner, what).await;
+                return false;
+            }
+            let report = match snapshot {
                 Ok(report) => report,
                 Err(e) => {
                     lock(&sleep.failed).insert(session.id, used);
@@ -312,6 +364,12 @@ impl Registry {
             if let Err(e) = sleep.records.put(record) {
                 lock(&sleep.failed).insert(session.id, used);
                 tracing::warn!(session = %session.tag, "{what} failed, the session stays open: cannot write its record: {e}");
+                return false;
+            }
+            // A close marks the session before it forgets its saved state: closed after the
+            // check above, either this sees it or the close's forget sees the record.
+            if session.closed().is_some() {
+                self.abandon(session, &owner, what).await;
                 return false;
             }
             lock(&sleep.covered).insert(session.id, used);
@@ -347,16 +405,39 @@ impl Registry {
         true
     }
 
+    /// A save of `session` that closed while it was being saved: waits for the snapshot's write
+    /// (it may still be in flight on a blocking thread), then deletes it and any record.
+    async fn abandon(&self, session: &KernelSession, owner: &[u8; 32], what: &str) {
+        let sleep = self.sleep_ref();
+        sleep
+            .store
+            .writes_settled(&Hibernation::binding(&session.id, owner))
+            .await;
+        sleep.forget_of(&session.id, Some(owner));
+        self.refresh_saved_gauge();
+        tracing::info!(
+            session = %session.tag,
+            "{what} abandoned: the session was closed while it was being saved; its snapshot was deleted"
+        );
+    }
+
     /// Deletes `owner`'s least recently used hibernated sessions (never `keep`, never an open
     /// one) until its snapshots fit `--snapshot-quota`.
     fn enforce_quota(&self, owner: &[u8; 32], keep: &[u8; 16]) {
         let sleep = self.sleep_ref();
         let Some(quota) = sleep.quota else { return };
+        // What is on disk (the files of each snapshot), not what the records say.
         let mut mine: Vec<Record> = sleep
             .records
             .all()
             .into_iter()
             .filter(|r| r.owner == *owner)
+            .map(|mut r| {
+                r.bytes = sleep
+                    .store
+                    .disk_bytes(&Hibernation::binding(&r.id, &r.owner));
+                r
+            })
             .collect();
         let mut total: u64 = mine.iter().map(|r| r.bytes).sum();
         mine.sort_by_key(|r| r.last_used);
