@@ -564,6 +564,11 @@ impl Registry {
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let deadline = match self.interrupt_for_restart(grace).await {
+            0 => deadline,
+            // The interrupted sessions (and the idle ones) get their own time to be saved.
+            _ => deadline.max(tokio::time::Instant::now() + CUT_SAVE_BOUND),
+        };
         self.hibernate_for_restart(deadline).await;
         let sessions: Vec<Arc<KernelSession>> = self.open().drain().map(|(_, s)| s).collect();
         let gateway = self.config.gateway;
@@ -604,7 +609,62 @@ impl Registry {
     }
 }
 
+/// At shutdown, how long a cell interrupted at the end of `--shutdown-grace` has to end.
+const CUT_WAIT: Duration = Duration::from_secs(10);
+/// At shutdown, how long the saves after such an interruption may take.
+const CUT_SAVE_BOUND: Duration = Duration::from_secs(10);
+
 impl Registry {
+    /// Shutdown, once `grace` is over: the sessions whose handle a client holds and that still
+    /// run a cell have that cell interrupted (as a cancel does: KeyboardInterrupt, the state
+    /// kept), so that they can be saved with every cell their client was told had run; the cut
+    /// call's result says so. Waits up to [`CUT_WAIT`] for them to be idle; returns how many
+    /// were interrupted.
+    async fn interrupt_for_restart(self: &Arc<Self>, grace: Duration) -> usize {
+        let Some(sleep) = &self.sleep else { return 0 };
+        if !sleep.records.persistent() {
+            return 0;
+        }
+        let busy: Vec<Arc<KernelSession>> = self
+            .open()
+            .values()
+            .filter(|s| s.named() && s.idle_for().is_none())
+            .cloned()
+            .collect();
+        let mut cut = 0;
+        for session in &busy {
+            // A restore report the cut call has not shown yet stays first.
+            let pending = session.take_restored();
+            let notice = format!(
+                "[ipybox] ipybox is shutting down: this cell was still running when --shutdown-grace ({} s) ended, so it was interrupted (KeyboardInterrupt) and did not finish; the session's state, with what this cell did until then, is saved.\n  help: after the restart, call again with the same `session`: its state is restored; run what this cell did not do again if you need it",
+                secs_text(grace)
+            );
+            session.set_restored(match &pending {
+                Some(report) => format!("{report}\n{notice}"),
+                None => notice,
+            });
+            if session.executor.cancel() {
+                cut += 1;
+                tracing::info!(session = %session.tag, "shutdown: a cell still running at the end of --shutdown-grace is interrupted, so that the session can be saved");
+            } else {
+                // Not running a cell (a call waiting for its turn, or for a kernel): nothing
+                // to interrupt, nothing to say.
+                session.take_restored();
+                if let Some(report) = pending {
+                    session.set_restored(report);
+                }
+            }
+        }
+        if cut == 0 {
+            return 0;
+        }
+        let until = tokio::time::Instant::now() + CUT_WAIT;
+        while tokio::time::Instant::now() < until && busy.iter().any(|s| s.idle_for().is_none()) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cut
+    }
+
     /// Shutdown: hibernates the idle sessions whose handle a client holds, so that they come
     /// back after a restart; until `deadline` (what is left of `--shutdown-grace`). Those not
     /// saved by then are closed as the others are (a checkpoint taken earlier stays).

@@ -2,7 +2,8 @@
 //! session when it says (not truncated to whole seconds); a save whose session closes meanwhile
 //! (expiry during a checkpoint or a hibernation, a handshake-era DELETE during a hibernation)
 //! leaves no snapshot behind, and the start-up sweep removes snapshot directories no record of
-//! any replica names (after a grace).
+//! any replica names (after a grace); a clean SIGTERM with a cell running past the grace
+//! interrupts that cell and saves the session, so no acknowledged cell is rolled back.
 //!
 //! Every service here has a replica name of its own and keeps its saved sessions in a
 //! temporary `--snapshot-dir` (removed with the test).
@@ -338,5 +339,121 @@ async fn the_start_up_sweep_removes_only_old_snapshots_nobody_names() {
     let client = connect(&first.url(), None, Era::Stateless).await;
     let (is_error, text) = cell(&client, "print(kept)", Some(&h)).await;
     assert!(!is_error && text.ends_with("\n\nstill here"), "{text}");
+    client.close().await;
+}
+
+/// Copies the saved sessions (snapshots and records, not the locks) from `from` to `to`.
+fn copy_saved(from: &Path, to: &Path) {
+    let _ = std::fs::remove_dir_all(to.join("snapshots"));
+    let _ = std::fs::remove_dir_all(to.join("sessions"));
+    for dir in ["snapshots", "sessions", "keys"] {
+        copy_tree(&from.join(dir), &to.join(dir));
+    }
+}
+
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let name = entry.file_name();
+        if name == "lock" || name == "lease" {
+            continue;
+        }
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &to.join(&name));
+        } else {
+            std::fs::copy(entry.path(), to.join(&name)).unwrap();
+        }
+    }
+}
+
+/// The checkpoint holds `log == ['base']`; `log.append('quick')` returns; a 30 s cell starts;
+/// SIGTERM with `--shutdown-grace 3`. The running cell is interrupted when the grace ends and
+/// the session saved: the cut call is told so, and after a restart the handle gets
+/// `['base', 'quick']`. Control: the saved state as it was at the SIGTERM (the checkpoint),
+/// restored by a service of its own, gives `['base']`: what a restart silently brought back
+/// before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_shutdown_keeps_every_acknowledged_cell() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let before = tempfile::tempdir().unwrap();
+    let name = replica();
+    let flags = |dir: &Path| -> Vec<String> {
+        [
+            "--warm-sessions",
+            "0",
+            "--hibernate-after",
+            "off",
+            "--checkpoint-after",
+            "1",
+            "--shutdown-grace",
+            "3",
+            "--replica-id",
+            &name,
+            "--snapshot-dir",
+            dir.to_str().unwrap(),
+        ]
+        .map(str::to_string)
+        .to_vec()
+    };
+    let start = |dir: &Path| {
+        let flags = flags(dir);
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Service::start(ws.path(), &[], &flags)
+    };
+    let mut service = start(saved.path());
+    let client = std::sync::Arc::new(connect(&service.url(), None, Era::Stateless).await);
+    let (_, h) = new_session(&*client, "log = ['base']").await;
+    const CHECKPOINTS: &str = "ipybox_session_saves_total{kind=\"checkpoint\"}";
+    metric_reaches(&service, CHECKPOINTS, 1.0, Duration::from_secs(30)).await;
+    assert_eq!(
+        cell(&*client, "log.append('quick')", Some(&h)).await,
+        (false, String::new())
+    );
+    let slow = {
+        let (client, h) = (client.clone(), h.clone());
+        tokio::spawn(async move {
+            cell(
+                &*client,
+                "import time\nlog.append('slow')\ntime.sleep(30)",
+                Some(&h),
+            )
+            .await
+        })
+    };
+    // The slow cell runs (no call is idle): the checkpoint still holds ['base'].
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metric(service.port, None, CHECKPOINTS).await, 1.0);
+    copy_saved(saved.path(), before.path());
+    let (status, took) = tokio::task::block_in_place(|| service.terminate(Duration::from_secs(40)));
+    assert!(status.success(), "{status}\n{}", service.log());
+    let (is_error, text) = slow.await.unwrap();
+    assert!(is_error, "{text}");
+    assert_eq!(
+        text,
+        "[ipybox] ipybox is shutting down: this cell was still running when --shutdown-grace (3 s) ended, so it was interrupted (KeyboardInterrupt) and did not finish; the session's state, with what this cell did until then, is saved.\n  help: after the restart, call again with the same `session`: its state is restored; run what this cell did not do again if you need it\n\nthe execution was cancelled"
+    );
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    let log = service.log();
+    assert!(
+        log.contains("shutdown: 1 of 1 idle sessions hibernated"),
+        "{log}"
+    );
+    drop(client);
+
+    let service = start(saved.path());
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&client, "print(log)", Some(&h)).await;
+    assert!(!is_error, "{text}");
+    assert!(text.ends_with("\n\n['base', 'quick', 'slow']"), "{text}");
+    client.close().await;
+    drop(service);
+
+    // Control: the checkpoint alone.
+    let control = start(before.path());
+    let client = connect(&control.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&client, "print(log)", Some(&h)).await;
+    assert!(!is_error && text.ends_with("\n\n['base']"), "{text}");
     client.close().await;
 }
