@@ -542,6 +542,15 @@ mod tests {
     }
 
     #[test]
+    fn durations_keep_their_fractions() {
+        use std::time::Duration;
+        assert_eq!(secs_text(Duration::from_millis(1600)), "1.6");
+        assert_eq!(secs_text(Duration::from_millis(250)), "0.25");
+        assert_eq!(secs_text(Duration::from_secs(30)), "30");
+        assert_eq!(secs_text(Duration::from_secs(604_800)), "604800");
+    }
+
+    #[test]
     fn owners_differ_by_credential() {
         assert_ne!(
             owner_digest(&Caller::Token([1; 32])),

@@ -553,8 +553,10 @@ impl Registry {
     }
 
     /// Shutdown: no new sessions; waits up to `grace` for calls in progress and running cells
-    /// to end, then closes every session (running cells are cancelled), kernels deleted (or
-    /// detached from, on a gateway, when another replica uses them).
+    /// to end; interrupts the cells still running in sessions a client holds a handle of and
+    /// hibernates those sessions with the idle ones (see [`Self::interrupt_for_restart`]); then
+    /// closes every session (running cells are cancelled), kernels deleted (or detached from,
+    /// on a gateway, when another replica uses them).
     pub(crate) async fn close_all(self: &Arc<Self>, grace: Duration) {
         self.closing
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -702,9 +704,15 @@ impl Registry {
                     .map(|(session, _)| session.executor.stop());
                 futures::future::join_all(stops).await;
             }
-            Err(_) => tracing::warn!(
-                "shutdown: --shutdown-grace ran out while hibernating {count} idle sessions; those not saved yet are closed"
-            ),
+            Err(_) => {
+                tracing::warn!(
+                    "shutdown: --shutdown-grace ran out while hibernating {count} idle sessions; those not saved yet are closed"
+                );
+                // A snapshot write handed to a blocking thread completes anyway: nobody's.
+                for session in &idle {
+                    sleep.drop_unrecorded(session).await;
+                }
+            }
         }
     }
 }

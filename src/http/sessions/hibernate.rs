@@ -16,6 +16,11 @@
 //!   `--snapshot-quota` bytes per owner: the owner's least recently used hibernated sessions are
 //!   deleted to stay within it.
 //!
+//! - **Abandon**: a save whose session closed meanwhile (expiry, an MCP session's DELETE)
+//!   waits for its snapshot's write and deletes it and any record; a sweep (at start, then every
+//!   [`SWEEP_EVERY`]) removes snapshot directories no replica's record names, once older than
+//!   [`SWEEP_GRACE`]. Every snapshot on disk belongs to a record.
+//!
 //! Every transition of one session (hibernate, checkpoint, wake, expire) holds that session's
 //! lock, and a call that names the session takes it too: concurrent calls restore once, and a
 //! call that arrives while the session hibernates waits and then restores it (it never runs in
@@ -154,6 +159,22 @@ impl Hibernation {
             tracing::warn!("cannot delete a saved session's snapshot: {e}");
         }
         record
+    }
+
+    /// After a save of `session` was cut short (shutdown): waits for its write, if one is in
+    /// flight, and deletes what it wrote unless a record names it (an earlier checkpoint's
+    /// record names the newer snapshot as well: same session, same seal).
+    pub(super) async fn drop_unrecorded(&self, session: &KernelSession) {
+        if self.records.get(&session.id).is_some() {
+            return;
+        }
+        let binding = Self::binding(&session.id, &owner_digest(&session.owner));
+        self.store.writes_settled(&binding).await;
+        if self.records.get(&session.id).is_none()
+            && let Err(e) = self.store.delete(&binding)
+        {
+            tracing::warn!(session = %session.tag, "cannot delete an unfinished save's snapshot: {e}");
+        }
     }
 
     /// Removes the snapshot directories no saved session of any replica names (and unfinished
