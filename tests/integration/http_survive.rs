@@ -97,7 +97,8 @@ async fn log_count(service: &Service, what: &str, want: usize) {
     }
 }
 
-/// A namespace big enough that saving it takes a while (50 MB).
+/// A namespace big enough that saving it takes a while (50 MB: 2-6 s with this debug build
+/// here, most of it the host hashing and writing the data; the races below need 0.4 s).
 const BIG: &str = "big = bytearray(50_000_000)";
 const ABANDONED: &str = "abandoned: the session was closed while it was being saved";
 
