@@ -631,6 +631,73 @@ mod tests {
         s.delete(&a).unwrap();
     }
 
+    /// Makes `dir` and its files look last changed 10 minutes ago.
+    fn make_old(dir: &Path) {
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            std::fs::File::open(entry.path())
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        std::fs::File::open(dir).unwrap().set_modified(old).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_sweep_removes_only_old_snapshots_nobody_names_nor_writes() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let grace = std::time::Duration::from_secs(60);
+        let binding = |n: &str| SnapshotBinding::new(n, b"owner".to_vec());
+        let (named, orphan, fresh, writing) = (
+            binding("named"),
+            binding("orphan"),
+            binding("fresh"),
+            binding("writing"),
+        );
+        for b in [&named, &orphan, &fresh] {
+            s.write(b, U, &manifest(5), &mut &b"hello"[..], 5).unwrap();
+        }
+        make_old(&s.path(&named));
+        make_old(&s.path(&orphan));
+        // An old unfinished write, and an old directory a write of this process has in flight.
+        let tmp = s.root().join(".tmp-0123456789abcdef");
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::write(tmp.join(DATA), b"half").unwrap();
+        make_old(&tmp);
+        let guard = s.begin_write(&writing);
+        std::fs::create_dir(s.path(&writing)).unwrap();
+        make_old(&s.path(&writing));
+        // Not ours: left alone.
+        std::fs::write(s.root().join("README"), b"x").unwrap();
+
+        let keep = std::collections::HashSet::from([s.dir_name(&named)]);
+        let swept = s.sweep(&keep, grace).unwrap();
+        let mut removed = swept.removed.clone();
+        removed.sort();
+        let mut want = vec![s.dir_name(&orphan), ".tmp-0123456789abcdef".to_string()];
+        want.sort();
+        assert_eq!(removed, want);
+        assert!(swept.bytes > 4, "{swept:?}");
+        assert!(s.contains(&named) && s.contains(&fresh) && !s.contains(&orphan));
+        assert!(s.path(&writing).is_dir() && s.root().join("README").is_file());
+
+        // A write in flight is waited for; once it ended, the sweep takes its directory.
+        let waiting = {
+            let (s, writing) = (s.clone(), writing.clone());
+            tokio::spawn(async move { s.writes_settled(&writing).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(guard);
+        waiting.await.unwrap();
+        s.writes_settled(&named).await; // none in flight: at once
+        assert_eq!(
+            s.sweep(&keep, grace).unwrap().removed,
+            vec![s.dir_name(&writing)]
+        );
+    }
+
     #[test]
     fn short_data_is_not_stored() {
         let t = tempfile::tempdir().unwrap();
