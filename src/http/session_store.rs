@@ -94,6 +94,9 @@ pub(crate) struct Record {
     /// The runtime directory of the kernel that was saved (its working directory `work/` is
     /// that kernel's own, gone with it).
     pub(crate) runtime: Option<String>,
+    /// What the snapshot does not hold that the session's client was told had run (a shutdown
+    /// could not save it again), for the model, told once with the restore report.
+    pub(crate) lost: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -110,6 +113,8 @@ struct RecordFile {
     named: bool,
     #[serde(default)]
     runtime: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lost: Option<String>,
 }
 
 impl Record {
@@ -123,6 +128,7 @@ impl Record {
             bytes: self.bytes,
             named: self.named,
             runtime: self.runtime.clone(),
+            lost: self.lost.clone(),
         }
     }
 
@@ -137,6 +143,7 @@ impl Record {
             bytes: file.bytes,
             named: file.named,
             runtime: file.runtime,
+            lost: file.lost,
         })
     }
 }
@@ -455,6 +462,7 @@ mod tests {
             bytes: 42,
             named: true,
             runtime: Some("/tmp/ipybox-1-a/ipybox-1-b".into()),
+            lost: Some("cells 3-4".into()),
         };
         {
             let store = SessionStore::open(t.path(), "web-0");
@@ -499,6 +507,7 @@ mod tests {
             bytes: 1,
             named: true,
             runtime: None,
+            lost: None,
         };
         let b = SessionStore::open(t.path(), "b");
         let lease = t.path().join("sessions/a/lease");

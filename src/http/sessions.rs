@@ -566,12 +566,25 @@ impl Registry {
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let deadline = match self.interrupt_for_restart(grace).await {
+        let (cut, lost) = self.interrupt_for_restart(grace).await;
+        let deadline = match cut {
             0 => deadline,
             // The interrupted sessions (and the idle ones) get their own time to be saved.
             _ => deadline.max(tokio::time::Instant::now() + CUT_SAVE_BOUND),
         };
-        self.hibernate_for_restart(deadline).await;
+        self.hibernate_for_restart(deadline, &lost).await;
+        if let Some(sleep) = self.sleep.as_ref().filter(|s| s.records.persistent()) {
+            // Still running a cell, or its kernel replaced (the cell ignored the interruption):
+            // not saved again, so its next call is told what its last checkpoint lacks.
+            for session in self.open().values() {
+                if session.named()
+                    && (session.idle_for().is_none() || lost.contains(&session.id))
+                    && sleep.mark_lost(session)
+                {
+                    tracing::warn!(session = %session.tag, "shutdown: a cell did not stop when interrupted, so the session was not saved again; its last checkpoint stays, and its next call is told what it lacks");
+                }
+            }
+        }
         let sessions: Vec<Arc<KernelSession>> = self.open().drain().map(|(_, s)| s).collect();
         let gateway = self.config.gateway;
         let stops = sessions.into_iter().map(|session| async move {
@@ -611,8 +624,7 @@ impl Registry {
     }
 }
 
-/// At shutdown, how long a cell interrupted at the end of `--shutdown-grace` has to end.
-const CUT_WAIT: Duration = Duration::from_secs(10);
+use hibernate::CUT_WAIT;
 /// At shutdown, how long the saves after such an interruption may take.
 const CUT_SAVE_BOUND: Duration = Duration::from_secs(10);
 
@@ -622,10 +634,16 @@ impl Registry {
     /// kept), so that they can be saved with every cell their client was told had run; the cut
     /// call's result says so. Waits up to [`CUT_WAIT`] for them to be idle; returns how many
     /// were interrupted.
-    async fn interrupt_for_restart(self: &Arc<Self>, grace: Duration) -> usize {
-        let Some(sleep) = &self.sleep else { return 0 };
+    async fn interrupt_for_restart(
+        self: &Arc<Self>,
+        grace: Duration,
+    ) -> (usize, std::collections::HashSet<[u8; 16]>) {
+        let mut lost = std::collections::HashSet::new();
+        let Some(sleep) = &self.sleep else {
+            return (0, lost);
+        };
         if !sleep.records.persistent() {
-            return 0;
+            return (0, lost);
         }
         let busy: Vec<Arc<KernelSession>> = self
             .open()
@@ -633,12 +651,13 @@ impl Registry {
             .filter(|s| s.named() && s.idle_for().is_none())
             .cloned()
             .collect();
-        let mut cut = 0;
+        let mut cut = Vec::new();
         for session in &busy {
+            let pid = session.executor.kernel_pid().await;
             // A restore report the cut call has not shown yet stays first.
             let pending = session.take_restored();
             let notice = format!(
-                "[ipybox] ipybox is shutting down: this cell was still running when --shutdown-grace ({} s) ended, so it was interrupted (KeyboardInterrupt) and did not finish; the session's state, with what this cell did until then, is saved.\n  help: after the restart, call again with the same `session`: its state is restored; run what this cell did not do again if you need it",
+                "[ipybox] ipybox is shutting down: this cell was still running when --shutdown-grace ({} s) ended, so it was interrupted (KeyboardInterrupt) and did not finish. The session is saved with what its cells did until then; if this cell did not stop when interrupted, its kernel was replaced and the session comes back as its last checkpoint, and the first call after the restart says what that lacks.\n  help: after the restart, call again with the same `session`; run what this cell did not do again if you need it",
                 secs_text(grace)
             );
             session.set_restored(match &pending {
@@ -646,7 +665,7 @@ impl Registry {
                 None => notice,
             });
             if session.executor.cancel() {
-                cut += 1;
+                cut.push((session.clone(), pid));
                 tracing::info!(session = %session.tag, "shutdown: a cell still running at the end of --shutdown-grace is interrupted, so that the session can be saved");
             } else {
                 // Not running a cell (a call waiting for its turn, or for a kernel): nothing
@@ -657,20 +676,32 @@ impl Registry {
                 }
             }
         }
-        if cut == 0 {
-            return 0;
+        if cut.is_empty() {
+            return (0, lost);
         }
         let until = tokio::time::Instant::now() + CUT_WAIT;
-        while tokio::time::Instant::now() < until && busy.iter().any(|s| s.idle_for().is_none()) {
+        while tokio::time::Instant::now() < until && cut.iter().any(|(s, _)| s.idle_for().is_none())
+        {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        cut
+        // A cell that did not stop when interrupted has its kernel replaced (state gone): such
+        // a session must not be saved (it would overwrite its checkpoint with an empty one).
+        for (session, pid) in &cut {
+            if session.idle_for().is_none() || session.executor.kernel_pid().await != *pid {
+                lost.insert(session.id);
+            }
+        }
+        (cut.len(), lost)
     }
 
     /// Shutdown: hibernates the idle sessions whose handle a client holds, so that they come
     /// back after a restart; until `deadline` (what is left of `--shutdown-grace`). Those not
     /// saved by then are closed as the others are (a checkpoint taken earlier stays).
-    async fn hibernate_for_restart(self: &Arc<Self>, deadline: tokio::time::Instant) {
+    async fn hibernate_for_restart(
+        self: &Arc<Self>,
+        deadline: tokio::time::Instant,
+        skip: &std::collections::HashSet<[u8; 16]>,
+    ) {
         let Some(sleep) = &self.sleep else { return };
         if !sleep.records.persistent() {
             return;
@@ -678,7 +709,7 @@ impl Registry {
         let idle: Vec<Arc<KernelSession>> = self
             .open()
             .values()
-            .filter(|s| s.named() && s.idle_for().is_some())
+            .filter(|s| s.named() && s.idle_for().is_some() && !skip.contains(&s.id))
             .cloned()
             .collect();
         if idle.is_empty() {

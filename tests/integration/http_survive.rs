@@ -343,6 +343,9 @@ async fn the_start_up_sweep_removes_only_old_snapshots_nobody_names() {
     client.close().await;
 }
 
+/// What a call cut at shutdown is told, at the top of its result.
+const CUT: &str = "[ipybox] ipybox is shutting down: this cell was still running when --shutdown-grace (3 s) ended, so it was interrupted (KeyboardInterrupt) and did not finish. The session is saved with what its cells did until then; if this cell did not stop when interrupted, its kernel was replaced and the session comes back as its last checkpoint, and the first call after the restart says what that lacks.\n  help: after the restart, call again with the same `session`; run what this cell did not do again if you need it";
+
 /// Copies the saved sessions (snapshots and records, not the locks) from `from` to `to`.
 fn copy_saved(from: &Path, to: &Path) {
     let _ = std::fs::remove_dir_all(to.join("snapshots"));
@@ -431,10 +434,7 @@ async fn a_clean_shutdown_keeps_every_acknowledged_cell() {
     assert!(status.success(), "{status}\n{}", service.log());
     let (is_error, text) = slow.await.unwrap();
     assert!(is_error, "{text}");
-    assert_eq!(
-        text,
-        "[ipybox] ipybox is shutting down: this cell was still running when --shutdown-grace (3 s) ended, so it was interrupted (KeyboardInterrupt) and did not finish; the session's state, with what this cell did until then, is saved.\n  help: after the restart, call again with the same `session`: its state is restored; run what this cell did not do again if you need it\n\nthe execution was cancelled"
-    );
+    assert_eq!(text, format!("{CUT}\n\nthe execution was cancelled"));
     assert!(took < Duration::from_secs(15), "{took:?}");
     let log = service.log();
     assert!(
@@ -456,5 +456,84 @@ async fn a_clean_shutdown_keeps_every_acknowledged_cell() {
     let client = connect(&control.url(), None, Era::Stateless).await;
     let (is_error, text) = cell(&client, "print(log)", Some(&h)).await;
     assert!(!is_error && text.ends_with("\n\n['base']"), "{text}");
+    client.close().await;
+}
+
+/// The same, with a cell that ignores the interruption (it catches KeyboardInterrupt and sleeps
+/// again): the executor replaces its kernel (the state is gone), so the session is not saved
+/// again (that would overwrite its checkpoint with an empty namespace); its checkpoint
+/// (`['base']`) comes back, and the restore report says exactly what is missing and why. Control: the interrupted cell of the
+/// test above is saved; here `quick` is not in the state, and the report says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_that_ignores_the_interruption_is_told_what_was_lost() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let name = replica();
+    let flags = [
+        "--warm-sessions",
+        "0",
+        "--hibernate-after",
+        "off",
+        "--checkpoint-after",
+        "1",
+        "--shutdown-grace",
+        "3",
+        "--replica-id",
+        &name,
+        "--snapshot-dir",
+        saved.path().to_str().unwrap(),
+    ];
+    let mut service = Service::start(ws.path(), &[], &flags);
+    let client = std::sync::Arc::new(connect(&service.url(), None, Era::Stateless).await);
+    let (_, h) = new_session(&*client, "log = ['base']").await;
+    const CHECKPOINTS: &str = "ipybox_session_saves_total{kind=\"checkpoint\"}";
+    metric_reaches(&service, CHECKPOINTS, 1.0, Duration::from_secs(30)).await;
+    assert_eq!(
+        cell(&*client, "log.append('quick')", Some(&h)).await,
+        (false, String::new())
+    );
+    let stubborn = {
+        let (client, h) = (client.clone(), h.clone());
+        tokio::spawn(async move {
+            let code = "import time\nwhile True:\n    try:\n        time.sleep(30)\n    except KeyboardInterrupt:\n        pass";
+            cell(&*client, code, Some(&h)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(metric(service.port, None, CHECKPOINTS).await, 1.0);
+    let (status, took) = tokio::task::block_in_place(|| service.terminate(Duration::from_secs(60)));
+    assert!(status.success(), "{status}\n{}", service.log());
+    // The grace, then the kernel's 3 s to stop the interrupted cell before it is replaced.
+    assert!(
+        took >= Duration::from_secs(6) && took < Duration::from_secs(20),
+        "{took:?}"
+    );
+    assert!(
+        service.log().contains(
+            "shutdown: a cell did not stop when interrupted, so the session was not saved again"
+        ),
+        "{}",
+        service.log()
+    );
+    let (is_error, text) = stubborn.await.unwrap();
+    assert!(is_error && text.starts_with(CUT), "{text}");
+    drop(client);
+
+    let service = Service::start(ws.path(), &[], &flags);
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&client, "print(log)", Some(&h)).await;
+    assert!(!is_error, "{text}");
+    let (report, output) = text.split_once("\n\n").unwrap();
+    assert_eq!(output, "['base']");
+    let lost = report.lines().last().unwrap();
+    assert_eq!(
+        lost,
+        "Lost: what this session ran after this snapshot was taken. ipybox was shut down while a cell of this session was still running, and the cell did not stop when interrupted (its kernel was replaced, or it still ran when ipybox exited), so the session could not be saved again. Every call made after the snapshot's time, and that cell, are not in the state that came back; run them again if you need what they did.",
+        "{text}"
+    );
+    // Told once.
+    let (is_error, text) = cell(&client, "print(log)", Some(&h)).await;
+    assert_eq!((is_error, text.as_str()), (false, "['base']"));
     client.close().await;
 }

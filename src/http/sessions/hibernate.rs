@@ -50,6 +50,10 @@ const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
 /// after its directory).
 pub(crate) const SWEEP_GRACE: Duration = Duration::from_secs(120);
 
+/// At shutdown, how long a cell interrupted at the end of `--shutdown-grace` has to end (the
+/// executor replaces a kernel whose cell does not stop within its interrupt grace, 3 s).
+pub(super) const CUT_WAIT: Duration = Duration::from_secs(10);
+
 /// How often the reaper sweeps the snapshot directory (besides at start).
 const SWEEP_EVERY: Duration = Duration::from_secs(300);
 
@@ -174,6 +178,26 @@ impl Hibernation {
             && let Err(e) = self.store.delete(&binding)
         {
             tracing::warn!(session = %session.tag, "cannot delete an unfinished save's snapshot: {e}");
+        }
+    }
+
+    /// Shutdown: `session` still runs a cell and could not be saved again: its record (if it
+    /// has one, from a checkpoint) says that what ran after that snapshot is lost, so the next
+    /// call is told instead of getting an older state silently. Returns whether it had one.
+    pub(super) fn mark_lost(&self, session: &KernelSession) -> bool {
+        let Some(record) = self.records.get(&session.id) else {
+            return false;
+        };
+        let lost = "Lost: what this session ran after this snapshot was taken. ipybox was shut down while a cell of this session was still running, and the cell did not stop when interrupted (its kernel was replaced, or it still ran when ipybox exited), so the session could not be saved again. Every call made after the snapshot's time, and that cell, are not in the state that came back; run them again if you need what they did.".to_string();
+        match self.records.put(Record {
+            lost: Some(lost),
+            ..record
+        }) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(session = %session.tag, "cannot record what the session's restore will lack: {e}");
+                false
+            }
         }
     }
 
@@ -381,6 +405,7 @@ impl Registry {
                     .runtime_dir()
                     .await
                     .map(|d| d.display().to_string()),
+                lost: None,
             };
             if let Err(e) = sleep.records.put(record) {
                 lock(&sleep.failed).insert(session.id, used);
@@ -591,6 +616,18 @@ impl Registry {
         let mut text = report.text();
         if files_gone {
             text.push_str("\nThe working directory is a new one: files written in the old one did not come back (only the kernel's state is saved).");
+        }
+        if let Some(lost) = &record.lost {
+            text.push('\n');
+            text.push_str(lost);
+            // Told once: the record goes on without it.
+            let told = Record {
+                lost: None,
+                ..record.clone()
+            };
+            if let Err(e) = sleep.records.put(told) {
+                tracing::warn!(session = %tag, "cannot update the session's record: {e}");
+            }
         }
         session.set_restored(text);
         if record.named {
