@@ -3,7 +3,8 @@
 //! (expiry during a checkpoint or a hibernation, a handshake-era DELETE during a hibernation)
 //! leaves no snapshot behind, and the start-up sweep removes snapshot directories no record of
 //! any replica names (after a grace); a clean SIGTERM with a cell running past the grace
-//! interrupts that cell and saves the session, so no acknowledged cell is rolled back.
+//! interrupts that cell and saves the session, so no acknowledged cell is rolled back, and a
+//! cell that ignores the interruption leaves the checkpoint, whose restore says what it lacks.
 //!
 //! Every service here has a replica name of its own and keeps its saved sessions in a
 //! temporary `--snapshot-dir` (removed with the test).
