@@ -384,7 +384,7 @@ pub(crate) async fn serve_http(
     tracing::info!(
         "serving MCP at http://{bound}/mcp ({} kernel sessions at most, closed after {} s idle)",
         options.sessions.max_sessions,
-        options.sessions.idle_timeout.as_secs()
+        session_store::secs_text(options.sessions.idle_timeout)
     );
     // The reaper looks often enough for the shortest of the idle times it acts on.
     let shortest = [
@@ -502,7 +502,7 @@ pub(crate) async fn serve_http(
     sweeper.abort();
     tracing::info!(
         "{signal_name}: shutting down (running calls get {} s)",
-        options.shutdown_grace.as_secs_f64()
+        session_store::secs_text(options.shutdown_grace)
     );
     state.draining.store(true, Ordering::SeqCst);
     drop(listener);
@@ -513,7 +513,7 @@ pub(crate) async fn serve_http(
     tokio::select! {
         () = registry.close_all(options.shutdown_grace) => {}
         () = tokio::time::sleep(options.shutdown_grace + SHUTDOWN_BOUND) => {
-            tracing::warn!("sessions still closing after {} s: exiting; kernels on a gateway may be left running", (options.shutdown_grace + SHUTDOWN_BOUND).as_secs());
+            tracing::warn!("sessions still closing after {} s: exiting; kernels on a gateway may be left running", session_store::secs_text(options.shutdown_grace + SHUTDOWN_BOUND));
         }
         _ = sigterm.recv() => tracing::warn!("second SIGTERM: exiting now; kernels on a gateway may be left running"),
         _ = sigint.recv() => tracing::warn!("second SIGINT: exiting now; kernels on a gateway may be left running"),

@@ -63,9 +63,21 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 
 /// Seconds since the Unix epoch, now.
 pub(crate) fn now_secs() -> u64 {
+    now_millis() / 1000
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A duration as a number of seconds for people, fractions kept (`1.6`, `0.25`, `30`): what
+/// messages and the log say of a flag given in seconds.
+pub(crate) fn secs_text(d: std::time::Duration) -> String {
+    let text = format!("{:.3}", d.as_secs_f64());
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// A session whose state is saved.
@@ -73,7 +85,7 @@ pub(crate) fn now_secs() -> u64 {
 pub(crate) struct Record {
     pub(crate) id: [u8; 16],
     pub(crate) owner: [u8; 32],
-    /// When the session was last used (seconds since the Unix epoch, the host's clock).
+    /// When the session was last used (milliseconds since the Unix epoch, the host's clock).
     pub(crate) last_used: u64,
     /// The snapshot's data bytes (what counts against `--snapshot-quota`).
     pub(crate) bytes: u64,
@@ -82,6 +94,9 @@ pub(crate) struct Record {
     /// The runtime directory of the kernel that was saved (its working directory `work/` is
     /// that kernel's own, gone with it).
     pub(crate) runtime: Option<String>,
+    /// What the snapshot does not hold that the session's client was told had run (a shutdown
+    /// could not save it again), for the model, told once with the restore report.
+    pub(crate) lost: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -89,11 +104,17 @@ struct RecordFile {
     format: u32,
     id: String,
     owner: String,
+    /// Seconds since the Unix epoch (what older records hold).
     last_used: u64,
+    /// Milliseconds since the Unix epoch (fractional idle timeouts); absent in older records.
+    #[serde(default)]
+    last_used_ms: Option<u64>,
     bytes: u64,
     named: bool,
     #[serde(default)]
     runtime: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lost: Option<String>,
 }
 
 impl Record {
@@ -102,10 +123,12 @@ impl Record {
             format: 1,
             id: hex(&self.id),
             owner: hex(&self.owner),
-            last_used: self.last_used,
+            last_used: self.last_used / 1000,
+            last_used_ms: Some(self.last_used),
             bytes: self.bytes,
             named: self.named,
             runtime: self.runtime.clone(),
+            lost: self.lost.clone(),
         }
     }
 
@@ -114,10 +137,13 @@ impl Record {
         Some(Self {
             id: unhex(&file.id)?,
             owner: unhex(&file.owner)?,
-            last_used: file.last_used,
+            last_used: file
+                .last_used_ms
+                .unwrap_or(file.last_used.saturating_mul(1000)),
             bytes: file.bytes,
             named: file.named,
             runtime: file.runtime,
+            lost: file.lost,
         })
     }
 }
@@ -127,6 +153,8 @@ impl Record {
 pub(crate) struct SessionStore {
     /// The replica's directory and its lock (held while this value lives); `None`: memory only.
     disk: Option<(PathBuf, std::fs::File)>,
+    /// `<data dir>/sessions`: every replica's records (what the sweep of snapshots keeps).
+    all_replicas: Option<PathBuf>,
     records: Mutex<HashMap<[u8; 16], Record>>,
 }
 
@@ -135,6 +163,7 @@ impl SessionStore {
     pub(crate) fn memory() -> Self {
         Self {
             disk: None,
+            all_replicas: None,
             records: Mutex::default(),
         }
     }
@@ -148,7 +177,10 @@ impl SessionStore {
                 tracing::warn!(
                     "hibernated sessions will not outlive this process: {e}\n  help: give each ipybox serving this data directory its own --replica-id"
                 );
-                Self::memory()
+                Self {
+                    all_replicas: Some(data_dir.join("sessions")),
+                    ..Self::memory()
+                }
             }
         }
     }
@@ -214,6 +246,7 @@ impl SessionStore {
         }
         Ok(Self {
             disk: Some((dir, lock)),
+            all_replicas: Some(data_dir.join("sessions")),
             records: Mutex::new(records),
         })
     }
@@ -233,6 +266,38 @@ impl SessionStore {
 
     pub(crate) fn all(&self) -> Vec<Record> {
         self.records().values().cloned().collect()
+    }
+
+    /// The (id, owner) of every saved session any replica on this data directory has a record
+    /// of (on disk, whatever replica's directory it is in, live or dead: a dead one's may be
+    /// taken over), and of this process's records in memory.
+    pub(crate) fn everyone(&self) -> Vec<([u8; 16], [u8; 32])> {
+        let mut all: Vec<([u8; 16], [u8; 32])> =
+            self.records().values().map(|r| (r.id, r.owner)).collect();
+        let Some(base) = &self.all_replicas else {
+            return all;
+        };
+        let Ok(replicas) = std::fs::read_dir(base) else {
+            return all;
+        };
+        for replica in replicas.flatten() {
+            if !replica.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let Ok(files) = std::fs::read_dir(replica.path()) else {
+                continue;
+            };
+            for file in files.flatten() {
+                let name = file.file_name();
+                let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+                    continue;
+                };
+                if let Some(record) = read_record(&file.path()).filter(|r| hex(&r.id) == stem) {
+                    all.push((record.id, record.owner));
+                }
+            }
+        }
+        all
     }
 
     /// Renews this replica's lease (`sessions/<replica>/lease`, its modification time) every
@@ -393,10 +458,11 @@ mod tests {
         let r = Record {
             id: [3; 16],
             owner: owner_digest(&Caller::Token([9; 32])),
-            last_used: 1_700_000_000,
+            last_used: 1_700_000_000_123,
             bytes: 42,
             named: true,
             runtime: Some("/tmp/ipybox-1-a/ipybox-1-b".into()),
+            lost: Some("cells 3-4".into()),
         };
         {
             let store = SessionStore::open(t.path(), "web-0");
@@ -437,10 +503,11 @@ mod tests {
         let r = Record {
             id: [5; 16],
             owner: owner_digest(&Caller::Local),
-            last_used: 1_700_000_000,
+            last_used: 1_700_000_000_123,
             bytes: 1,
             named: true,
             runtime: None,
+            lost: None,
         };
         let b = SessionStore::open(t.path(), "b");
         let lease = t.path().join("sessions/a/lease");
@@ -481,6 +548,15 @@ mod tests {
         assert!(b.still_mine(&r.id));
         let a = SessionStore::open(t.path(), "a");
         assert!(a.all().is_empty());
+    }
+
+    #[test]
+    fn durations_keep_their_fractions() {
+        use std::time::Duration;
+        assert_eq!(secs_text(Duration::from_millis(1600)), "1.6");
+        assert_eq!(secs_text(Duration::from_millis(250)), "0.25");
+        assert_eq!(secs_text(Duration::from_secs(30)), "30");
+        assert_eq!(secs_text(Duration::from_secs(604_800)), "604800");
     }
 
     #[test]

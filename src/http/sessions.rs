@@ -35,6 +35,7 @@ use super::super::mcp_server::caller::Caller;
 use super::super::mcp_server::session::{KernelSession, SessionSource};
 use super::super::metrics::{self, Closed};
 use super::handle::{Handle, Handles, Place};
+use super::session_store::secs_text;
 
 mod hibernate;
 pub(crate) use hibernate::Hibernation;
@@ -240,6 +241,9 @@ impl Registry {
                     sleep.forget(&record.id);
                 }
             }
+            // Snapshots no record names (a save cut short by a crash, or from before saves
+            // of closed sessions were abandoned): removed once older than the grace.
+            sleep.sweep();
         }
         for _ in 0..registry.config.warm_sessions {
             registry.refill_warm();
@@ -343,10 +347,10 @@ impl Registry {
         if open >= self.config.max_sessions {
             metrics::session_refused();
             let freed = match self.sleep.as_ref().and_then(|s| s.after) {
-                Some(after) => format!("sessions idle for {} s are hibernated", after.as_secs()),
+                Some(after) => format!("sessions idle for {} s are hibernated", secs_text(after)),
                 None => format!(
                     "sessions idle for {} s are closed",
-                    self.config.idle_timeout.as_secs()
+                    secs_text(self.config.idle_timeout)
                 ),
             };
             return Err(format!(
@@ -460,7 +464,7 @@ impl Registry {
                     let why = format!(
                         "session {} is gone: {e}: it was reset (a reset names the new handle), closed after being idle for more than {} s, or its kernel died\n  help: call without `session` to start a new session",
                         session.tag,
-                        self.config.idle_timeout.as_secs()
+                        secs_text(self.config.idle_timeout)
                     );
                     session.mark_closed(why.clone());
                     Err(why)
@@ -499,7 +503,12 @@ impl Registry {
         metrics::session_closed(why);
         tracing::info!(session = %session.tag, reason = ?why, "kernel session closed");
         if let Some(sleep) = &self.sleep {
-            sleep.forget(&session.id);
+            // Its snapshot too when no record names it yet (a save in flight abandons its own
+            // once it sees the session closed, see `hibernate`).
+            sleep.forget_of(
+                &session.id,
+                Some(&super::session_store::owner_digest(&session.owner)),
+            );
         }
         if !self.config.gateway {
             self.closed().insert(session.id, message);
@@ -533,7 +542,7 @@ impl Registry {
             let message = format!(
                 "session {} expired: it was idle for more than {} s (--idle-timeout), so its kernel was stopped and its state is gone\n  help: call without `session` to start a new session",
                 session.tag,
-                self.config.idle_timeout.as_secs()
+                secs_text(self.config.idle_timeout)
             );
             // A call may have entered since the snapshot: then the session stays.
             if session.close_if_idle(self.config.idle_timeout, message.clone()) {
@@ -544,8 +553,10 @@ impl Registry {
     }
 
     /// Shutdown: no new sessions; waits up to `grace` for calls in progress and running cells
-    /// to end, then closes every session (running cells are cancelled), kernels deleted (or
-    /// detached from, on a gateway, when another replica uses them).
+    /// to end; interrupts the cells still running in sessions a client holds a handle of and
+    /// hibernates those sessions with the idle ones (see [`Self::interrupt_for_restart`]); then
+    /// closes every session (running cells are cancelled), kernels deleted (or detached from,
+    /// on a gateway, when another replica uses them).
     pub(crate) async fn close_all(self: &Arc<Self>, grace: Duration) {
         self.closing
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -555,7 +566,25 @@ impl Registry {
         {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        self.hibernate_for_restart(deadline).await;
+        let (cut, lost) = self.interrupt_for_restart(grace).await;
+        let deadline = match cut {
+            0 => deadline,
+            // The interrupted sessions (and the idle ones) get their own time to be saved.
+            _ => deadline.max(tokio::time::Instant::now() + CUT_SAVE_BOUND),
+        };
+        self.hibernate_for_restart(deadline, &lost).await;
+        if let Some(sleep) = self.sleep.as_ref().filter(|s| s.records.persistent()) {
+            // Still running a cell, or its kernel replaced (the cell ignored the interruption):
+            // not saved again, so its next call is told what its last checkpoint lacks.
+            for session in self.open().values() {
+                if session.named()
+                    && (session.idle_for().is_none() || lost.contains(&session.id))
+                    && sleep.mark_lost(session)
+                {
+                    tracing::warn!(session = %session.tag, "shutdown: a cell did not stop when interrupted, so the session was not saved again; its last checkpoint stays, and its next call is told what it lacks");
+                }
+            }
+        }
         let sessions: Vec<Arc<KernelSession>> = self.open().drain().map(|(_, s)| s).collect();
         let gateway = self.config.gateway;
         let stops = sessions.into_iter().map(|session| async move {
@@ -595,11 +624,84 @@ impl Registry {
     }
 }
 
+use hibernate::CUT_WAIT;
+/// At shutdown, how long the saves after such an interruption may take.
+const CUT_SAVE_BOUND: Duration = Duration::from_secs(10);
+
 impl Registry {
+    /// Shutdown, once `grace` is over: the sessions whose handle a client holds and that still
+    /// run a cell have that cell interrupted (as a cancel does: KeyboardInterrupt, the state
+    /// kept), so that they can be saved with every cell their client was told had run; the cut
+    /// call's result says so. Waits up to [`CUT_WAIT`] for them to be idle; returns how many
+    /// were interrupted.
+    async fn interrupt_for_restart(
+        self: &Arc<Self>,
+        grace: Duration,
+    ) -> (usize, std::collections::HashSet<[u8; 16]>) {
+        let mut lost = std::collections::HashSet::new();
+        let Some(sleep) = &self.sleep else {
+            return (0, lost);
+        };
+        if !sleep.records.persistent() {
+            return (0, lost);
+        }
+        let busy: Vec<Arc<KernelSession>> = self
+            .open()
+            .values()
+            .filter(|s| s.named() && s.idle_for().is_none())
+            .cloned()
+            .collect();
+        let mut cut = Vec::new();
+        for session in &busy {
+            let pid = session.executor.kernel_pid().await;
+            // A restore report the cut call has not shown yet stays first.
+            let pending = session.take_restored();
+            let notice = format!(
+                "[ipybox] ipybox is shutting down: this cell was still running when --shutdown-grace ({} s) ended, so it was interrupted (KeyboardInterrupt) and did not finish. The session is saved with what its cells did until then; if this cell did not stop when interrupted, its kernel was replaced and the session comes back as its last checkpoint, and the first call after the restart says what that lacks.\n  help: after the restart, call again with the same `session`; run what this cell did not do again if you need it",
+                secs_text(grace)
+            );
+            session.set_restored(match &pending {
+                Some(report) => format!("{report}\n{notice}"),
+                None => notice,
+            });
+            if session.executor.cancel() {
+                cut.push((session.clone(), pid));
+                tracing::info!(session = %session.tag, "shutdown: a cell still running at the end of --shutdown-grace is interrupted, so that the session can be saved");
+            } else {
+                // Not running a cell (a call waiting for its turn, or for a kernel): nothing
+                // to interrupt, nothing to say.
+                session.take_restored();
+                if let Some(report) = pending {
+                    session.set_restored(report);
+                }
+            }
+        }
+        if cut.is_empty() {
+            return (0, lost);
+        }
+        let until = tokio::time::Instant::now() + CUT_WAIT;
+        while tokio::time::Instant::now() < until && cut.iter().any(|(s, _)| s.idle_for().is_none())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // A cell that did not stop when interrupted has its kernel replaced (state gone): such
+        // a session must not be saved (it would overwrite its checkpoint with an empty one).
+        for (session, pid) in &cut {
+            if session.idle_for().is_none() || session.executor.kernel_pid().await != *pid {
+                lost.insert(session.id);
+            }
+        }
+        (cut.len(), lost)
+    }
+
     /// Shutdown: hibernates the idle sessions whose handle a client holds, so that they come
     /// back after a restart; until `deadline` (what is left of `--shutdown-grace`). Those not
     /// saved by then are closed as the others are (a checkpoint taken earlier stays).
-    async fn hibernate_for_restart(self: &Arc<Self>, deadline: tokio::time::Instant) {
+    async fn hibernate_for_restart(
+        self: &Arc<Self>,
+        deadline: tokio::time::Instant,
+        skip: &std::collections::HashSet<[u8; 16]>,
+    ) {
         let Some(sleep) = &self.sleep else { return };
         if !sleep.records.persistent() {
             return;
@@ -607,7 +709,7 @@ impl Registry {
         let idle: Vec<Arc<KernelSession>> = self
             .open()
             .values()
-            .filter(|s| s.named() && s.idle_for().is_some())
+            .filter(|s| s.named() && s.idle_for().is_some() && !skip.contains(&s.id))
             .cloned()
             .collect();
         if idle.is_empty() {
@@ -633,9 +735,15 @@ impl Registry {
                     .map(|(session, _)| session.executor.stop());
                 futures::future::join_all(stops).await;
             }
-            Err(_) => tracing::warn!(
-                "shutdown: --shutdown-grace ran out while hibernating {count} idle sessions; those not saved yet are closed"
-            ),
+            Err(_) => {
+                tracing::warn!(
+                    "shutdown: --shutdown-grace ran out while hibernating {count} idle sessions; those not saved yet are closed"
+                );
+                // A snapshot write handed to a blocking thread completes anyway: nobody's.
+                for session in &idle {
+                    sleep.drop_unrecorded(session).await;
+                }
+            }
         }
     }
 }

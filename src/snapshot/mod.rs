@@ -33,7 +33,7 @@ pub use confinement::KernelConfinement;
 pub use manifest::{Manifest, ModuleName, NotSaved, SavedName};
 pub use report::{CwdOutcome, NotRestored, RestoreReport, Restored, SnapshotReport};
 pub use seal::{SnapshotBinding, host_key, session_key_path};
-pub use store::{DEFAULT_SNAPSHOT_LIMIT, SnapshotStore};
+pub use store::{DEFAULT_SNAPSHOT_LIMIT, SnapshotStore, Swept};
 
 use crate::kernel::KernelError;
 

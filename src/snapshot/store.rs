@@ -10,6 +10,11 @@
 //! manifest's digest before anything else; the data's digest is checked by whoever streams it
 //! ([`Verified::data`]) before a kernel is told to load it.
 //!
+//! Every snapshot directory should belong to someone who will delete it: [`SnapshotStore::sweep`]
+//! removes those nobody names (after a grace for writes in flight), and
+//! [`SnapshotStore::writes_settled`] waits until no write for a binding is in flight (a write
+//! runs on a blocking thread and completes even if the save that started it is abandoned).
+//!
 //! Not here: talking to kernels (`local`), what a manifest may say (`manifest`).
 
 use std::io::{Read, Write};
@@ -50,6 +55,50 @@ pub struct SnapshotStore {
     root: PathBuf,
     key: SealKey,
     limit: u64,
+    /// Writes in flight, by snapshot directory name (shared by the store's clones).
+    writes: std::sync::Arc<WritesInFlight>,
+}
+
+/// Writes in flight by directory name, and a signal when one ends.
+#[derive(Debug, Default)]
+struct WritesInFlight {
+    by_dir: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+    ended: tokio::sync::Notify,
+}
+
+impl WritesInFlight {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, usize>> {
+        self.by_dir.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One write in flight (registered until dropped, on whatever thread ends it).
+struct WriteGuard {
+    writes: std::sync::Arc<WritesInFlight>,
+    dir: String,
+}
+
+impl Drop for WriteGuard {
+    fn drop(&mut self) {
+        let mut map = self.writes.map();
+        if let Some(n) = map.get_mut(&self.dir) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.dir);
+            }
+        }
+        drop(map);
+        self.writes.ended.notify_waiters();
+    }
+}
+
+/// What [`SnapshotStore::sweep`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Directories removed: snapshots nobody names, and unfinished writes, older than the grace.
+    pub removed: Vec<String>,
+    /// Their bytes on disk.
+    pub bytes: u64,
 }
 
 /// A stored snapshot whose seal and manifest verified; its data is verified while it is read.
@@ -105,7 +154,85 @@ impl SnapshotStore {
             root,
             key,
             limit: DEFAULT_SNAPSHOT_LIMIT,
+            writes: Default::default(),
         })
+    }
+
+    /// The name of `binding`'s directory under [`Self::root`].
+    pub fn dir_name(&self, binding: &SnapshotBinding) -> String {
+        self.key.dir_name(binding)
+    }
+
+    /// Registers a write of `binding`'s snapshot as in flight until the guard drops.
+    fn begin_write(&self, binding: &SnapshotBinding) -> WriteGuard {
+        let dir = self.key.dir_name(binding);
+        *self.writes.map().entry(dir.clone()).or_default() += 1;
+        WriteGuard {
+            writes: self.writes.clone(),
+            dir,
+        }
+    }
+
+    /// Waits until no write of `binding`'s snapshot started by this process (through any clone
+    /// of this store) is in flight: after it, [`Self::delete`] deletes what such a write left.
+    pub async fn writes_settled(&self, binding: &SnapshotBinding) {
+        let dir = self.key.dir_name(binding);
+        loop {
+            let ended = self.writes.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if !self.writes.map().contains_key(&dir) {
+                return;
+            }
+            ended.await;
+        }
+    }
+
+    /// The bytes `binding`'s snapshot takes on disk (its files), 0 if there is none.
+    pub fn disk_bytes(&self, binding: &SnapshotBinding) -> u64 {
+        tree_bytes(&self.path(binding)).0
+    }
+
+    /// Removes the snapshot directories whose name is not in `keep` (and unfinished `.tmp-*`
+    /// writes) last changed more than `grace` ago (a write in flight, of this process or of
+    /// another replica on the same storage, changes its directory until its record exists),
+    /// and none that a write of this process has in flight. Other entries are left alone.
+    pub fn sweep(
+        &self,
+        keep: &std::collections::HashSet<String>,
+        grace: std::time::Duration,
+    ) -> Result<Swept, SnapshotError> {
+        let root = self.root_dir()?;
+        let mut swept = Swept::default();
+        for entry in std::fs::read_dir(&self.root).map_err(io_at(&self.root))? {
+            let Ok(entry) = entry else { continue };
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let ours = (name.len() == 32 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+                || name.starts_with(".tmp-");
+            if !ours || keep.contains(name) || self.writes.map().contains_key(name) {
+                continue;
+            }
+            if !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let (bytes, newest) = tree_bytes(&entry.path());
+            let fresh = newest
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < grace);
+            if fresh {
+                continue;
+            }
+            match root.remove_tree(name) {
+                Ok(()) => {
+                    swept.removed.push(name.to_string());
+                    swept.bytes += bytes;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_at(&entry.path())(e)),
+            }
+        }
+        Ok(swept)
     }
 
     /// The default store of this host: `<data dir>/snapshots`, key `<data dir>/keys/snapshot.key`
@@ -365,8 +492,13 @@ pub(crate) async fn store_from_kernel(
         confinement.clone(),
         manifest.clone(),
     );
+    // Registered before the blocking thread starts, released when it ends (even if this
+    // future is dropped meanwhile): see `writes_settled`.
+    let guard = store.begin_write(&binding);
     tokio::task::spawn_blocking(move || {
-        store.write(&binding, &confinement, &stored, &mut data, data_len)
+        let written = store.write(&binding, &confinement, &stored, &mut data, data_len);
+        drop(guard);
+        written
     })
     .await
     .map_err(|e| SnapshotError::Task(e.to_string()))??;
@@ -386,6 +518,28 @@ pub(crate) async fn open_verified(
 }
 
 /// The whole of a small regular file (at most `limit` bytes) in `dir`, never through a link.
+/// The bytes of the regular files directly in `dir` (a snapshot directory is flat) and the
+/// newest modification time of `dir` and those files (`None` if none can be read).
+fn tree_bytes(dir: &Path) -> (u64, Option<std::time::SystemTime>) {
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return (0, None);
+    };
+    let mut newest = meta.modified().ok();
+    let mut bytes = 0;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_file() {
+                bytes += meta.len();
+            }
+            if let Ok(t) = meta.modified() {
+                newest = Some(newest.map_or(t, |n| n.max(t)));
+            }
+        }
+    }
+    (bytes, newest)
+}
+
 pub(crate) fn read_small(dir: &NoFollowDir, name: &str, limit: u64) -> std::io::Result<Vec<u8>> {
     let (file, len) = dir.open_regular(name, limit)?;
     let mut bytes = Vec::with_capacity(len as usize);
@@ -475,6 +629,73 @@ mod tests {
         s.delete(&a).unwrap();
         assert!(!s.contains(&a));
         s.delete(&a).unwrap();
+    }
+
+    /// Makes `dir` and its files look last changed 10 minutes ago.
+    fn make_old(dir: &Path) {
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            std::fs::File::open(entry.path())
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+        }
+        std::fs::File::open(dir).unwrap().set_modified(old).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_sweep_removes_only_old_snapshots_nobody_names_nor_writes() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let grace = std::time::Duration::from_secs(60);
+        let binding = |n: &str| SnapshotBinding::new(n, b"owner".to_vec());
+        let (named, orphan, fresh, writing) = (
+            binding("named"),
+            binding("orphan"),
+            binding("fresh"),
+            binding("writing"),
+        );
+        for b in [&named, &orphan, &fresh] {
+            s.write(b, U, &manifest(5), &mut &b"hello"[..], 5).unwrap();
+        }
+        make_old(&s.path(&named));
+        make_old(&s.path(&orphan));
+        // An old unfinished write, and an old directory a write of this process has in flight.
+        let tmp = s.root().join(".tmp-0123456789abcdef");
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::write(tmp.join(DATA), b"half").unwrap();
+        make_old(&tmp);
+        let guard = s.begin_write(&writing);
+        std::fs::create_dir(s.path(&writing)).unwrap();
+        make_old(&s.path(&writing));
+        // Not ours: left alone.
+        std::fs::write(s.root().join("README"), b"x").unwrap();
+
+        let keep = std::collections::HashSet::from([s.dir_name(&named)]);
+        let swept = s.sweep(&keep, grace).unwrap();
+        let mut removed = swept.removed.clone();
+        removed.sort();
+        let mut want = vec![s.dir_name(&orphan), ".tmp-0123456789abcdef".to_string()];
+        want.sort();
+        assert_eq!(removed, want);
+        assert!(swept.bytes > 4, "{swept:?}");
+        assert!(s.contains(&named) && s.contains(&fresh) && !s.contains(&orphan));
+        assert!(s.path(&writing).is_dir() && s.root().join("README").is_file());
+
+        // A write in flight is waited for; once it ended, the sweep takes its directory.
+        let waiting = {
+            let (s, writing) = (s.clone(), writing.clone());
+            tokio::spawn(async move { s.writes_settled(&writing).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        drop(guard);
+        waiting.await.unwrap();
+        s.writes_settled(&named).await; // none in flight: at once
+        assert_eq!(
+            s.sweep(&keep, grace).unwrap().removed,
+            vec![s.dir_name(&writing)]
+        );
     }
 
     #[test]

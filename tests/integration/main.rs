@@ -56,6 +56,7 @@ mod http_density;
 mod http_hibernate;
 mod http_replicas;
 mod http_service;
+mod http_survive;
 mod jupyter_servers;
 mod kernel;
 mod kernel_env;

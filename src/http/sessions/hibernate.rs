@@ -16,6 +16,11 @@
 //!   `--snapshot-quota` bytes per owner: the owner's least recently used hibernated sessions are
 //!   deleted to stay within it.
 //!
+//! - **Abandon**: a save whose session closed meanwhile (expiry, an MCP session's DELETE)
+//!   waits for its snapshot's write and deletes it and any record; a sweep (at start, then every
+//!   [`SWEEP_EVERY`]) removes snapshot directories no replica's record names, once older than
+//!   [`SWEEP_GRACE`]. Every snapshot on disk belongs to a record.
+//!
 //! Every transition of one session (hibernate, checkpoint, wake, expire) holds that session's
 //! lock, and a call that names the session takes it too: concurrent calls restore once, and a
 //! call that arrives while the session hibernates waits and then restores it (it never runs in
@@ -34,11 +39,23 @@ use ipybox::snapshot::{SnapshotBinding, SnapshotError, SnapshotStore};
 use super::super::super::mcp_server::caller::Caller;
 use super::super::super::mcp_server::session::KernelSession;
 use super::super::super::metrics;
-use super::super::session_store::{Record, SessionStore, hex, now_secs, owner_digest};
+use super::super::session_store::{Record, SessionStore, hex, now_millis, owner_digest, secs_text};
 use super::Registry;
 
 /// How long a kernel may take to write or load a snapshot.
 const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A snapshot directory no record names is removed once it has not changed for this long (a
+/// save in flight, here or in another replica on the same storage, writes its record right
+/// after its directory).
+pub(crate) const SWEEP_GRACE: Duration = Duration::from_secs(120);
+
+/// At shutdown, how long a cell interrupted at the end of `--shutdown-grace` has to end (the
+/// executor replaces a kernel whose cell does not stop within its interrupt grace, 3 s).
+pub(super) const CUT_WAIT: Duration = Duration::from_secs(10);
+
+/// How often the reaper sweeps the snapshot directory (besides at start).
+const SWEEP_EVERY: Duration = Duration::from_secs(300);
 
 /// When and where sessions are saved (`None` in the registry: never).
 pub(crate) struct Hibernation {
@@ -57,6 +74,8 @@ pub(crate) struct Hibernation {
     covered: Mutex<HashMap<[u8; 16], Instant>>,
     /// The last use a failed save was for (not tried again until the session is used again).
     failed: Mutex<HashMap<[u8; 16], Instant>>,
+    /// When the snapshot directory was last swept.
+    swept: Mutex<Instant>,
 }
 
 /// A session's transition lock, held (see the module docs).
@@ -104,6 +123,7 @@ impl Hibernation {
             saving: Mutex::default(),
             covered: Mutex::default(),
             failed: Mutex::default(),
+            swept: Mutex::new(Instant::now()),
         }
     }
 
@@ -129,13 +149,77 @@ impl Hibernation {
 
     /// Deletes session `id`'s snapshot and record; returns the record if there was one.
     pub(super) fn forget(&self, id: &[u8; 16]) -> Option<Record> {
+        self.forget_of(id, None)
+    }
+
+    /// [`Self::forget`], and with `owner` (the session's) its snapshot even when there is no
+    /// record (a save of a session that closed meanwhile wrote one).
+    pub(super) fn forget_of(&self, id: &[u8; 16], owner: Option<&[u8; 32]>) -> Option<Record> {
         lock(&self.covered).remove(id);
         lock(&self.failed).remove(id);
-        let record = self.records.remove(id)?;
-        if let Err(e) = self.store.delete(&Self::binding(id, &record.owner)) {
+        let record = self.records.remove(id);
+        let owner = record.as_ref().map(|r| &r.owner).or(owner)?;
+        if let Err(e) = self.store.delete(&Self::binding(id, owner)) {
             tracing::warn!("cannot delete a saved session's snapshot: {e}");
         }
-        Some(record)
+        record
+    }
+
+    /// After a save of `session` was cut short (shutdown): waits for its write, if one is in
+    /// flight, and deletes what it wrote unless a record names it (an earlier checkpoint's
+    /// record names the newer snapshot as well: same session, same seal).
+    pub(super) async fn drop_unrecorded(&self, session: &KernelSession) {
+        if self.records.get(&session.id).is_some() {
+            return;
+        }
+        let binding = Self::binding(&session.id, &owner_digest(&session.owner));
+        self.store.writes_settled(&binding).await;
+        if self.records.get(&session.id).is_none()
+            && let Err(e) = self.store.delete(&binding)
+        {
+            tracing::warn!(session = %session.tag, "cannot delete an unfinished save's snapshot: {e}");
+        }
+    }
+
+    /// Shutdown: `session` still runs a cell and could not be saved again: its record (if it
+    /// has one, from a checkpoint) says that what ran after that snapshot is lost, so the next
+    /// call is told instead of getting an older state silently. Returns whether it had one.
+    pub(super) fn mark_lost(&self, session: &KernelSession) -> bool {
+        let Some(record) = self.records.get(&session.id) else {
+            return false;
+        };
+        let lost = "Lost: what this session ran after this snapshot was taken. ipybox was shut down while a cell of this session was still running, and the cell did not stop when interrupted (its kernel was replaced, or it still ran when ipybox exited), so the session could not be saved again. Every call made after the snapshot's time, and that cell, are not in the state that came back; run them again if you need what they did.".to_string();
+        match self.records.put(Record {
+            lost: Some(lost),
+            ..record
+        }) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(session = %session.tag, "cannot record what the session's restore will lack: {e}");
+                false
+            }
+        }
+    }
+
+    /// Removes the snapshot directories no saved session of any replica names (and unfinished
+    /// writes), once older than [`SWEEP_GRACE`]; logs what it removed.
+    pub(super) fn sweep(&self) {
+        let keep: HashSet<String> = self
+            .records
+            .everyone()
+            .iter()
+            .map(|(id, owner)| self.store.dir_name(&Self::binding(id, owner)))
+            .collect();
+        match self.store.sweep(&keep, SWEEP_GRACE) {
+            Ok(swept) if swept.removed.is_empty() => {}
+            Ok(swept) => tracing::info!(
+                "removed {} snapshot directories no saved session names ({} bytes) from {}",
+                swept.removed.len(),
+                swept.bytes,
+                self.store.root().display()
+            ),
+            Err(e) => tracing::warn!("cannot sweep the snapshot directory: {e}"),
+        }
     }
 
     /// Whether `session` is due for a save now: hibernation (`Some(false)`) or a checkpoint
@@ -193,8 +277,16 @@ impl Registry {
                 lock(&registry.sleep_ref().saving).remove(&session.id);
             });
         }
-        let now = now_secs();
-        let timeout = self.config.idle_timeout.as_secs();
+        {
+            let mut swept = lock(&sleep.swept);
+            if swept.elapsed() >= SWEEP_EVERY {
+                *swept = Instant::now();
+                let registry = self.clone();
+                tokio::task::spawn_blocking(move || registry.sleep_ref().sweep());
+            }
+        }
+        let now = now_millis();
+        let timeout = u64::try_from(self.config.idle_timeout.as_millis()).unwrap_or(u64::MAX);
         self.refresh_saved_gauge();
         for record in sleep.records.all() {
             if now.saturating_sub(record.last_used) < timeout
@@ -243,7 +335,7 @@ impl Registry {
             *id,
             format!(
                 "session {tag} expired: it was idle for more than {} s (--idle-timeout), so {what}\n  help: call without `session` to start a new session",
-                self.config.idle_timeout.as_secs()
+                secs_text(self.config.idle_timeout)
             ),
         );
         self.factory.remove_images(id);
@@ -280,11 +372,16 @@ impl Registry {
         let current = lock(&sleep.covered).get(&session.id) == Some(&used)
             && sleep.records.get(&session.id).is_some();
         if !current {
-            let report = match session
+            let snapshot = session
                 .executor
                 .snapshot(&sleep.store, &binding, Some(SNAPSHOT_TIMEOUT))
-                .await
-            {
+                .await;
+            // Closed meanwhile (expired, its MCP session ended): what was written is nobody's.
+            if session.closed().is_some() {
+                self.abandon(session, &owner, what).await;
+                return false;
+            }
+            let report = match snapshot {
                 Ok(report) => report,
                 Err(e) => {
                     lock(&sleep.failed).insert(session.id, used);
@@ -299,7 +396,8 @@ impl Registry {
             let record = Record {
                 id: session.id,
                 owner,
-                last_used: now_secs().saturating_sub(used.elapsed().as_secs()),
+                last_used: now_millis()
+                    .saturating_sub(u64::try_from(used.elapsed().as_millis()).unwrap_or(u64::MAX)),
                 bytes: report.manifest.data_bytes,
                 named: session.named(),
                 runtime: session
@@ -307,10 +405,17 @@ impl Registry {
                     .runtime_dir()
                     .await
                     .map(|d| d.display().to_string()),
+                lost: None,
             };
             if let Err(e) = sleep.records.put(record) {
                 lock(&sleep.failed).insert(session.id, used);
                 tracing::warn!(session = %session.tag, "{what} failed, the session stays open: cannot write its record: {e}");
+                return false;
+            }
+            // A close marks the session before it forgets its saved state: closed after the
+            // check above, either this sees it or the close's forget sees the record.
+            if session.closed().is_some() {
+                self.abandon(session, &owner, what).await;
                 return false;
             }
             lock(&sleep.covered).insert(session.id, used);
@@ -346,16 +451,39 @@ impl Registry {
         true
     }
 
+    /// A save of `session` that closed while it was being saved: waits for the snapshot's write
+    /// (it may still be in flight on a blocking thread), then deletes it and any record.
+    async fn abandon(&self, session: &KernelSession, owner: &[u8; 32], what: &str) {
+        let sleep = self.sleep_ref();
+        sleep
+            .store
+            .writes_settled(&Hibernation::binding(&session.id, owner))
+            .await;
+        sleep.forget_of(&session.id, Some(owner));
+        self.refresh_saved_gauge();
+        tracing::info!(
+            session = %session.tag,
+            "{what} abandoned: the session was closed while it was being saved; its snapshot was deleted"
+        );
+    }
+
     /// Deletes `owner`'s least recently used hibernated sessions (never `keep`, never an open
     /// one) until its snapshots fit `--snapshot-quota`.
     fn enforce_quota(&self, owner: &[u8; 32], keep: &[u8; 16]) {
         let sleep = self.sleep_ref();
         let Some(quota) = sleep.quota else { return };
+        // What is on disk (the files of each snapshot), not what the records say.
         let mut mine: Vec<Record> = sleep
             .records
             .all()
             .into_iter()
             .filter(|r| r.owner == *owner)
+            .map(|mut r| {
+                r.bytes = sleep
+                    .store
+                    .disk_bytes(&Hibernation::binding(&r.id, &r.owner));
+                r
+            })
             .collect();
         let mut total: u64 = mine.iter().map(|r| r.bytes).sum();
         mine.sort_by_key(|r| r.last_used);
@@ -488,6 +616,18 @@ impl Registry {
         let mut text = report.text();
         if files_gone {
             text.push_str("\nThe working directory is a new one: files written in the old one did not come back (only the kernel's state is saved).");
+        }
+        if let Some(lost) = &record.lost {
+            text.push('\n');
+            text.push_str(lost);
+            // Told once: the record goes on without it.
+            let told = Record {
+                lost: None,
+                ..record.clone()
+            };
+            if let Err(e) = sleep.records.put(told) {
+                tracing::warn!(session = %tag, "cannot update the session's record: {e}");
+            }
         }
         session.set_restored(text);
         if record.named {
