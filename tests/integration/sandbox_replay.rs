@@ -83,7 +83,9 @@ fn code_sources(notebook: &Value) -> Vec<String> {
         .collect()
 }
 
-/// `ipybox replay --yes NB --workspace WS EXTRA`: exit status, stdout, stderr.
+/// `ipybox replay --yes NB --workspace WS EXTRA`: exit status, stdout, stderr. `--asking` in
+/// `extra` leaves `--yes` out (tool calls and shell commands would be asked on the terminal;
+/// there is none: stdin is null).
 fn replay(ws: &Path, notebook: &Path, extra: &[&str]) -> (Option<i32>, String, String) {
     replay_with_srt(ws, notebook, extra, &srt())
 }
@@ -100,9 +102,10 @@ fn replay_with_srt(
         .arg(notebook)
         .arg("--workspace")
         .arg(ws)
-        .arg("--yes")
-        .args(extra)
+        .args((!extra.contains(&"--asking")).then_some("--yes"))
+        .args(extra.iter().filter(|e| **e != "--asking"))
         .env("IPYBOX_SRT", srt)
+        .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     (
@@ -322,7 +325,12 @@ async fn a_sandboxed_cell_cannot_forge_the_notebook() {
     cells.push(inserted);
     std::fs::write(&nb, serde_json::to_vec(&forged).unwrap()).unwrap();
 
-    for extra in [&[][..], &["--unsandboxed"][..]] {
+    for extra in [
+        &[][..],
+        &["--unsandboxed"][..],
+        &["--asking"][..],
+        &["--asking", "--unsandboxed"][..],
+    ] {
         let (status, stdout, stderr) = replay(&ws, &nb, extra);
         assert_eq!(status, Some(1), "{extra:?}: {stdout}\n{stderr}");
         assert_eq!(stdout, "", "{extra:?}: nothing ran: {stderr}");

@@ -1,9 +1,10 @@
 //! Nothing in the workspace runs as a kernel starts (issue 36): a sandboxed kernel can write the
 //! workspace, and what it writes there must not run in a later kernel of that workspace, however
 //! confined — the user's own unsandboxed kernel (SDK, with and without the kernel factory),
-//! `ipybox exec`, a later sandboxed session, a session of `ipybox serve --http`. The workspace
-//! stays importable for the model's code (`import planted_ok`), at the end of `sys.path`, so a
-//! file there shadows nothing the kernel environment has (`pydantic.py`).
+//! `ipybox exec`, a later stdio conversation (`ipybox --workspace`), a later sandboxed session, a
+//! session of `ipybox serve --http`. The workspace stays importable for the model's code
+//! (`import planted_ok`), at the end of `sys.path`, so a file there shadows nothing the kernel
+//! environment has (`pydantic.py`).
 //!
 //! The planted hooks write a marker into a probe directory outside `/tmp`, `$HOME` and the
 //! workspace (`support::probe_dir`, where a sandboxed kernel cannot write and an unsandboxed one can)
@@ -19,6 +20,7 @@ use crate::mcp_eras::Era;
 use crate::support::*;
 use ipybox::CodeExecutor;
 use ipybox::sandbox::SandboxOptions;
+use serde_json::json;
 
 /// The files a hostile sandboxed cell plants, each a hook that records that it ran.
 const PLANTED: &[&str] = &[
@@ -137,6 +139,10 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim_end(), CHECKED);
+    let s = connect_ipybox_with(&ws, &[], &[]).await;
+    let text = ok_text(&s, "execute_ipython_cell", json!({ "code": check })).await;
+    assert_eq!(split_note(&text).0, CHECKED, "a later stdio conversation");
+    s.close().await;
     let ex = sandboxed(&ws);
     ex.start().await.expect("a later sandboxed executor starts");
     assert_eq!(run(&ex, &check).await, CHECKED, "a later sandboxed kernel");
