@@ -354,6 +354,19 @@ pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     dir.rewrite(name, bytes, 0o600)
 }
 
+/// Opens (creating it 0600, never through a link, never truncating) the lock file at `path`:
+/// what an exclusive `flock` is taken on.
+pub(crate) fn open_lock_file(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+}
+
 /// Makes `path` a private directory (0700): its parents are created as usual, `path` itself
 /// with mode 0700, and an existing directory of ours that is wider is narrowed to 0700. A link
 /// at `path` is an error.

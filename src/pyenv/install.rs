@@ -81,20 +81,12 @@ impl SiteLayer {
     /// Waits for (blocking) and takes the layer's install lock, held until the file returned is
     /// dropped: two installs into one layer (two conversations in one workspace) take turns.
     pub fn lock(&self) -> Result<std::fs::File, PyEnvError> {
-        use std::os::unix::fs::OpenOptionsExt;
         let path = self
             .site
             .parent()
             .unwrap_or(&self.site)
             .join("install.lock");
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(io_err(&path))?;
+        let file = crate::safe_fs::open_lock_file(&path).map_err(io_err(&path))?;
         fs4::fs_std::FileExt::lock_exclusive(&file).map_err(io_err(&path))?;
         Ok(file)
     }

@@ -267,17 +267,7 @@ pub fn ensure_managed(
     // there too.
     crate::safe_fs::create_private_dir(parent).map_err(io_err(parent))?;
     let lock_path = dir.with_extension("lock");
-    let lock = {
-        use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&lock_path)
-            .map_err(io_err(&lock_path))?
-    };
+    let lock = crate::safe_fs::open_lock_file(&lock_path).map_err(io_err(&lock_path))?;
     if fs4::fs_std::FileExt::try_lock_exclusive(&lock).map_or(true, |locked| !locked) {
         progress(&format!(
             "waiting for another ipybox to finish creating {}",

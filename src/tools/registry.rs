@@ -368,17 +368,10 @@ struct FileLock(std::fs::File);
 
 impl FileLock {
     fn exclusive(path: &Path) -> std::io::Result<Self> {
-        use std::os::unix::fs::OpenOptionsExt;
         if let Some(dir) = path.parent() {
             crate::safe_fs::create_private_dir(dir)?;
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)?;
+        let file = crate::safe_fs::open_lock_file(path)?;
         fs4::fs_std::FileExt::lock_exclusive(&file)?;
         Ok(Self(file))
     }
