@@ -126,7 +126,15 @@ def test_ctrl_c_under_asyncio_run_interrupts_and_cleans_up(workspace):
         "        await ex.execute('import time; time.sleep(60)')\n"
         "asyncio.run(main())\n"
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A program run from a terminal has SIGINT at its default; a suite started in the background
+    # by a non-interactive shell (`cmd &`) passes SIGINT on ignored, and Python keeps it ignored.
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     kernel_pid = int(proc.stdout.readline())
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
