@@ -6,7 +6,7 @@
 //! server or executor stays usable. The MCP-server tests start ipybox with its working directory
 //! inside the workspace and no `--workspace` (the default `.`).
 //!
-//! Host-only scratch directories live under `target/` (not under `/tmp`, which the sandbox
+//! Host-only scratch directories come from `support::probe_dir` (not under `/tmp`, which the sandbox
 //! hides behind an empty tmpfs: a write "succeeding" there would prove nothing).
 
 use std::path::{Path, PathBuf};
@@ -33,29 +33,9 @@ fn options() -> SandboxOptions {
     }
 }
 
-/// A directory under `target/` (visible and unwritable inside the sandbox), removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = root()
-            .join("target")
-            .join(format!("host-confinement-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir.canonicalize().unwrap())
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+/// A host directory visible and unwritable inside the sandbox (outside /tmp, /var/tmp and
+/// $HOME: `support::probe_dir`), removed on drop.
+type Scratch = crate::support::Probe;
 
 /// A canonical temporary workspace.
 fn workspace() -> (tempfile::TempDir, PathBuf) {
@@ -224,7 +204,7 @@ fn cwds_of(pid: u32, needle: &str) -> Vec<String> {
 /// `echosrv.py`, `pip/__main__.py`, `uv.toml` and `pyproject.toml` there, forces new MCP
 /// sessions (`PUT /reset`) and an install; none of it runs.
 async fn planted_code_never_runs(installer: &str) {
-    let scratch = Scratch::new(installer);
+    let scratch = Scratch::new(&format!("host-confinement-{installer}"));
     let (_keep, ws) = workspace();
     let marker = scratch.path().join("planted-code-ran");
     let cache_marker = scratch.path().join("planted-uv-cache");
@@ -403,7 +383,7 @@ async fn servers_that_would_run_from_the_workspace_are_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn home_startup_files_and_credentials_are_out_of_reach() {
     require!(SandboxDeps);
-    let home = Scratch::new("home");
+    let home = Scratch::new("host-confinement-home");
     let (_keep, ws) = workspace();
     let h = home.path();
     // A home where the sandbox replaces what is there with an empty directory of its own (a
@@ -584,7 +564,7 @@ fn processes_below(pid: u32, needle: &str) -> Vec<(u32, String)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_environment_of_the_next_start_cannot_be_planted() {
     require!(SandboxDeps, TestEnv);
-    let scratch = Scratch::new("dotenv");
+    let scratch = Scratch::new("host-confinement-dotenv");
     let (_keep, ws) = workspace();
     let marker = scratch.path().join("evil-js-ran");
     std::fs::write(
@@ -741,7 +721,7 @@ fn png_bytes() -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread")]
 async fn links_in_the_workspace_redirect_nothing() {
     require!(SandboxDeps, TestEnv);
-    let outside = Scratch::new("links");
+    let outside = Scratch::new("host-confinement-links");
     let o = outside.path();
     std::fs::create_dir_all(o.join("fx")).unwrap();
     std::fs::write(o.join("fx/keep.txt"), "precious").unwrap();
@@ -899,7 +879,7 @@ fn walk(dir: &Path) -> Vec<String> {
 async fn private_state_is_private() {
     require!(SandboxDeps, TestEnv);
     use std::os::unix::fs::MetadataExt;
-    let data = Scratch::new("data");
+    let data = Scratch::new("host-confinement-data");
     let home = data.path().join("ipybox");
     let (_keep, ws) = workspace();
     let mut vars = process_env();
