@@ -559,3 +559,42 @@ async fn isolated_sessions_do_not_share_installs() {
         }
     }
 }
+
+/// The MCP surface in each era (a 2026-07-28 client, as Claude Code speaks now, and a
+/// handshake-era one): a sandboxed server refuses a local source with the same error, and an
+/// index package installs and imports in the sandboxed kernel (the positive side of the same
+/// call).
+async fn install_package_under_the_sandbox_in_each_era(era: crate::mcp_eras::Era) {
+    require!(SandboxDeps, TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let srt = root().join("target/sandbox-deps/node_modules/.bin/srt");
+    let env = [
+        ("IPYBOX_SRT", srt.to_str().unwrap()),
+        ("IPYBOX_HOME", home.path().to_str().unwrap()),
+    ];
+    let s = crate::mcp_eras::start(ws.path(), &env, &["--sandbox"], era).await;
+    let spec = "evil @  file:///srv/evil-1.0-py3-none-any.whl";
+    let r = crate::support::call(&s, "install_package", json!({"package_name": spec})).await;
+    let text = crate::http_support::text_of(&r).1;
+    assert_eq!(r.is_error, Some(true), "{era:?}: {text}");
+    assert!(
+        text.contains(&format!(
+            "refusing to install `{spec}`: it names a local source"
+        )),
+        "{era:?}: {text}"
+    );
+    crate::support::ok_text(&s, "install_package", json!({"package_name": "iniconfig"})).await;
+    let out = crate::support::ok_text(
+        &s,
+        "execute_ipython_cell",
+        json!({"code": "import iniconfig, os\nprint(iniconfig.__file__.startswith(os.environ['IPYBOX_SITE_LAYER']))"}),
+    )
+    .await;
+    assert_eq!(
+        crate::http_support::split_note(&out).0,
+        "True",
+        "{era:?}: {out}"
+    );
+}
+crate::mcp_eras::both_eras!(install_package_under_the_sandbox_in_each_era);
