@@ -69,8 +69,13 @@ struct Service {
 
 impl Service {
     fn start(ws: &Path, flags: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_bin(BIN, ws, flags, env)
+    }
+
+    /// [`Self::start`] with another ipybox executable (`tenants` compares two builds).
+    fn start_bin(bin: &str, ws: &Path, flags: &[&str], env: &[(&str, &str)]) -> Self {
         let port = support::free_port();
-        let child = Command::new(BIN)
+        let child = Command::new(bin)
             .args(["serve", "--http", &format!("127.0.0.1:{port}")])
             .arg("--workspace")
             .arg(ws)
@@ -362,6 +367,43 @@ async fn confinement(ws: &Path) {
     }
 }
 
+/// Tenant isolation (issue 37) against the build before it: session start without a warm
+/// kernel (p50 and max of 10) and the PSS one more active session costs (8 sessions, as in
+/// [`density`]), for the executable in `IPYBOX_BENCH_BASELINE` and this build, interleaved
+/// over `rounds` rounds so that the machine's load falls on both alike. `cargo bench --bench
+/// http -- tenants` with `IPYBOX_BENCH_BASELINE=/path/to/old/ipybox`.
+async fn tenants(ws: &Path) {
+    let Ok(baseline) = std::env::var("IPYBOX_BENCH_BASELINE") else {
+        eprintln!("tenants: set IPYBOX_BENCH_BASELINE to the ipybox executable to compare with");
+        return;
+    };
+    println!(
+        "\n## Tenant isolation: this build vs {baseline}\n\n| build | round | start, no warm kernel (p50, max of 10) | PSS per session (8 sessions) |\n|---|---|---|---|"
+    );
+    const SETUP: &str = "x = list(range(1000))";
+    for round in 1..=2 {
+        for (label, bin) in [("before", baseline.as_str()), ("after", BIN)] {
+            let cold = {
+                let service = Service::start_bin(bin, ws, &["--warm-sessions", "0"], &[]);
+                creation(&service.url()).await
+            };
+            let service = Service::start_bin(bin, ws, &["--warm-sessions", "1"], &[]);
+            let (pid, url) = (service.child.id(), service.url());
+            let first = session(&url, SETUP).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let base = tree_pss_mb(pid);
+            let mut made = vec![first];
+            made.extend(sessions(&url, 8, SETUP).await);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let per = (tree_pss_mb(pid) - base) / 8.0;
+            for (c, _) in made {
+                let _ = c.cancel().await;
+            }
+            println!("| {label} | {round} | {cold} | {per:.1} MB |");
+        }
+    }
+}
+
 /// Density (docs/http.md, "One kernel template for the service"): the PSS one more active
 /// session costs (ipybox's process tree after `n` more sessions, each with a small namespace,
 /// less before them, over `n`) with the shared kernel template (the default) and with a
@@ -567,8 +609,13 @@ fn main() {
     let only_confinement = std::env::args().any(|a| a == "confinement");
     let only_density = std::env::args().any(|a| a == "density");
     let only_thousand = std::env::args().any(|a| a == "thousand");
+    let only_tenants = std::env::args().any(|a| a == "tenants");
     common::run(|| async move {
         let ws = tempfile::tempdir().unwrap();
+        if only_tenants {
+            tenants(ws.path()).await;
+            return;
+        }
         if only_thousand {
             thousand(ws.path()).await;
             return;
