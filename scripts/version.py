@@ -19,7 +19,9 @@ import sys
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-VERSION = re.compile(r"^\d+\.\d+\.\d+([.-]?(a|b|rc|dev|post)\d+)?$")
+# X.Y.Z only: Cargo wants semver (1.2.3-rc.1) where PyPI wants PEP 440 (1.2.3rc1), and one string
+# must serve both.
+VERSION = re.compile(r"^\d+\.\d+\.\d+$")
 TOML_PACKAGE = re.compile(r'(?ms)^(\[(?:package|project)\]\n(?:(?!^\[).)*?^version = ")([^"]*)(")')
 
 
@@ -81,7 +83,7 @@ def main(argv):
     tag = None
     if argv[:1] == ["--set"] and len(argv) == 2:
         if not VERSION.match(argv[1]):
-            sys.exit(f"version.py: {argv[1]!r} is not a version like 1.2.3 or 1.2.3rc1")
+            sys.exit(f"version.py: {argv[1]!r} is not a version X.Y.Z (pre-releases are not supported: Cargo and PyPI spell them differently)")
         set_version(argv[1])
     elif argv[:1] == ["--tag"] and len(argv) == 2:
         tag = argv[1]
