@@ -15,8 +15,10 @@ ipybox is not root) so that each kernel it forks can make a view of its own:
    from their descriptors, read-only except its own ``box/`` and ``work/``; a private ``/dev``
    (its own ``devpts``, ``/dev/shm``); working directory ``/``.
 2. :func:`become_init` (the first child, pid 1 of the new pid namespace): mounts a ``/proc`` of
-   that namespace (``/proc/sys`` and friends read-only, as bubblewrap does), drops every
-   capability (bounding set, ambient, ``capset``) and sets ``no_new_privs``, forks the kernel,
+   that namespace (``/proc/sys`` and friends read-only, as bubblewrap does), becomes the
+   session's uid and gid if the plan has an ``identity``, drops every capability (bounding set,
+   ambient, ``capset``), sets ``no_new_privs`` and loads the plan's ``seccomp`` filter
+   (``confine_identity``), forks the kernel,
    then reaps orphans until the kernel exits, and exits with its status (every process left in
    the namespace is killed by the kernel when pid 1 ends).
 3. The kernel process returns from :func:`become_init` without capabilities and runs the kernel
@@ -255,7 +257,7 @@ def drop_capabilities() -> None:
             raise ConfineError(errno.EPERM, f"capabilities left after dropping them: {field} {status[field].strip()}")
 
 
-def become_init(report_fd: int) -> int:
+def become_init(report_fd: int, plan: dict | None = None) -> int:
     """Forks into the new pid namespace. Returns in the kernel process (no capabilities, pid 2);
     the namespace's pid 1 never returns: it reaps orphans until the kernel exits, writes the
     kernel's wait status to ``report_fd`` and exits (which ends every process left in the
@@ -267,7 +269,14 @@ def become_init(report_fd: int) -> int:
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _mount_proc()
-        drop_capabilities()
+        if plan is not None and ("identity" in plan or "seccomp" in plan):
+            # Its uid and gid, no capabilities, no_new_privs, the seccomp filter
+            # (confine_identity): inherited by the kernel forked next.
+            from ipybox_runtime import confine_identity
+
+            confine_identity.confine(plan)
+        else:
+            drop_capabilities()
         # Not dumpable: the kernel (same user) can neither ptrace pid 1 nor read its /proc
         # entries (memory, cwd, descriptors).
         _prctl(PR_SET_DUMPABLE, 0)

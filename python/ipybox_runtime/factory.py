@@ -439,7 +439,7 @@ def _become_confined_kernel(template: _Template, req: dict) -> None:
 
         confine_child.enter(req["confine"])
         report_r, report_w = os.pipe()
-        init = confine_child.become_init(report_w)
+        init = confine_child.become_init(report_w, req["confine"])
     except BaseException:
         _died()
     if init == 0:

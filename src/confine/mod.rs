@@ -31,6 +31,9 @@ use std::time::Duration;
 use crate::child_process::{ChildCommand, CommandWrapper};
 use crate::host_env::HostEnv;
 
+pub(crate) mod identity;
+pub(crate) mod seccomp;
+
 /// The name of a confined kernel's working directory in its runtime directory.
 pub(crate) const WORK_DIR: &str = "work";
 
@@ -315,10 +318,44 @@ impl Layout {
 /// The wrapper that runs a kernel command (or the kernel factory's template) inside bwrap with
 /// `layout`, in the command's working directory (`layout.work`) inside, and with the command's
 /// own environment as bwrap's. bwrap itself starts in `/`.
-pub(crate) fn wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
+///
+/// The kernel becomes `identity` first (a Python statement put before the launcher's code,
+/// `python -c CODE`): as root bubblewrap keeps `CAP_SETUID`, `CAP_SETGID` and `CAP_SETPCAP` for
+/// that when the kernel has a uid of its own, and the kernel drops them (with the switch) before
+/// any other code runs.
+pub(crate) fn wrapper(
+    bwrap: &Path,
+    layout: Layout,
+    identity: &identity::KernelIdentity,
+) -> CommandWrapper {
     let mut prefix = vec![bwrap.display().to_string()];
     prefix.extend(base_flags());
-    wrap_with(prefix, layout)
+    if identity.ids.is_some() {
+        prefix.extend(
+            [
+                "--cap-add",
+                "CAP_SETUID",
+                "--cap-add",
+                "CAP_SETGID",
+                "--cap-add",
+                "CAP_SETPCAP",
+            ]
+            .map(String::from),
+        );
+    }
+    let inner = wrap_with(prefix, layout);
+    let prelude = identity.launcher_prelude();
+    CommandWrapper(Arc::new(move |mut cmd: ChildCommand| {
+        if cmd.argv.get(1).is_some_and(|a| a == "-c")
+            && let Some(code) = cmd.argv.get_mut(2)
+        {
+            // First the working directory (the workspace) goes from `sys.path`, as the
+            // launcher's own first statement does (`kernel::local::CLEAN_PATH`).
+            *code =
+                format!("import sys; sys.path[:] = [p for p in sys.path if p]\n{prelude}\n{code}");
+        }
+        (inner.0)(cmd)
+    }))
 }
 
 /// The wrapper of the kernel factory's template shared by several confined executors
@@ -335,6 +372,11 @@ pub(crate) fn template_wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
         prefix.extend(["--cap-drop", "ALL"].map(String::from));
     }
     prefix.extend(["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"].map(String::from));
+    // Each kernel's init switches to the session's uid and gid (`confine_identity.py`).
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        prefix.extend(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"].map(String::from));
+    }
     wrap_with(prefix, layout)
 }
 

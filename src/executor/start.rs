@@ -299,16 +299,21 @@ impl CodeExecutor {
                 &config.python,
                 confinement,
             );
+            let identity = crate::confine::identity::KernelIdentity {
+                ids: None,
+                seccomp: crate::confine::seccomp::write(runtime.path()).map_err(io)?,
+            };
             if let Some(shared) = &shared {
                 // A forked kernel binds ipybox's kernel-side Python back from the template's
                 // copy: its preloaded modules came from there.
-                let plan = layout
+                let mut plan = layout
                     .clone()
                     .show_read_only(shared.dir().join("python"))
                     .fork_plan();
+                identity.add_to_plan(&mut plan);
                 config.shared = Some(SharedFork::new(shared, Some(plan)));
             }
-            config.wrapper = Some(crate::confine::wrapper(bwrap, layout));
+            config.wrapper = Some(crate::confine::wrapper(bwrap, layout, &identity));
             config.cwd = Some(work);
         } else if let Some(shared) = &shared {
             config.shared = Some(SharedFork::new(shared, None));

@@ -83,6 +83,7 @@ mod sandbox_resume;
 mod shell_approval;
 mod snapshot;
 mod stdio_resume;
+mod tenant_identity;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;
