@@ -82,6 +82,7 @@ mod shell_approval;
 mod snapshot;
 mod stdio_resume;
 mod tool_calls;
+mod tenant_limits;
 mod tool_calls_async;
 mod tool_reach;
 mod tool_socket;
