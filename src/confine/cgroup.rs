@@ -103,7 +103,8 @@ impl CgroupRoot {
     /// and the service's directory made in each (named after `pid`); directories of services
     /// that are gone are removed first.
     pub fn detect() -> Result<CgroupRoot, CgroupError> {
-        let read = |p: &str| std::fs::read_to_string(p).map_err(|e| io_err(Path::new(p), "read", e));
+        let read =
+            |p: &str| std::fs::read_to_string(p).map_err(|e| io_err(Path::new(p), "read", e));
         let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
         Self::setup(
             v2,
@@ -147,9 +148,8 @@ impl CgroupRoot {
             sweep(&parent);
             let dir = parent.join(&name);
             mkdir(&dir)?;
-            write_file(&dir.join("cgroup.subtree_control"), &controllers).map_err(|e| {
-                io_err(&dir, "enable the pids, memory and cpu controllers in", e)
-            })?;
+            write_file(&dir.join("cgroup.subtree_control"), &controllers)
+                .map_err(|e| io_err(&dir, "enable the pids, memory and cpu controllers in", e))?;
             dirs.push(("", dir));
         } else {
             for controller in CONTROLLERS {
@@ -180,7 +180,11 @@ impl CgroupRoot {
 
     /// Which cgroup version and where, for the start-up log.
     pub fn describe(&self) -> String {
-        let dirs: Vec<String> = self.dirs.iter().map(|(_, d)| d.display().to_string()).collect();
+        let dirs: Vec<String> = self
+            .dirs
+            .iter()
+            .map(|(_, d)| d.display().to_string())
+            .collect();
         format!(
             "cgroup {} ({})",
             if self.v2 { "v2" } else { "v1" },
@@ -239,7 +243,10 @@ fn sweep(parent: &Path) {
             continue;
         };
         if !crate::kernel::runtime_dir::process_alive(pid) {
-            tracing::info!("removing the cgroup {} of an ipybox that is gone", entry.path().display());
+            tracing::info!(
+                "removing the cgroup {} of an ipybox that is gone",
+                entry.path().display()
+            );
             remove_tree(&entry.path());
         }
     }
@@ -349,7 +356,13 @@ impl SessionCgroup {
     /// Writes the limits.
     fn apply(&self) -> Result<(), CgroupError> {
         let l = &self.limits;
-        let max = |n: u64| if n == 0 { "max".to_string() } else { n.to_string() };
+        let max = |n: u64| {
+            if n == 0 {
+                "max".to_string()
+            } else {
+                n.to_string()
+            }
+        };
         self.set("pids", "pids.max", &max(l.max_procs))?;
         if self.v2 {
             self.set("memory", "memory.max", &max(l.memory))?;
@@ -363,7 +376,11 @@ impl SessionCgroup {
             };
             self.set("cpu", "cpu.max", &cpu)?;
         } else {
-            let mem = if l.memory == 0 { "-1".to_string() } else { l.memory.to_string() };
+            let mem = if l.memory == 0 {
+                "-1".to_string()
+            } else {
+                l.memory.to_string()
+            };
             self.set("memory", "memory.limit_in_bytes", &mem)?;
             if l.memory > 0 {
                 // Memory and swap together at the same bound: no swap (only where the kernel
@@ -522,7 +539,10 @@ mod tests {
             fs.path().display()
         );
         let root = CgroupRoot::setup(true, &mi, "0::/svc.service", pid).unwrap();
-        assert_eq!(read(own.join("cgroup.subtree_control")), "+pids +memory +cpu");
+        assert_eq!(
+            read(own.join("cgroup.subtree_control")),
+            "+pids +memory +cpu"
+        );
         assert_eq!(
             read(service.join("cgroup.subtree_control")),
             "+pids +memory +cpu"
@@ -535,14 +555,24 @@ mod tests {
             cpus: Some(1.5),
             work_size: 0,
         };
-        let err = root.create_session(&limits).map(|_| ()).err().map(|e| e.to_string());
+        let err = root
+            .create_session(&limits)
+            .map(|_| ())
+            .err()
+            .map(|e| e.to_string());
         assert!(err.is_some_and(|e| e.contains("pids.max")));
         // Same writes on a directory that has the files.
         let dir = service.join("s-test");
         std::fs::create_dir(&dir).unwrap();
         touch(
             &dir,
-            &["pids.max", "memory.max", "memory.swap.max", "cpu.max", "cgroup.procs"],
+            &[
+                "pids.max",
+                "memory.max",
+                "memory.swap.max",
+                "cpu.max",
+                "cgroup.procs",
+            ],
         );
         let cg = SessionCgroup {
             v2: true,
@@ -598,7 +628,10 @@ mod tests {
             std::fs::create_dir(dir(c)).unwrap();
         }
         touch(&dir("pids"), &["pids.max"]);
-        touch(&dir("memory"), &["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]);
+        touch(
+            &dir("memory"),
+            &["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"],
+        );
         touch(&dir("cpu"), &["cpu.cfs_period_us", "cpu.cfs_quota_us"]);
         let cg = SessionCgroup {
             v2: false,
@@ -613,8 +646,14 @@ mod tests {
         };
         cg.apply().unwrap();
         assert_eq!(read(dir("pids").join("pids.max")), "50");
-        assert_eq!(read(dir("memory").join("memory.limit_in_bytes")), "1073741824");
-        assert_eq!(read(dir("memory").join("memory.memsw.limit_in_bytes")), "1073741824");
+        assert_eq!(
+            read(dir("memory").join("memory.limit_in_bytes")),
+            "1073741824"
+        );
+        assert_eq!(
+            read(dir("memory").join("memory.memsw.limit_in_bytes")),
+            "1073741824"
+        );
         assert_eq!(read(dir("cpu").join("cpu.cfs_quota_us")), "-1");
         std::fs::write(
             dir("memory").join("memory.oom_control"),
@@ -625,7 +664,12 @@ mod tests {
         drop(cg);
         drop(root);
         for c in CONTROLLERS {
-            assert!(!fs.path().join(c).join(format!("parent/ipybox-{pid}")).exists());
+            assert!(
+                !fs.path()
+                    .join(c)
+                    .join(format!("parent/ipybox-{pid}"))
+                    .exists()
+            );
         }
     }
 }

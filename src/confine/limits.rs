@@ -115,7 +115,12 @@ pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
 
 /// A size for people: `200 MiB`, `2 GiB`, `1.5 GiB`, `123 bytes`.
 pub fn format_bytes(n: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)];
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
     for (name, size) in UNITS {
         if n >= size {
             return if n % size == 0 {
@@ -163,7 +168,9 @@ impl Limiter {
                     root.describe(),
                     limits.max_procs,
                     format_bytes(limits.memory),
-                    limits.cpus.map_or("unlimited".to_string(), |c| format!("{c} core(s)")),
+                    limits
+                        .cpus
+                        .map_or("unlimited".to_string(), |c| format!("{c} core(s)")),
                     format_bytes(limits.work_size),
                 );
                 Some(root)
@@ -369,8 +376,20 @@ mod tests {
 
     #[test]
     fn notes_name_limit_and_flag() {
-        assert!(LimitHit::Procs(50).note().contains("(50 processes and threads, --session-max-procs)"));
-        assert!(LimitHit::Memory(200 << 20).note().contains("(200 MiB, --session-memory)"));
-        assert!(LimitHit::WorkSize(20 << 20).note().contains("(20 MiB, --session-work-size)"));
+        assert!(
+            LimitHit::Procs(50)
+                .note()
+                .contains("(50 processes and threads, --session-max-procs)")
+        );
+        assert!(
+            LimitHit::Memory(200 << 20)
+                .note()
+                .contains("(200 MiB, --session-memory)")
+        );
+        assert!(
+            LimitHit::WorkSize(20 << 20)
+                .note()
+                .contains("(20 MiB, --session-work-size)")
+        );
     }
 }

@@ -489,11 +489,7 @@ fn note_limits(running: &Running, result: &mut Result<ExecutionResult, ExecutorE
     if hits.is_empty() {
         return;
     }
-    let notes = hits
-        .iter()
-        .map(|h| h.note())
-        .collect::<Vec<_>>()
-        .join("\n");
+    let notes = hits.iter().map(|h| h.note()).collect::<Vec<_>>().join("\n");
     let append = |text: &mut String| {
         if !text.is_empty() {
             text.push_str("\n\n");

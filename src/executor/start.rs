@@ -295,7 +295,10 @@ impl CodeExecutor {
             if let Some(limiter) = &confinement.limiter {
                 let (limits, mount) = session_limits(limiter, &work)?;
                 config.limits = Some(limits.clone());
-                session = Some(SessionUse { limits, work: mount });
+                session = Some(SessionUse {
+                    limits,
+                    work: mount,
+                });
             }
             let layout = crate::confine::Layout::new(
                 self.host_env(),
@@ -524,8 +527,9 @@ fn session_limits(
 > {
     let limits = limiter.for_session().map_err(|e| KernelError::Start {
         reason: e.to_string(),
-        help: "check that ipybox may create cgroups (the `session limits` line of its log at start)"
-            .into(),
+        help:
+            "check that ipybox may create cgroups (the `session limits` line of its log at start)"
+                .into(),
     })?;
     let mount = crate::confine::limits::WorkMount::mount(work, limiter.limits.work_size).map_err(
         |e| KernelError::Start {
