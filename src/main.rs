@@ -307,6 +307,25 @@ struct HttpArgs {
     /// its own (docs/http.md). Not needed with --kernel-gateway; --sandbox confines its own way.
     #[arg(long, requires = "http")]
     unconfined_sessions: bool,
+    /// Processes and threads each confined session may have at once (its cgroup's pids.max; a
+    /// kernel has about 10 threads); 0: no limit. A fork past it fails with EAGAIN and the
+    /// cell's result says so. Not applied with --unconfined-sessions.
+    #[arg(long, requires = "http", value_name = "N", default_value_t = ipybox::confine::limits::DEFAULT_MAX_PROCS)]
+    session_max_procs: u64,
+    /// Memory each confined session may use (its cgroup's memory limit, no swap; its work
+    /// directory's files count): bytes or 512M, 2G; 0: no limit. Past it the kernel is killed
+    /// and restarted and the cell's result says so. Not applied with --unconfined-sessions.
+    #[arg(long, requires = "http", value_name = "BYTES", default_value = "2G", value_parser = parse_size)]
+    session_memory: u64,
+    /// CPU each confined session may use, in cores (its cgroup's CPU quota: 0.5, 1, 2); 0 or
+    /// none: no limit. Not applied with --unconfined-sessions.
+    #[arg(long, requires = "http", value_name = "CORES", default_value = "none", value_parser = parse_cpus)]
+    session_cpus: f64,
+    /// Size of each confined session's work directory (as root: a tmpfs of this size, in
+    /// memory, counted in --session-memory): bytes or 512M, 1G; 0: no limit. A write past it
+    /// fails with ENOSPC and the cell's result says so. Not root: not bounded.
+    #[arg(long, requires = "http", value_name = "BYTES", default_value = "1G", value_parser = parse_size)]
+    session_work_size: u64,
     /// Give every session stdio MCP server processes of its own (closed on its reset and
     /// close), instead of one process per registered server shared by every session of the
     /// service (a server's state, e.g. server-memory's graph, is then per session).
@@ -723,7 +742,16 @@ async fn serve(
                     token_files: &http.token_file,
                     session_secret_file: http.session_secret_file.as_deref(),
                 };
-                builder = builder.confine(confinement(&config.workspace, operator_files).await?);
+                let mut confine = confinement(&config.workspace, operator_files).await?;
+                confine.limiter = Some(std::sync::Arc::new(ipybox::confine::limits::Limiter::new(
+                    ipybox::confine::limits::SessionLimits {
+                        max_procs: http.session_max_procs,
+                        memory: http.session_memory,
+                        cpus: Some(http.session_cpus).filter(|c| *c > 0.0),
+                        work_size: http.session_work_size,
+                    },
+                )));
+                builder = builder.confine(confine);
             } else if !gateway && !args.sandbox {
                 tracing::warn!(
                     "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
@@ -959,7 +987,18 @@ async fn confinement(
     Ok(ipybox::confine::Confinement {
         hidden,
         bwrap: Some(bwrap),
+        limiter: None,
     })
+}
+
+/// Reads `--session-cpus` (0: no limit).
+fn parse_cpus(text: &str) -> Result<f64, String> {
+    ipybox::confine::limits::parse_cpus(text).map(|c| c.unwrap_or(0.0))
+}
+
+/// Reads a size flag (`512M`, `2G`, bytes).
+fn parse_size(text: &str) -> Result<u64, String> {
+    ipybox::confine::limits::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 /// This replica's default name in handles: the host name, made valid (a pod's name on

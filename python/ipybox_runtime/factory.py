@@ -432,6 +432,12 @@ def _become_confined_kernel(template: _Template, req: dict) -> None:
         conn.settimeout(30)
         conn.connect(template.socket_path)
         conn.sendall(f"{_HELLO} {req['id']}\n".encode())
+        if req.get("hold"):
+            # The host places this process in the session's cgroup (its limits), then says go
+            # on: what it forks from here on (pid 1, the kernel) is in that cgroup.
+            if conn.recv(1) != b"\x01":
+                _died()
+        _set_rlimits(req.get("rlimits"))
         conn.settimeout(None)
         # What goes wrong from here on is in the host's tail of this kernel's stderr.
         os.dup2(conn.fileno(), 2)
@@ -455,6 +461,18 @@ def _become_confined_kernel(template: _Template, req: dict) -> None:
     except BaseException:
         pass  # outside the kernel's namespaces: nothing the kernel can reach
     confine_child.exit_like(report_r, init)
+
+
+def _set_rlimits(limits: dict | None) -> None:
+    """Without cgroups: the session's limits as resource limits of this process and what it
+    forks (0: not set)."""
+    if not limits:
+        return
+    import resource
+
+    for name, value in (("RLIMIT_AS", limits.get("address_space")), ("RLIMIT_NPROC", limits.get("nproc"))):
+        if value:
+            resource.setrlimit(getattr(resource, name), (value, value))
 
 
 def _run_confined_kernel(template: _Template, req: dict, conn: socket.socket) -> None:

@@ -28,6 +28,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod cgroup;
+pub mod limits;
+
 use crate::child_process::{ChildCommand, CommandWrapper};
 use crate::host_env::HostEnv;
 
@@ -46,6 +49,8 @@ pub struct Confinement {
     pub hidden: Vec<PathBuf>,
     /// The bubblewrap executable (default: `bwrap` on `PATH`).
     pub bwrap: Option<PathBuf>,
+    /// What each session may use, and how it is enforced (`None`: no limits).
+    pub limiter: Option<Arc<limits::Limiter>>,
 }
 
 /// Why confinement cannot be set up.

@@ -71,6 +71,8 @@ struct Running {
     /// How this executor's kernels are confined: sealed into their snapshots, and what a
     /// snapshot must restore into.
     confinement: crate::snapshot::KernelConfinement,
+    /// A confined session's limits: what it met is noted in each cell's result.
+    session: Option<start::SessionUse>,
 }
 
 struct Inner {

@@ -157,13 +157,14 @@ impl CodeExecutor {
         let mut settle = SettleOnDrop(Some(self.inner.clone()));
         let events = recording.as_ref().map(|r| &r.1);
         let run = running.pool.execute(code, timeout, events, &pause, None);
-        let result = tokio::select! {
+        let mut result = tokio::select! {
             result = self.inner.unless_stopping(run) => result.map_err(ExecutorError::from),
             true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
                 running.pool.settle().await;
                 Err(ExecutorError::Cancelled)
             }
         };
+        note_limits(running, &mut result);
         settle.0 = None;
         if let Some(recording) = recording.as_mut() {
             recording.finish(&result);
@@ -307,7 +308,7 @@ impl CodeExecutor {
                             &pause,
                             max_output_bytes,
                         );
-                        let result = tokio::select! {
+                        let mut result = tokio::select! {
                             result = inner.unless_stopping(run) => result.map_err(ExecutorError::from),
                             true = async { cancelled.wait_for(|c| *c).await.is_ok() } => {
                                 // Reject what waits for a decision (the kernel's call then
@@ -318,6 +319,7 @@ impl CodeExecutor {
                                 Err(ExecutorError::Cancelled)
                             }
                         };
+                        note_limits(running, &mut result);
                         // Calls made after this execution (leftover threads) have no one to ask
                         // (accepting executions accept them, as execute() does).
                         if ask {
@@ -473,5 +475,44 @@ impl futures::Stream for Execution {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.rx.poll_recv(cx)
+    }
+}
+
+/// Adds to `result` which of its session's limits the cell met (a confined session's cgroup
+/// counters, its work directory's tmpfs): a line the model reads, naming the limit and its flag.
+/// A kernel killed for memory says so in its "kernel died" error.
+fn note_limits(running: &Running, result: &mut Result<ExecutionResult, ExecutorError>) {
+    let Some(session) = &running.session else {
+        return;
+    };
+    let hits = session.hits();
+    if hits.is_empty() {
+        return;
+    }
+    let notes = hits.iter().map(|h| h.note()).collect::<Vec<_>>().join("\n");
+    let append = |text: &mut String| {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str(&notes);
+    };
+    match result {
+        Ok(output) => append(&mut output.text),
+        Err(ExecutorError::Kernel(KernelError::Died { status, output, .. })) => {
+            if let Some(crate::confine::limits::LimitHit::Memory(n)) = hits
+                .iter()
+                .find(|h| matches!(h, crate::confine::limits::LimitHit::Memory(_)))
+            {
+                *status = format!(
+                    "killed for memory: this session reached its memory limit, {}, --session-memory",
+                    crate::confine::limits::format_bytes(*n)
+                );
+            }
+            // Printed before the error ("kernel died (…) — restarted, state lost").
+            append(output);
+        }
+        Err(ExecutorError::Kernel(KernelError::Failed { traceback, .. })) => append(traceback),
+        Err(ExecutorError::Kernel(KernelError::Timeout { output, .. })) => append(output),
+        Err(_) => {}
     }
 }

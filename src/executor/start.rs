@@ -283,6 +283,7 @@ impl CodeExecutor {
                 config.cwd = Some(work.path().to_path_buf());
             }
         }
+        let mut session = None;
         if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
             let io = |source| ExecutorError::Io {
                 path: runtime.path().to_path_buf(),
@@ -291,6 +292,14 @@ impl CodeExecutor {
             let writable = runtime.kernel_writable().map_err(io)?;
             let work = runtime.path().join(crate::confine::WORK_DIR);
             crate::safe_fs::create_private_dir(&work).map_err(io)?;
+            if let Some(limiter) = &confinement.limiter {
+                let (limits, mount) = session_limits(limiter, &work)?;
+                config.limits = Some(limits.clone());
+                session = Some(SessionUse {
+                    limits,
+                    work: mount,
+                });
+            }
             let layout = crate::confine::Layout::new(
                 self.host_env(),
                 runtime.path(),
@@ -339,6 +348,7 @@ impl CodeExecutor {
             pristine: true,
             snapshot_channel,
             confinement,
+            session,
         });
         // Started again after a stop: a new kernel for the cells that follow.
         if let Some(notebook) = &self.inner.notebook {
@@ -371,6 +381,15 @@ impl CodeExecutor {
                 config.start_timeout = timeout;
             }
             if let (Some(confinement), Some(bwrap)) = (&b.confinement, bwrap) {
+                if confinement
+                    .limiter
+                    .as_ref()
+                    .is_some_and(|l| l.limits.work_size > 0)
+                {
+                    // Work directories' tmpfs mounts, made later on the host, must reach the
+                    // template's view (and so its forks).
+                    crate::confine::limits::share_mounts_below(dir)?;
+                }
                 let layout =
                     crate::confine::Layout::for_template(host, dir, workspace, python, confinement);
                 config.wrapper = Some(crate::confine::template_wrapper(bwrap, layout));
@@ -477,4 +496,56 @@ fn extract(dir: &Dir<'_>, to: &Path) -> std::io::Result<()> {
         extract(sub, to)?;
     }
     Ok(())
+}
+
+/// What a confined session uses of its limits: its cgroup (or resource limits) and its work
+/// directory's tmpfs.
+#[derive(Debug)]
+pub(super) struct SessionUse {
+    pub(super) limits: crate::confine::limits::KernelLimits,
+    pub(super) work: Option<crate::confine::limits::WorkMount>,
+}
+
+impl SessionUse {
+    /// The limits the session met since the last look.
+    pub(super) fn hits(&self) -> Vec<crate::confine::limits::LimitHit> {
+        let mut hits = self
+            .limits
+            .cgroup
+            .as_ref()
+            .map(|c| c.hits())
+            .unwrap_or_default();
+        hits.extend(self.work.as_ref().and_then(|w| w.full()));
+        hits
+    }
+}
+
+/// A new session's cgroup (or resource limits) and its work directory's tmpfs on `work`.
+fn session_limits(
+    limiter: &crate::confine::limits::Limiter,
+    work: &Path,
+) -> Result<
+    (
+        crate::confine::limits::KernelLimits,
+        Option<crate::confine::limits::WorkMount>,
+    ),
+    ExecutorError,
+> {
+    let limits = limiter.for_session().map_err(|e| KernelError::Start {
+        reason: e.to_string(),
+        help:
+            "check that ipybox may create cgroups (the `session limits` line of its log at start)"
+                .into(),
+    })?;
+    let mount = crate::confine::limits::WorkMount::mount(work, limiter.limits.work_size).map_err(
+        |e| KernelError::Start {
+            reason: format!(
+                "cannot mount the session's work directory ({} of tmpfs, --session-work-size) on {}: {e}",
+                crate::confine::limits::format_bytes(limiter.limits.work_size),
+                work.display()
+            ),
+            help: "pass --session-work-size 0 for no limit on the work directory".into(),
+        },
+    )?;
+    Ok((limits, mount))
 }

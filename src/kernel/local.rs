@@ -448,11 +448,34 @@ pub(super) fn spawn_kernel_command(
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     own_group(&mut cmd);
+    // The session's cgroup (or resource limits) before the kernel runs anything: its
+    // `cgroup.procs` files opened now, written (`0`: the child itself) between fork and exec,
+    // so that bwrap and every process it starts are in the cgroup.
+    let (cgroup_procs, rlimits) = match &config.limits {
+        Some(limits) => (
+            match &limits.cgroup {
+                Some(cg) => cg.open_procs().map_err(|e| {
+                    start_err_help(
+                        format!("cannot open the session's cgroup: {e}"),
+                        "check that ipybox may write its cgroups (see the log line `session limits` at start)",
+                    )
+                })?,
+                None => Vec::new(),
+            },
+            limits.rlimits,
+        ),
+        None => (Vec::new(), None),
+    };
     #[cfg(target_os = "linux")]
-    // SAFETY: prctl is async-signal-safe; runs in the child between fork and exec.
+    // SAFETY: prctl, write and setrlimit are async-signal-safe; runs in the child between fork
+    // and exec.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            crate::confine::cgroup::join_in_child(&cgroup_procs)?;
+            if let Some(r) = &rlimits {
+                r.apply_in_child()?;
+            }
             Ok(())
         });
     }

@@ -121,6 +121,9 @@ pub(crate) struct KernelConfig {
     pub input_handler: Option<InputHandler>,
     /// Records remote kernels until they are deleted.
     pub ledger: Option<Ledger>,
+    /// What the session's local kernels are limited by (its cgroup, or resource limits),
+    /// applied before any user code runs ([`crate::confine::limits`]).
+    pub(crate) limits: Option<crate::confine::limits::KernelLimits>,
 }
 
 impl std::fmt::Debug for KernelConfig {
@@ -160,6 +163,7 @@ impl KernelConfig {
             shared: None,
             input_handler: None,
             ledger: None,
+            limits: None,
         }
     }
 }

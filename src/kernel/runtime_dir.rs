@@ -165,6 +165,7 @@ impl RuntimeDir {
 
 impl Drop for RuntimeDir {
     fn drop(&mut self) {
+        unmount_in(&self.path);
         let _ = std::fs::remove_dir_all(&self.path);
     }
 }
@@ -176,6 +177,23 @@ pub(crate) fn temp_dir(host: &HostEnv) -> PathBuf {
 }
 
 /// Removes `ipybox-<pid>-*` directories whose process no longer exists.
+/// Removes the mounts a runtime directory may hold before it is removed (never leave mounts
+/// behind): a confined session's work directory tmpfs (`<dir>/work`), those of the sessions in
+/// a shared factory's directory (`<dir>/*/work`), and the factory directory's bind of itself
+/// (`confine::limits::share_mounts_below`).
+fn unmount_in(dir: &Path) {
+    use crate::confine::limits::unmount_work;
+    unmount_work(&dir.join(crate::confine::WORK_DIR));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                unmount_work(&entry.path().join(crate::confine::WORK_DIR));
+            }
+        }
+    }
+    unmount_work(dir);
+}
+
 fn sweep_stale(base: &Path) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
@@ -202,6 +220,7 @@ fn sweep_stale(base: &Path) {
         });
         if ours && pid > 0 && !process_alive(pid) {
             kill_stragglers(&entry.path());
+            unmount_in(&entry.path());
             let _ = std::fs::remove_dir_all(entry.path());
         }
     }

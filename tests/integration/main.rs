@@ -84,6 +84,7 @@ mod shell_approval;
 mod snapshot;
 mod stdio_resume;
 mod tenant_identity;
+mod tenant_limits;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;

@@ -119,6 +119,13 @@ enum Request<'a> {
         env: Option<std::collections::BTreeMap<String, String>>,
         #[serde(skip_serializing_if = "Option::is_none")]
         confine: Option<&'a serde_json::Value>,
+        /// The forked process waits, once connected, for one byte from ipybox before it goes
+        /// on: ipybox places it in the session's cgroup first (`confine::cgroup`).
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        hold: bool,
+        /// Resource limits the forked process sets on itself (no cgroups here).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rlimits: Option<crate::confine::limits::Rlimits>,
     },
     /// Kill the kernel forked for request `id` (one ipybox gave up on before it connected),
     /// with its process group, if the template has not reaped it.
@@ -447,6 +454,12 @@ impl Template {
             }
         }
         let mut forget = Forget(&self.routes, &id, true);
+        // Only a confined kernel applies limits (it alone knows to wait for the go-ahead).
+        let limits = config
+            .limits
+            .as_ref()
+            .filter(|_| config.shared.as_ref().is_some_and(|s| s.confine.is_some()));
+        let cgroup = limits.and_then(|l| l.cgroup.clone());
 
         let request = Request::Fork {
             id: &id,
@@ -458,6 +471,8 @@ impl Template {
                     .collect()
             }),
             confine: config.shared.as_ref().and_then(|s| s.confine.as_deref()),
+            hold: cgroup.is_some(),
+            rlimits: limits.and_then(|l| l.rlimits),
         };
         self.send(&request)
             .await
@@ -530,6 +545,16 @@ impl Template {
         // process of the sandbox, which may exit at once so that its pid goes to a host process.
         // Only a live child of the template is taken, held by a pidfd from now on.
         let pidfd = Arc::new(verify_forked(kernel_pid, &self.python).map_err(fail)?);
+        let mut writer = hello.writer;
+        if let Some(cgroup) = &cgroup {
+            // Into the session's cgroup before it forks its namespace's pid 1 and the kernel
+            // (they inherit it), then the go-ahead.
+            cgroup.place(kernel_pid).map_err(|e| fail(e.to_string()))?;
+            writer
+                .write_all(&[1])
+                .await
+                .map_err(|e| fail(format!("cannot tell the forked kernel to go on: {e}")))?;
+        }
         unclaimed.armed = false;
         forget.2 = false;
         drop(forget);
@@ -554,7 +579,7 @@ impl Template {
             };
             let _ = exit_tx.send(Some(ExitInfo(desc)));
         });
-        let lifeline: Box<dyn Send + Sync> = Box::new((hello.writer, self.clone()));
+        let lifeline: Box<dyn Send + Sync> = Box::new((writer, self.clone()));
         Ok((
             info,
             Process::new(

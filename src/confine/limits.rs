@@ -1,0 +1,395 @@
+//! What one confined session may use: processes, memory, CPU and its work directory's size
+//! (`ipybox serve --http`'s `--session-max-procs`, `--session-memory`, `--session-cpus`,
+//! `--session-work-size`; docs/http.md "What a session may use"), and the note a cell's result
+//! gets when the session met one of them.
+//!
+//! How the limits are applied: [`super::cgroup`] (processes, memory, CPU: a cgroup per session)
+//! and the work directory's size-limited tmpfs ([`WorkMount`]).
+
+use std::sync::Arc;
+
+/// The default of `--session-max-procs`: processes and threads of one session (its kernel's
+/// threads count: an idle kernel has about 10).
+pub const DEFAULT_MAX_PROCS: u64 = 512;
+/// The default of `--session-memory`: 2 GiB.
+pub const DEFAULT_MEMORY: u64 = 2 << 30;
+/// The default of `--session-work-size`: 1 GiB.
+pub const DEFAULT_WORK_SIZE: u64 = 1 << 30;
+
+/// The limits of one session (the same for every session of a service).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionLimits {
+    /// Processes and threads (`pids.max`); 0: no limit.
+    pub max_procs: u64,
+    /// Memory in bytes (`memory.max`, swap off); 0: no limit.
+    pub memory: u64,
+    /// CPU quota in cores (`cpu.max`); `None`: no limit.
+    pub cpus: Option<f64>,
+    /// Size of the work directory in bytes (a tmpfs as root); 0: no limit.
+    pub work_size: u64,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_procs: DEFAULT_MAX_PROCS,
+            memory: DEFAULT_MEMORY,
+            cpus: None,
+            work_size: DEFAULT_WORK_SIZE,
+        }
+    }
+}
+
+/// A limit a session met during a cell, for the note in the cell's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitHit {
+    /// A fork or thread start was refused (`pids.events`' `max` grew).
+    Procs(u64),
+    /// A process of the session was killed for memory (the OOM killer in its cgroup).
+    Memory(u64),
+    /// A write into the work directory found it full.
+    WorkSize(u64),
+}
+
+impl LimitHit {
+    /// The `[ipybox] …` line a cell's result gets.
+    pub fn note(&self) -> String {
+        match *self {
+            LimitHit::Procs(n) => format!(
+                "[ipybox] this session reached its process limit ({n} processes and threads, --session-max-procs): a fork or thread start failed (BlockingIOError: Resource temporarily unavailable). End processes you started (or start fewer at a time) and try again."
+            ),
+            LimitHit::Memory(n) => format!(
+                "[ipybox] this session reached its memory limit ({}, --session-memory): a process of the session (the kernel, if it died) was killed for memory. Use less memory at once (smaller chunks, streaming, del of large objects) and try again.",
+                format_bytes(n)
+            ),
+            LimitHit::WorkSize(n) => format!(
+                "[ipybox] this session's work directory is full ({}, --session-work-size): writes into it fail with ENOSPC (No space left on device). Remove files you no longer need from the working directory and try again.",
+                format_bytes(n)
+            ),
+        }
+    }
+}
+
+/// Why a size could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid size {0:?}: expected a number of bytes with an optional unit K, M, G or T (powers of 1024), e.g. 512M or 2G"
+)]
+pub struct SizeError(String);
+
+/// Reads a size: `1073741824`, `512M`, `2G`, `1.5G`, `64k`, `2GiB`, `2GB` (units are powers of
+/// 1024).
+pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
+    let err = || SizeError(text.to_string());
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let unit = unit.trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let scale: u64 = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(err()),
+    };
+    if num.is_empty() {
+        return Err(err());
+    }
+    if let Ok(n) = num.parse::<u64>() {
+        return n.checked_mul(scale).ok_or_else(err);
+    }
+    let f: f64 = num.parse().map_err(|_| err())?;
+    let bytes = f * scale as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(err());
+    }
+    Ok(bytes as u64)
+}
+
+/// A size for people: `200 MiB`, `2 GiB`, `1.5 GiB`, `123 bytes`.
+pub fn format_bytes(n: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (name, size) in UNITS {
+        if n >= size {
+            return if n % size == 0 {
+                format!("{} {name}", n / size)
+            } else {
+                format!("{:.1} {name}", n as f64 / size as f64)
+            };
+        }
+    }
+    format!("{n} bytes")
+}
+
+/// Reads `--session-cpus`: a positive number of cores (`1`, `0.5`, `2.5`), or `0`/`none` for no
+/// limit.
+pub fn parse_cpus(text: &str) -> Result<Option<f64>, String> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("none") || t == "0" {
+        return Ok(None);
+    }
+    match t.parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.01 => Ok(Some(n)),
+        _ => Err(format!(
+            "invalid CPU quota {text:?}: expected a number of cores of at least 0.01 (e.g. 1, 0.5, 2), or 0 / none for no limit"
+        )),
+    }
+}
+
+/// The service's limits and how they are enforced: a cgroup per session where ipybox may create
+/// cgroups, else resource limits set in each kernel before user code (`RLIMIT_AS` for memory,
+/// `RLIMIT_NPROC` for processes: see docs/http.md for what then binds).
+#[derive(Debug)]
+pub struct Limiter {
+    /// The limits of every session.
+    pub limits: SessionLimits,
+    cgroups: Option<super::cgroup::CgroupRoot>,
+}
+
+impl Limiter {
+    /// Finds how to enforce `limits` here, and logs it.
+    pub fn new(limits: SessionLimits) -> Limiter {
+        let cgroups = match super::cgroup::CgroupRoot::detect() {
+            Ok(root) => {
+                tracing::info!(
+                    "session limits: a cgroup per session, {}: at most {} processes and threads (--session-max-procs), {} of memory (--session-memory), CPU {} (--session-cpus); work directory {} (--session-work-size)",
+                    root.describe(),
+                    limits.max_procs,
+                    format_bytes(limits.memory),
+                    limits
+                        .cpus
+                        .map_or("unlimited".to_string(), |c| format!("{c} core(s)")),
+                    format_bytes(limits.work_size),
+                );
+                Some(root)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "{e}; session limits fall back to resource limits in each kernel: RLIMIT_AS {} (--session-memory, per process), RLIMIT_NPROC {} (--session-max-procs, per uid: does not bind uid 0); no CPU limit\n  help: run ipybox as root or give it a delegated cgroup v2 subtree (systemd: Delegate=yes)",
+                    format_bytes(limits.memory),
+                    limits.max_procs
+                );
+                None
+            }
+        };
+        Limiter { limits, cgroups }
+    }
+
+    /// What a new session's kernels are started with: its own cgroup, or the resource limits.
+    pub(crate) fn for_session(&self) -> Result<KernelLimits, super::cgroup::CgroupError> {
+        match &self.cgroups {
+            Some(root) => Ok(KernelLimits {
+                cgroup: Some(Arc::new(root.create_session(&self.limits)?)),
+                rlimits: None,
+            }),
+            None => Ok(KernelLimits {
+                cgroup: None,
+                rlimits: Some(Rlimits {
+                    address_space: self.limits.memory,
+                    nproc: self.limits.max_procs,
+                }),
+            }),
+        }
+    }
+}
+
+/// Resource limits a kernel sets on itself before user code when there are no cgroups (0: not
+/// set).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub(crate) struct Rlimits {
+    pub(crate) address_space: u64,
+    pub(crate) nproc: u64,
+}
+
+impl Rlimits {
+    /// Sets them on the calling process (between fork and exec: async-signal-safe).
+    pub(crate) fn apply_in_child(&self) -> std::io::Result<()> {
+        for (resource, value) in [
+            (libc::RLIMIT_AS, self.address_space),
+            (libc::RLIMIT_NPROC, self.nproc),
+        ] {
+            if value == 0 {
+                continue;
+            }
+            let lim = libc::rlimit {
+                rlim_cur: value,
+                rlim_max: value,
+            };
+            // SAFETY: setrlimit with a valid struct; async-signal-safe.
+            if unsafe { libc::setrlimit(resource, &lim) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one session's kernels are limited by (on its `KernelConfig`).
+#[derive(Debug, Clone)]
+pub(crate) struct KernelLimits {
+    /// The session's cgroup, which every kernel of the session joins before user code.
+    pub(crate) cgroup: Option<Arc<super::cgroup::SessionCgroup>>,
+    /// Without cgroups: resource limits every kernel sets on itself.
+    pub(crate) rlimits: Option<Rlimits>,
+}
+
+/// A size-limited tmpfs on a session's work directory (ipybox as root), owned by the
+/// directory's owner, mode 0700. Unmounted when the runtime directory is removed
+/// ([`unmount_work`]).
+#[derive(Debug)]
+pub(crate) struct WorkMount {
+    path: std::path::PathBuf,
+    size: u64,
+}
+
+impl WorkMount {
+    /// Mounts it on `path` (an existing directory) if ipybox is root and `size` is not 0.
+    pub(crate) fn mount(path: &std::path::Path, size: u64) -> std::io::Result<Option<WorkMount>> {
+        // SAFETY: geteuid has no preconditions.
+        if size == 0 || unsafe { libc::geteuid() } != 0 {
+            return Ok(None);
+        }
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(path)?;
+        let data = format!(
+            "size={size},mode=0700,uid={},gid={}",
+            meta.uid(),
+            meta.gid()
+        );
+        let cstr = |s: &str| std::ffi::CString::new(s).map_err(std::io::Error::other);
+        let target = cstr(&path.to_string_lossy())?;
+        let (source, fstype, data) = (cstr("ipybox-work")?, cstr("tmpfs")?, cstr(&data)?);
+        // SAFETY: valid NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                data.as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Some(WorkMount {
+            path: path.to_path_buf(),
+            size,
+        }))
+    }
+
+    /// Whether the work directory is (nearly) full: less than 64 KiB free.
+    pub(crate) fn full(&self) -> Option<LimitHit> {
+        let st = rustix::fs::statvfs(&self.path).ok()?;
+        let free = st.f_bavail.saturating_mul(st.f_frsize);
+        (free < 64 << 10).then_some(LimitHit::WorkSize(self.size))
+    }
+}
+
+/// Makes `dir` a shared mount (a bind mount of itself), so that mounts made below it later
+/// (work directories' tmpfs) propagate into the mount namespaces copied from it: the shared
+/// template's bubblewrap, and so the kernels it forks. As root only (else nothing is mounted).
+pub(crate) fn share_mounts_below(dir: &std::path::Path) -> std::io::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(());
+    }
+    let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())
+        .map_err(std::io::Error::other)?;
+    // SAFETY: valid NUL-terminated strings (or null where mount(2) allows it).
+    unsafe {
+        if libc::mount(
+            target.as_ptr(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        ) != 0
+            || libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_SHARED,
+                std::ptr::null(),
+            ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts a work directory's tmpfs, if there is one on `path` (before its runtime directory
+/// is removed: at a session's end, at shutdown, and when a stale runtime directory is swept).
+pub(crate) fn unmount_work(path: &std::path::Path) {
+    // EINVAL (not a mount point) and ENOENT are the usual answers: nothing to do.
+    if let Ok(target) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
+        // SAFETY: a valid NUL-terminated string.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1024").ok(), Some(1024));
+        assert_eq!(parse_bytes("512M").ok(), Some(512 << 20));
+        assert_eq!(parse_bytes("2G").ok(), Some(2 << 30));
+        assert_eq!(parse_bytes("2GiB").ok(), Some(2 << 30));
+        assert_eq!(parse_bytes("2gb").ok(), Some(2 << 30));
+        assert_eq!(parse_bytes("64k").ok(), Some(64 << 10));
+        assert_eq!(parse_bytes("1.5G").ok(), Some(3 << 29));
+        assert_eq!(parse_bytes("0").ok(), Some(0));
+        for bad in ["", "G", "2X", "-1", "1..5M", "99999999999T"] {
+            let e = parse_bytes(bad).map(|_| ()).err().map(|e| e.to_string());
+            assert!(e.is_some_and(|e| e.contains("512M")), "{bad}");
+        }
+        assert_eq!(format_bytes(200 << 20), "200 MiB");
+        assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(format_bytes(100), "100 bytes");
+    }
+
+    #[test]
+    fn cpus() {
+        assert_eq!(parse_cpus("1").ok(), Some(Some(1.0)));
+        assert_eq!(parse_cpus("0.5").ok(), Some(Some(0.5)));
+        assert_eq!(parse_cpus("none").ok(), Some(None));
+        assert_eq!(parse_cpus("0").ok(), Some(None));
+        assert!(parse_cpus("-1").is_err());
+        assert!(parse_cpus("x").is_err());
+    }
+
+    #[test]
+    fn notes_name_limit_and_flag() {
+        assert!(
+            LimitHit::Procs(50)
+                .note()
+                .contains("(50 processes and threads, --session-max-procs)")
+        );
+        assert!(
+            LimitHit::Memory(200 << 20)
+                .note()
+                .contains("(200 MiB, --session-memory)")
+        );
+        assert!(
+            LimitHit::WorkSize(20 << 20)
+                .note()
+                .contains("(20 MiB, --session-work-size)")
+        );
+    }
+}
