@@ -31,6 +31,9 @@ use std::time::Duration;
 use crate::child_process::{ChildCommand, CommandWrapper};
 use crate::host_env::HostEnv;
 
+pub mod egress_proxy;
+pub mod network;
+
 /// The name of a confined kernel's working directory in its runtime directory.
 pub(crate) const WORK_DIR: &str = "work";
 
@@ -43,6 +46,9 @@ pub struct Confinement {
     pub hidden: Vec<PathBuf>,
     /// The bubblewrap executable (default: `bwrap` on `PATH`).
     pub bwrap: Option<PathBuf>,
+    /// What the kernel reaches on the network (default: its own network namespace, egress
+    /// through ipybox's proxy by policy; see [`network`]).
+    pub network: network::NetworkPolicy,
 }
 
 /// Why confinement cannot be set up.
@@ -156,6 +162,8 @@ pub(crate) struct Layout {
     emptied: Vec<PathBuf>,
     /// The caller's hidden paths.
     hidden: Vec<PathBuf>,
+    /// A network namespace of its own (`--session-network none` or `proxy`).
+    unshare_net: bool,
 }
 
 /// How one path of a [`Layout`] is mounted.
@@ -226,6 +234,7 @@ impl Layout {
             writable: Vec::new(),
             emptied,
             hidden: confinement.hidden.clone(),
+            unshare_net: confinement.network.mode.unshares(),
         }
     }
 
@@ -299,7 +308,7 @@ impl Layout {
                 serde_json::json!([kind, path.display().to_string()])
             })
             .collect();
-        serde_json::json!({ "mounts": mounts })
+        serde_json::json!({ "mounts": mounts, "net": self.unshare_net })
     }
 }
 
@@ -309,6 +318,10 @@ impl Layout {
 pub(crate) fn wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
     let mut prefix = vec![bwrap.display().to_string()];
     prefix.extend(base_flags());
+    if layout.unshare_net {
+        // bubblewrap brings `lo` up in it.
+        prefix.push("--unshare-net".into());
+    }
     wrap_with(prefix, layout)
 }
 
@@ -326,6 +339,12 @@ pub(crate) fn template_wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
         prefix.extend(["--cap-drop", "ALL"].map(String::from));
     }
     prefix.extend(["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"].map(String::from));
+    if layout.unshare_net {
+        // The template needs no network: its own namespace (only `lo`), so that the
+        // `CAP_NET_ADMIN` each fork needs to bring up `lo` in its own new namespace is over
+        // nothing of the host's. Each kernel drops it with the rest (confine_child.py).
+        prefix.extend(["--unshare-net", "--cap-add", "CAP_NET_ADMIN"].map(String::from));
+    }
     wrap_with(prefix, layout)
 }
 
@@ -362,6 +381,7 @@ mod tests {
             ],
             emptied: emptied.iter().map(PathBuf::from).collect(),
             hidden: vec![],
+            unshare_net: true,
         }
     }
 

@@ -71,6 +71,8 @@ struct Running {
     /// How this executor's kernels are confined: sealed into their snapshots, and what a
     /// snapshot must restore into.
     confinement: crate::snapshot::KernelConfinement,
+    /// The egress proxy of `--session-network proxy` (stops when dropped).
+    _egress: Option<crate::confine::egress_proxy::EgressProxy>,
 }
 
 struct Inner {
