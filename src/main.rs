@@ -326,6 +326,25 @@ struct HttpArgs {
     /// fails with ENOSPC and the cell's result says so. Not root: not bounded.
     #[arg(long, requires = "http", value_name = "BYTES", default_value = "1G", value_parser = parse_size)]
     session_work_size: u64,
+    /// What a confined session's kernel reaches on the network: `none` (a network namespace of
+    /// its own with only `lo`), `proxy` (its own namespace; egress only through ipybox's proxy,
+    /// public addresses only, by --session-allow-domain/-net/-port) or `host` (the host's
+    /// network, ipybox's port and the cloud metadata address included). Default: proxy.
+    #[arg(long, value_name = "MODE", default_value = "proxy", requires = "http")]
+    session_network: ipybox::confine::network::SessionNetwork,
+    /// Let confined sessions reach this address range through the proxy although it is
+    /// loopback, link-local, private, CGNAT, ... (any port in it), e.g. 10.1.2.0/24.
+    /// Repeatable. Default: none.
+    #[arg(long, value_name = "CIDR", requires = "http")]
+    session_allow_net: Vec<ipybox::confine::network::Cidr>,
+    /// With the proxy, the only domains confined sessions reach: `pypi.org`, or
+    /// `*.example.com` for its subdomains. Repeatable. Default: every domain whose addresses
+    /// are public.
+    #[arg(long, value_name = "DOMAIN", requires = "http")]
+    session_allow_domain: Vec<ipybox::confine::network::DomainPattern>,
+    /// A port the proxy connects to besides 80 and 443 (the default). Repeatable.
+    #[arg(long, value_name = "PORT", requires = "http")]
+    session_allow_port: Vec<u16>,
     /// Give every session stdio MCP server processes of its own (closed on its reset and
     /// close), instead of one process per registered server shared by every session of the
     /// service (a server's state, e.g. server-memory's graph, is then per session).
@@ -741,6 +760,12 @@ async fn serve(
                     notebook_dir: notebooks.as_deref(),
                     token_files: &http.token_file,
                     session_secret_file: http.session_secret_file.as_deref(),
+                    network: ipybox::confine::network::NetworkPolicy {
+                        mode: http.session_network,
+                        allow_nets: http.session_allow_net.clone(),
+                        allow_domains: http.session_allow_domain.clone(),
+                        allow_ports: http.session_allow_port.clone(),
+                    },
                 };
                 let mut confine = confinement(&config.workspace, operator_files).await?;
                 confine.limiter = Some(std::sync::Arc::new(ipybox::confine::limits::Limiter::new(
@@ -936,6 +961,7 @@ struct OperatorFiles<'a> {
     notebook_dir: Option<&'a std::path::Path>,
     token_files: &'a [PathBuf],
     session_secret_file: Option<&'a std::path::Path>,
+    network: ipybox::confine::network::NetworkPolicy,
 }
 
 /// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
@@ -984,10 +1010,15 @@ async fn confinement(
     hidden.extend(files.token_files.iter().cloned());
     hidden.extend(files.session_secret_file.map(std::path::Path::to_path_buf));
     // (A link, as a Kubernetes secret's file is, hides what it points to: mounts follow it.)
+    tracing::info!(
+        "sessions' network: {} (--session-network)",
+        files.network.mode.as_str()
+    );
     Ok(ipybox::confine::Confinement {
         hidden,
         bwrap: Some(bwrap),
         limiter: None,
+        network: files.network,
     })
 }
 

@@ -8,7 +8,8 @@ session's runtime directory. It keeps ``CAP_SYS_ADMIN`` (in bubblewrap's user na
 ipybox is not root) so that each kernel it forks can make a view of its own:
 
 1. :func:`enter` (the forked process, still in the template's pid namespace): new mount, pid, IPC
-   and UTS namespaces; every mount private; an ``O_PATH`` descriptor to each directory that the
+   and UTS namespaces, and, when the plan says ``"net": true`` (``--session-network none`` or
+   ``proxy``), a network namespace with only ``lo`` (brought up here: ``CAP_NET_ADMIN``); every mount private; an ``O_PATH`` descriptor to each directory that the
    plan shows again (taken before anything covers it); then the plan's mounts in order: an empty
    tmpfs over each directory the kernel must not see (where runtime directories live, ``/tmp``,
    ``$HOME``, ...), an empty file over each hidden file, and the directories it may see bound back
@@ -43,6 +44,7 @@ import signal
 __all__ = ["enter", "become_init", "drop_capabilities"]
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWPID = 0x20000000
@@ -159,7 +161,11 @@ def enter(plan: dict) -> None:
     for kind, path in mounts:
         if kind not in ("tmpfs", "file", "ro", "rw") or not os.path.isabs(path):
             raise ConfineError(errno.EINVAL, f"bad mount in the confinement plan: {kind} {path!r}")
-    _check(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+    net = bool(plan.get("net"))
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWNET if net else 0)
+    _check(_libc.unshare(flags), "unshare")
+    if net:
+        _loopback_up()
     # Nothing mounted here reaches the template's view, nor the other way round.
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     # Descriptors are taken in the new mount namespace (a bind's source must be in the caller's)
@@ -194,6 +200,29 @@ def enter(plan: dict) -> None:
             os.close(fd)
     # The old working directory may be covered now; a process's cwd would still reach it.
     os.chdir("/")
+
+
+SIOCGIFFLAGS = 0x8913
+SIOCSIFFLAGS = 0x8914
+IFF_UP = 0x1
+
+
+def _loopback_up() -> None:
+    """Brings up ``lo`` of this process's new network namespace (as bubblewrap's
+    ``--unshare-net`` does): the namespace has nothing else, and this needs ``CAP_NET_ADMIN``,
+    which the template keeps for this only (dropped with every other capability before the
+    kernel runs)."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("16sH22x", b"lo", 0)
+            flags = struct.unpack("16sH22x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[1]
+            fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+    except OSError as e:
+        raise ConfineError(e.errno or errno.EIO, f"bringing up lo in the kernel's network namespace: {e.strerror}") from None
 
 
 def _private_dev(nodes: dict[str, int]) -> None:

@@ -36,6 +36,8 @@ use crate::host_env::HostEnv;
 
 pub(crate) mod identity;
 pub(crate) mod seccomp;
+pub mod egress_proxy;
+pub mod network;
 
 /// The name of a confined kernel's working directory in its runtime directory.
 pub(crate) const WORK_DIR: &str = "work";
@@ -51,6 +53,9 @@ pub struct Confinement {
     pub bwrap: Option<PathBuf>,
     /// What each session may use, and how it is enforced (`None`: no limits).
     pub limiter: Option<Arc<limits::Limiter>>,
+    /// What the kernel reaches on the network (default: its own network namespace, egress
+    /// through ipybox's proxy by policy; see [`network`]).
+    pub network: network::NetworkPolicy,
 }
 
 /// Why confinement cannot be set up.
@@ -173,6 +178,8 @@ pub(crate) struct Layout {
     emptied: Vec<PathBuf>,
     /// The caller's hidden paths.
     hidden: Vec<PathBuf>,
+    /// A network namespace of its own (`--session-network none` or `proxy`).
+    unshare_net: bool,
 }
 
 /// How one path of a [`Layout`] is mounted.
@@ -243,6 +250,7 @@ impl Layout {
             writable: Vec::new(),
             emptied,
             hidden: confinement.hidden.clone(),
+            unshare_net: confinement.network.mode.unshares(),
         }
     }
 
@@ -316,7 +324,7 @@ impl Layout {
                 serde_json::json!([kind, path.display().to_string()])
             })
             .collect();
-        serde_json::json!({ "mounts": mounts })
+        serde_json::json!({ "mounts": mounts, "net": self.unshare_net })
     }
 }
 
@@ -347,6 +355,10 @@ pub(crate) fn wrapper(
             ]
             .map(String::from),
         );
+    }
+    if layout.unshare_net {
+        // bubblewrap brings `lo` up in it.
+        prefix.push("--unshare-net".into());
     }
     let inner = wrap_with(prefix, layout);
     let prelude = identity.launcher_prelude();
@@ -381,6 +393,12 @@ pub(crate) fn template_wrapper(bwrap: &Path, layout: Layout) -> CommandWrapper {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         prefix.extend(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"].map(String::from));
+    }
+    if layout.unshare_net {
+        // The template needs no network: its own namespace (only `lo`), so that the
+        // `CAP_NET_ADMIN` each fork needs to bring up `lo` in its own new namespace is over
+        // nothing of the host's. Each kernel drops it with the rest (confine_child.py).
+        prefix.extend(["--unshare-net", "--cap-add", "CAP_NET_ADMIN"].map(String::from));
     }
     wrap_with(prefix, layout)
 }
@@ -418,6 +436,7 @@ mod tests {
             ],
             emptied: emptied.iter().map(PathBuf::from).collect(),
             hidden: vec![],
+            unshare_net: true,
         }
     }
 

@@ -54,6 +54,7 @@ pub struct CodeExecutorBuilder {
     pub(super) progress: Option<ProgressSink>,
     pub(super) output: crate::kernel::OutputLimits,
     pub(super) notebook: Option<NotebookConfig>,
+    pub(super) session_tag: Option<String>,
 }
 
 /// A kernel gateway URL as given, with a `Debug` that leaves out its query (it may hold a token).
@@ -301,6 +302,13 @@ impl CodeExecutorBuilder {
     /// with [`Self::sandbox`] (srt confines a kernel its own way) or [`Self::kernel_gateway`].
     pub fn confine(mut self, confinement: Confinement) -> Self {
         self.confinement = Some(confinement);
+        self
+    }
+
+    /// The name of this executor's session in logs (e.g. the egress proxy's refusals); default:
+    /// its runtime directory's name.
+    pub fn session_tag(mut self, tag: impl Into<String>) -> Self {
+        self.session_tag = Some(tag.into());
         self
     }
 

@@ -73,6 +73,8 @@ struct Running {
     confinement: crate::snapshot::KernelConfinement,
     /// A confined session's limits: what it met is noted in each cell's result.
     session: Option<start::SessionUse>,
+    /// The egress proxy of `--session-network proxy` (stops when dropped).
+    _egress: Option<crate::confine::egress_proxy::EgressProxy>,
 }
 
 struct Inner {

@@ -284,6 +284,7 @@ impl CodeExecutor {
             }
         }
         let mut session = None;
+        let mut egress = None;
         if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
             let io = |source| ExecutorError::Io {
                 path: runtime.path().to_path_buf(),
@@ -324,6 +325,30 @@ impl CodeExecutor {
             }
             config.wrapper = Some(crate::confine::wrapper(bwrap, layout, &identity));
             config.cwd = Some(work);
+            if confinement.network.mode == crate::confine::network::SessionNetwork::Proxy {
+                let socket = runtime.path().join(crate::confine::network::EGRESS_SOCKET);
+                let tag = b.session_tag.clone().unwrap_or_else(|| {
+                    runtime
+                        .path()
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                });
+                egress = Some(
+                    crate::confine::egress_proxy::EgressProxy::start(
+                        &socket,
+                        Arc::new(confinement.network.clone()),
+                        tag,
+                    )
+                    .map_err(|source| ExecutorError::Io {
+                        path: socket.clone(),
+                        source,
+                    })?,
+                );
+                config
+                    .env
+                    .extend(crate::confine::network::proxy_env(&socket));
+            }
         } else if let Some(shared) = &shared {
             config.shared = Some(SharedFork::new(shared, None));
         }
@@ -349,6 +374,7 @@ impl CodeExecutor {
             snapshot_channel,
             confinement,
             session,
+            _egress: egress,
         });
         // Started again after a stop: a new kernel for the cells that follow.
         if let Some(notebook) = &self.inner.notebook {

@@ -137,7 +137,8 @@ impl ExecutorFactory {
         let mut builder = self
             .builder
             .clone()
-            .images_dir(self.workspace.join("images").join(&tag));
+            .images_dir(self.workspace.join("images").join(&tag))
+            .session_tag(tag.clone());
         if let Some(dir) = &self.notebooks {
             builder = builder.notebook_config(
                 ipybox::notebook::NotebookConfig::in_dir(dir)

@@ -372,6 +372,14 @@ fn startup_line(config: &KernelConfig) -> String {
             "__import__('ipybox_runtime.working_dir', fromlist=['install']).install({dir})"
         ));
     }
+    if let Some(socket) = config.env.get(crate::confine::network::EGRESS_SOCKET_ENV) {
+        // `--session-network proxy`: the bridge to ipybox's egress proxy, before any cell.
+        let socket = serde_json::to_string(socket).unwrap_or_else(|_| "''".into());
+        parts.push(format!(
+            "__import__('ipybox_runtime.net_bridge', fromlist=['install']).install({}, {socket})",
+            crate::confine::network::BRIDGE_PORT
+        ));
+    }
     if let ShellApproval::On { require_escape } = config.shell_approval {
         let flag = if require_escape { "True" } else { "False" };
         parts.push(format!(

@@ -85,6 +85,7 @@ mod snapshot;
 mod stdio_resume;
 mod tenant_identity;
 mod tenant_limits;
+mod tenant_network;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;

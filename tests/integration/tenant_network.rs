@@ -1,0 +1,288 @@
+//! What a confined session's kernel reaches on the network (`--session-network`, issue 37): from
+//! a real kernel of `ipybox serve --http`, hostile code tries ipybox's own port and another
+//! loopback service, the cloud metadata address, a private address of this machine, a domain the
+//! operator did not allow, and (with `none`) anything at all; the same code runs in a session of
+//! a `--session-network host` service (the control: today's network) and reaches what it can
+//! there. The common case works through the proxy: `urllib` over HTTPS to the PyPI stand-in
+//! (pypi.org resolves to 203.0.113.80 here, a public address) and `pip download`.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpListener};
+use std::time::Duration;
+
+use crate::http_support::*;
+use crate::mcp_eras::Era;
+use crate::support::*;
+
+const MARKER: &str = "loopback-service-7c1e";
+
+/// An HTTP server on every address of this machine (0.0.0.0) that answers [`MARKER`] to any
+/// request: "another service on the host's loopback", and on a private address.
+fn start_marker_server() -> u16 {
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            std::thread::spawn(move || {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{MARKER}",
+                    MARKER.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// A private IPv4 address of one of this machine's interfaces (10/8, 172.16/12, 192.168/16),
+/// if it has one.
+fn private_address() -> Option<IpAddr> {
+    let mut found = None;
+    // SAFETY: getifaddrs fills a list we free with freeifaddrs; we only read it in between.
+    unsafe {
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        if libc::getifaddrs(&mut list) != 0 {
+            return None;
+        }
+        let mut cur = list;
+        while !cur.is_null() {
+            let addr = (*cur).ifa_addr;
+            if !addr.is_null() && i32::from((*addr).sa_family) == libc::AF_INET {
+                let sin = &*(addr as *const libc::sockaddr_in);
+                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                if ip.is_private() {
+                    found = Some(IpAddr::V4(ip));
+                    break;
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    found
+}
+
+/// The attack: one `name=outcome` line per attempt. `direct` connects a TCP socket; `get` is
+/// `urllib.request.urlopen` (which uses the kernel's proxy variables, if any).
+fn attack_code(ipybox_port: u16, service_port: u16, private: Option<IpAddr>) -> String {
+    let private = private.map_or("None".to_string(), |ip| format!("{:?}", ip.to_string()));
+    format!(
+        r#"import os, socket, urllib.request, urllib.error
+def attempt(name, f):
+    try:
+        r = str(f())
+    except urllib.error.HTTPError as e:
+        r = f"HTTP {{e.code}} " + e.read().decode(errors="replace")
+    except Exception as e:
+        r = type(e).__name__ + ": " + str(e)
+    print(f"{{name}}=" + r.replace("\n", " | "))
+def direct(host, port):
+    s = socket.create_connection((host, port), timeout=5)
+    s.close()
+    return "connected"
+def get(url, timeout=10):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return f"HTTP {{r.status}} " + r.read(300).decode(errors="replace")
+def get_via_proxy(url):
+    # NO_PROXY names the kernel's own loopback: this asks the proxy (if any) anyway.
+    proxy = os.environ.get("HTTP_PROXY")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({{"http": proxy}} if proxy else {{}}))
+    saved = {{k: os.environ.pop(k) for k in ("NO_PROXY", "no_proxy") if k in os.environ}}
+    try:
+        with opener.open(url, timeout=10) as r:
+            return f"HTTP {{r.status}} " + r.read(300).decode(errors="replace")
+    finally:
+        os.environ.update(saved)
+attempt("ipybox_port", lambda: direct("127.0.0.1", {ipybox_port}))
+attempt("loopback_service", lambda: direct("127.0.0.1", {service_port}))
+attempt("loopback_via_proxy", lambda: get_via_proxy("http://127.0.0.1:{service_port}/"))
+attempt("metadata", lambda: get("http://169.254.169.254/latest/meta-data/", 3))
+P = {private}
+if P:
+    attempt("private", lambda: get(f"http://{{P}}:{service_port}/"))
+attempt("allowed_net", lambda: get_via_proxy("http://127.0.0.2:{service_port}/"))
+attempt("pypi", lambda: get("https://pypi.org/simple/six/"))
+attempt("files", lambda: get("https://files.pythonhosted.org/"))
+attempt("public_direct", lambda: direct("203.0.113.80", 443))
+"#
+    )
+}
+
+/// The `key=value` lines of the output.
+fn outcome(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+async fn run_attack(service: &Service, code: String) -> std::collections::BTreeMap<String, String> {
+    let client = connect(&service.url(), None, Era::Handshake).await;
+    let (is_error, text) = cell(&client, &code, None).await;
+    assert!(!is_error, "{text}\n---\n{}", service.log());
+    outcome(&split_note(&text).0)
+}
+
+fn start(ws: &std::path::Path, flags: &[&str]) -> Service {
+    Service::start(ws, &[], flags)
+}
+
+/// `proxy` (the default), `none`, and a domain allowlist against the `host` control, one attack.
+#[tokio::test(flavor = "multi_thread")]
+async fn confined_sessions_reach_only_what_the_network_policy_allows() {
+    require!(TestEnv);
+    let service_port = start_marker_server();
+    let private = private_address();
+    let ws = tempfile::tempdir().unwrap();
+    let proxied = start(ws.path(), &["--session-allow-net", "127.0.0.2/32"]);
+    let host = start(ws.path(), &["--session-network", "host"]);
+    let domains = start(ws.path(), &["--session-allow-domain", "pypi.org"]);
+    let none = start(ws.path(), &["--session-network", "none"]);
+    let code = |s: &Service| attack_code(s.port, service_port, private);
+    let (p, h, d, n) = tokio::join!(
+        run_attack(&proxied, code(&proxied)),
+        run_attack(&host, code(&host)),
+        run_attack(&domains, code(&domains)),
+        run_attack(&none, code(&none)),
+    );
+    let ctx = format!("proxy: {p:#?}\nhost: {h:#?}\ndomains: {d:#?}\nnone: {n:#?}");
+    let has = |m: &std::collections::BTreeMap<String, String>, k: &str, want: &str| {
+        let got = m.get(k).unwrap_or_else(|| panic!("no {k}\n{ctx}"));
+        assert!(got.contains(want), "{k}: want {want:?}, got {got:?}\n{ctx}");
+    };
+
+    // The control: today's network reaches ipybox's port, the loopback service, a private
+    // address; the metadata address is not refused by ipybox (no such service here: a timeout).
+    has(&h, "ipybox_port", "connected");
+    has(&h, "loopback_service", "connected");
+    has(&h, "loopback_via_proxy", MARKER);
+    assert!(!h["metadata"].contains("ipybox"), "{ctx}");
+    if private.is_some() {
+        has(&h, "private", MARKER);
+    }
+    has(&h, "public_direct", "connected");
+
+    // proxy: its own loopback (nothing listens there), and the proxy refuses special addresses
+    // with a message that says why and which flag allows them.
+    has(&p, "ipybox_port", "ConnectionRefusedError");
+    has(&p, "loopback_service", "ConnectionRefusedError");
+    has(
+        &p,
+        "loopback_via_proxy",
+        "HTTP 403 ipybox refused 127.0.0.1",
+    );
+    has(&p, "loopback_via_proxy", "a loopback address");
+    has(&p, "loopback_via_proxy", "--session-allow-net 127.0.0.1/32");
+    has(&p, "metadata", "HTTP 403");
+    has(&p, "metadata", "the cloud instance metadata address");
+    if private.is_some() {
+        has(&p, "private", "HTTP 403");
+        has(&p, "private", "a private address");
+    }
+    // What the operator allowed is reached, through the proxy; so are public names.
+    has(&p, "allowed_net", MARKER);
+    has(&p, "pypi", "HTTP 200");
+    assert!(!p["files"].contains("ipybox"), "{ctx}");
+    // No route out but the proxy.
+    has(&p, "public_direct", "OSError");
+
+    // A domain allowlist: pypi.org passes, files.pythonhosted.org (public, reached by the proxy
+    // without a list, above) is refused with the flag that allows it (CONNECT: in the reason).
+    has(&d, "pypi", "HTTP 200");
+    has(&d, "files", "Tunnel connection failed: 403");
+    has(&d, "files", "--session-allow-domain files.pythonhosted.org");
+
+    // none: nothing, even through the proxy variables (set by hand: no proxy listens).
+    has(&n, "ipybox_port", "ConnectionRefusedError");
+    has(&n, "loopback_service", "ConnectionRefusedError");
+    has(&n, "public_direct", "OSError");
+    has(&n, "pypi", "URLError");
+    let client = connect(&none.url(), None, Era::Stateless).await;
+    let (_, text) = cell(
+        &client,
+        "import os, urllib.request\nos.environ['HTTPS_PROXY'] = 'http://127.0.0.1:3128'\ntry:\n    urllib.request.urlopen('https://pypi.org/simple/six/', timeout=5)\nexcept OSError as e:\n    print('none_proxy=' + type(e).__name__ + ': ' + str(e))",
+        None,
+    )
+    .await;
+    assert!(
+        text.contains("none_proxy=URLError") && text.contains("Connection refused"),
+        "{text}"
+    );
+}
+
+/// The common case through the proxy: `pip download` from the index (PyPI's stand-in), into the
+/// session's working directory; and what a proxied HTTPS request costs.
+#[tokio::test(flavor = "multi_thread")]
+async fn pip_download_works_through_the_proxy() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    // No warm kernel: each new session below starts (forks) its kernel.
+    let service = start(ws.path(), &["--warm-sessions", "0"]);
+    let host = start(
+        ws.path(),
+        &["--session-network", "host", "--warm-sessions", "0"],
+    );
+    let client = connect(&service.url(), None, Era::Stateless).await;
+    let host_client = connect(&host.url(), None, Era::Stateless).await;
+    // Kernel start (forked, confined) with `proxy` (a network namespace, `lo` up, the proxy and
+    // the bridge) vs `host`: the first cell of a new session, median of 5 each.
+    let mut starts = Vec::new();
+    for c in [&client, &host_client] {
+        let mut times = Vec::new();
+        for _ in 0..5 {
+            let t = std::time::Instant::now();
+            let (is_error, text) = cell(c, "pass", None).await;
+            assert!(!is_error, "{text}");
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        times.sort_by(f64::total_cmp);
+        starts.push(times[2]);
+    }
+    eprintln!(
+        "new session's first cell (kernel start), median of 5: proxy {:.0} ms, host {:.0} ms",
+        starts[0], starts[1]
+    );
+    // Without the host's PIP_* settings (a local wheel directory would answer without network).
+    let code = r#"import os, subprocess, sys
+env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_PROXY"}
+r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--cert", "/etc/ssl/certs/ca-certificates.crt", "-d", "dl", "six"], env=env, capture_output=True, text=True, timeout=120)
+print("rc=" + str(r.returncode))
+print("files=" + ",".join(sorted(os.listdir("dl"))) if os.path.isdir("dl") else "files=")
+print(r.stdout[-1500:], r.stderr[-1500:])
+print("proxy=" + os.environ.get("HTTPS_PROXY", ""))
+"#;
+    let (is_error, text) = cell(&client, code, None).await;
+    assert!(!is_error, "{text}\n{}", service.log());
+    assert!(text.contains("rc=0"), "{text}");
+    assert!(text.contains("files=six-"), "{text}");
+    assert!(text.contains("proxy=http://127.0.0.1:3128"), "{text}");
+
+    // The proxy's cost: HTTPS requests through it vs the same from a `host` session.
+    let timing = r#"import time, urllib.request
+def t(n=10):
+    times = []
+    for _ in range(n):
+        s = time.perf_counter()
+        urllib.request.urlopen("https://pypi.org/simple/six/", timeout=10).read()
+        times.append(time.perf_counter() - s)
+    times.sort()
+    return times[len(times) // 2] * 1000
+print(f"median_ms={t():.1f}")
+"#;
+    let (_, proxied) = cell(&client, timing, None).await;
+    let (_, direct) = cell(&host_client, timing, None).await;
+    eprintln!("proxied HTTPS GET: {proxied}; direct: {direct}");
+    assert!(proxied.contains("median_ms="), "{proxied}");
+    assert!(direct.contains("median_ms="), "{direct}");
+}
