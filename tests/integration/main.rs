@@ -86,6 +86,7 @@ mod stdio_resume;
 mod tenant_identity;
 mod tenant_limits;
 mod tenant_network;
+mod tenant_quota;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;

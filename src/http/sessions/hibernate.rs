@@ -76,6 +76,12 @@ pub(crate) struct Hibernation {
     failed: Mutex<HashMap<[u8; 16], Instant>>,
     /// When the snapshot directory was last swept.
     swept: Mutex<Instant>,
+    /// One quota enforcement at a time (two saves of one token must not each count the
+    /// other's snapshot and both delete).
+    enforcing: Mutex<()>,
+    /// Tokens (owner digests) left over `--snapshot-quota` by an enforcement that had to skip
+    /// a session in a transition: looked at again by the next reap.
+    over_quota: Mutex<HashSet<[u8; 32]>>,
 }
 
 /// A session's transition lock, held (see the module docs).
@@ -124,6 +130,8 @@ impl Hibernation {
             covered: Mutex::default(),
             failed: Mutex::default(),
             swept: Mutex::new(Instant::now()),
+            enforcing: Mutex::default(),
+            over_quota: Mutex::default(),
         }
     }
 
@@ -141,6 +149,19 @@ impl Hibernation {
             lock,
             guard: Some(guard),
         }
+    }
+
+    /// Session `id`'s transition lock, if nobody holds it now.
+    fn try_lock(&self, id: [u8; 16]) -> Option<IdGuard<'_>> {
+        let lock = self.locks().entry(id).or_default().clone();
+        let guard = lock.clone().try_lock_owned().ok();
+        let guard = IdGuard {
+            hibernation: self,
+            id,
+            lock,
+            guard,
+        };
+        guard.guard.is_some().then_some(guard)
     }
 
     fn binding(id: &[u8; 16], owner: &[u8; 32]) -> SnapshotBinding {
@@ -285,6 +306,10 @@ impl Registry {
                 tokio::task::spawn_blocking(move || registry.sleep_ref().sweep());
             }
         }
+        let over: Vec<[u8; 32]> = lock(&sleep.over_quota).drain().collect();
+        for owner in over {
+            self.enforce_quota(&owner, &[0; 16]);
+        }
         let now = now_millis();
         let timeout = u64::try_from(self.config.idle_timeout.as_millis()).unwrap_or(u64::MAX);
         self.refresh_saved_gauge();
@@ -427,6 +452,10 @@ impl Registry {
                 report.manifest.data_bytes,
                 started.elapsed().as_millis()
             );
+        } else {
+            // A hibernation that reuses the checkpoint keeps it: the token's snapshots are
+            // counted here too.
+            self.enforce_quota(&owner, &session.id);
         }
         if keep_open {
             metrics::session_checkpointed();
@@ -467,52 +496,79 @@ impl Registry {
         );
     }
 
-    /// Deletes `owner`'s least recently used hibernated sessions (never `keep`, never an open
-    /// one) until its snapshots fit `--snapshot-quota`.
-    fn enforce_quota(&self, owner: &[u8; 32], keep: &[u8; 16]) {
+    /// Keeps `owner`'s snapshots within `--snapshot-quota`: counted on disk (the files of each
+    /// snapshot, not what the records say), over every snapshot of the token that any replica
+    /// on this snapshot directory has a record of; past it, deletes this replica's least
+    /// recently used snapshots of the token first, never `keep`'s (the one just kept). A
+    /// hibernated session's deletion ends it (its handle is told why); an open session's
+    /// checkpoint is only deleted (the session stays open; a crash would now lose it). Called
+    /// on every path that keeps a snapshot: a save (fresh, or a hibernation that reuses a
+    /// checkpoint), a checkpoint, a restore (which keeps the snapshot it came from).
+    ///
+    /// A session in a transition of its own (its lock is held: being saved or restored) is
+    /// not touched; the token is then looked at again at the next reap until it fits.
+    pub(super) fn enforce_quota(&self, owner: &[u8; 32], keep: &[u8; 16]) {
         let sleep = self.sleep_ref();
         let Some(quota) = sleep.quota else { return };
-        // What is on disk (the files of each snapshot), not what the records say.
+        let _serial = lock(&sleep.enforcing);
+        let mut seen = HashSet::new();
+        let mut total: u64 = sleep
+            .records
+            .everyone()
+            .into_iter()
+            .filter(|(id, o)| o == owner && seen.insert(*id))
+            .map(|(id, o)| sleep.store.disk_bytes(&Hibernation::binding(&id, &o)))
+            .sum();
         let mut mine: Vec<Record> = sleep
             .records
             .all()
             .into_iter()
-            .filter(|r| r.owner == *owner)
-            .map(|mut r| {
-                r.bytes = sleep
-                    .store
-                    .disk_bytes(&Hibernation::binding(&r.id, &r.owner));
-                r
-            })
+            .filter(|r| r.owner == *owner && r.id != *keep)
             .collect();
-        let mut total: u64 = mine.iter().map(|r| r.bytes).sum();
         mine.sort_by_key(|r| r.last_used);
         for record in mine {
             if total <= quota {
                 break;
             }
-            if record.id == *keep || self.open().contains_key(&record.id) {
+            // Its own transition (a save, a restore) holds its lock: not now.
+            let Some(_guard) = sleep.try_lock(record.id) else {
+                continue;
+            };
+            let bytes = sleep
+                .store
+                .disk_bytes(&Hibernation::binding(&record.id, &record.owner));
+            let open = self.open().get(&record.id).cloned();
+            if sleep.forget(&record.id).is_none() {
                 continue;
             }
-            if sleep.forget(&record.id).is_some() {
-                total = total.saturating_sub(record.bytes);
-                let tag = tag_of(&record.id);
-                tracing::info!(session = %tag, "hibernated session deleted: its token's snapshots passed --snapshot-quota");
-                self.closed().insert(
-                    record.id,
-                    format!(
-                        "session {tag} expired: its saved state was deleted to keep this token's hibernated sessions within {} bytes (--snapshot-quota), least recently used first\n  help: call without `session` to start a new session",
-                        quota
-                    ),
-                );
-                metrics::saved_session_expired();
+            total = total.saturating_sub(bytes);
+            let tag = tag_of(&record.id);
+            if let Some(session) = open {
+                // Not saved again until it is used again (its next save is a fresh one).
+                lock(&sleep.covered).insert(record.id, session.last_used());
+                tracing::info!(session = %tag, "an open session's checkpoint deleted ({bytes} bytes): its token's snapshots passed --snapshot-quota; the session stays open");
+                continue;
             }
+            tracing::info!(session = %tag, "hibernated session deleted: its token's snapshots passed --snapshot-quota");
+            self.closed().insert(
+                record.id,
+                format!(
+                    "session {tag} expired: its saved state was deleted to keep this token's hibernated sessions within {} bytes (--snapshot-quota), least recently used first\n  help: call without `session` to start a new session",
+                    quota
+                ),
+            );
+            self.factory.remove_images(&record.id);
+            metrics::saved_session_expired();
         }
         self.refresh_saved_gauge();
+        let mut over = lock(&sleep.over_quota);
         if total > quota {
+            over.insert(*owner);
             tracing::warn!(
-                "a token's open sessions' snapshots take {total} bytes, over --snapshot-quota {quota}"
+                "a token's snapshots take {total} bytes, over --snapshot-quota {quota}: the rest are in a save or restore now, or another replica's; looked at again at the next reap"
             );
+        } else {
+            over.remove(owner);
         }
     }
 
@@ -645,6 +701,9 @@ impl Registry {
         }
         // The snapshot holds exactly this state: no checkpoint until it is used.
         lock(&sleep.covered).insert(id, session.last_used());
+        // The snapshot stays (as the open session's checkpoint): it counts against the quota
+        // (one taken under a larger one, before a restart, too).
+        self.enforce_quota(&record.owner, &id);
         metrics::session_restored();
         self.refresh_saved_gauge();
         tracing::info!(
