@@ -258,6 +258,17 @@ struct HttpArgs {
         requires = "http"
     )]
     snapshot_quota: String,
+    /// The disk a token's session notebooks may take, open and closed sessions' alike
+    /// (bytes, `64M`-style with K/M/G, or `off`); past it, the token's least recently written
+    /// notebooks are removed first, and a session whose notebook is removed, or alone does not
+    /// fit, is no longer recorded (told once).
+    #[arg(
+        long,
+        value_name = "BYTES|off",
+        default_value = http::notebook_quota::DEFAULT_QUOTA,
+        requires = "http"
+    )]
+    notebook_quota: String,
     /// Where saved sessions (snapshots, their records, the snapshot key) live instead of
     /// ipybox's data directory: storage the replicas share, so that a replica restores the
     /// hibernated sessions of a replica that died. Kernels never see it.
@@ -795,9 +806,18 @@ async fn serve(
             }
             let mut http = http;
             http.checkpoint_after = checkpoint_spec;
+            let notebook_quota = match http.notebook_quota.trim() {
+                "off" => None,
+                v => Some(http::notebook_quota::parse_bytes(v).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "invalid --notebook-quota `{v}`\n  help: pass a number of bytes (`64M`, `1G`, `500000`), or `off`"
+                    )
+                })?),
+            };
             let options = http_options(http, secrets, gateway, confined).await?;
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone())
                 .with_notebooks(notebooks)
+                .with_notebook_quota(notebook_quota)
                 .shared(shared_factory, shared_servers);
             http::serve_http(options, config, factory).await?;
         }

@@ -16,6 +16,7 @@
 pub(crate) mod auth;
 pub(crate) mod connections;
 pub(crate) mod handle;
+pub(crate) mod notebook_quota;
 pub(crate) mod session_store;
 pub(crate) mod sessions;
 

@@ -77,6 +77,8 @@ pub(crate) struct ExecutorFactory {
     workspace: std::path::PathBuf,
     /// Where sessions' notebooks go (host-side, private); `None`: not recorded.
     notebooks: Option<std::path::PathBuf>,
+    /// `--notebook-quota` over those notebooks (`None`: off, or no notebooks).
+    notebook_quota: Option<Arc<super::notebook_quota::NotebookQuota>>,
     /// The kernel template every session's kernels are forked from, if `builder` shares one.
     shared_factory: Option<SharedKernelFactory>,
     /// The stdio MCP servers every session calls, if `builder` shares them.
@@ -91,6 +93,7 @@ impl ExecutorFactory {
             builder,
             workspace,
             notebooks: None,
+            notebook_quota: None,
             shared_factory: None,
             shared_servers: None,
         }
@@ -101,6 +104,31 @@ impl ExecutorFactory {
     pub(crate) fn with_notebooks(mut self, dir: Option<std::path::PathBuf>) -> Self {
         self.notebooks = dir;
         self
+    }
+
+    /// `--notebook-quota`: `quota` bytes of notebooks per token (`None`: off). After
+    /// [`Self::with_notebooks`].
+    pub(crate) fn with_notebook_quota(mut self, quota: Option<u64>) -> Self {
+        self.notebook_quota = match (&self.notebooks, quota) {
+            (Some(dir), Some(quota)) => Some(super::notebook_quota::NotebookQuota::new(
+                dir.clone(),
+                quota,
+            )),
+            _ => None,
+        };
+        self
+    }
+
+    /// Session `id` of `owner`: what becomes of its notebook under `--notebook-quota` (called
+    /// before its kernel runs anything).
+    pub(crate) fn notebook_fate(
+        &self,
+        id: &[u8; 16],
+        owner: &Caller,
+    ) -> Option<Arc<super::super::mcp_server::notebook::NotebookFate>> {
+        let quota = self.notebook_quota.as_ref()?;
+        let tag: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
+        Some(quota.open(&tag, super::session_store::owner_digest(owner)))
     }
 
     /// What `builder` shares between sessions (given to it already): stopped when the service
@@ -140,11 +168,13 @@ impl ExecutorFactory {
             .images_dir(self.workspace.join("images").join(&tag))
             .session_tag(tag.clone());
         if let Some(dir) = &self.notebooks {
-            builder = builder.notebook_config(
-                ipybox::notebook::NotebookConfig::in_dir(dir)
-                    .tag(tag)
-                    .private(true),
-            );
+            let mut config = ipybox::notebook::NotebookConfig::in_dir(dir)
+                .tag(tag)
+                .private(true);
+            if let Some(quota) = &self.notebook_quota {
+                config = config.budget(quota.clone());
+            }
+            builder = builder.notebook_config(config);
         }
         match attach {
             Some(kernel) => builder.attach_kernel(kernel),
@@ -380,12 +410,16 @@ impl Registry {
                 (id, self.factory.executor(&id, None))
             }
         };
-        let session = Arc::new(KernelSession::new(
+        let mut session = KernelSession::new(
             executor,
             caller.clone(),
             id,
             self.config.max_concurrent_calls,
-        ));
+        );
+        if let Some(fate) = self.factory.notebook_fate(&id, caller) {
+            session = session.with_notebook_fate(fate);
+        }
+        let session = Arc::new(session);
         {
             // Checked again under the lock: other sessions may have opened meanwhile.
             let mut open = self.open();
@@ -419,15 +453,17 @@ impl Registry {
             self.refuse_more()?;
         }
         let executor = self.factory.executor(&handle.id, Some(kernel_id));
-        let session = Arc::new(
-            KernelSession::new(
-                executor,
-                caller.clone(),
-                handle.id,
-                self.config.max_concurrent_calls,
-            )
-            .continued(kernel_id, generation),
-        );
+        let mut session = KernelSession::new(
+            executor,
+            caller.clone(),
+            handle.id,
+            self.config.max_concurrent_calls,
+        )
+        .continued(kernel_id, generation);
+        if let Some(fate) = self.factory.notebook_fate(&handle.id, caller) {
+            session = session.with_notebook_fate(fate);
+        }
+        let session = Arc::new(session);
         {
             let mut open = self.open();
             match (open.get(&handle.id), &replacing) {

@@ -23,7 +23,7 @@ pub(crate) mod caller;
 mod cell;
 mod elicit;
 mod mrtr;
-mod notebook;
+pub(crate) mod notebook;
 mod progress;
 mod request;
 mod results;
@@ -319,7 +319,17 @@ impl Announce {
     /// `result` with the session's restore report (once, see [`KernelSession::set_restored`])
     /// before its text and the note appended to it.
     fn apply(&self, mut result: CallToolResult) -> CallToolResult {
-        if let Some(report) = self.session.take_restored() {
+        let report = self.session.take_restored();
+        let notebook = self
+            .session
+            .notebook_fate
+            .take_untold()
+            .map(|why| format!("[ipybox] This session's notebook: {why}"));
+        let report = match (report, notebook) {
+            (Some(r), Some(n)) => Some(format!("{r}\n{n}")),
+            (r, n) => r.or(n),
+        };
+        if let Some(report) = report {
             match result.content.first_mut() {
                 Some(ContentBlock::Text(text)) if !text.text.is_empty() => {
                     text.text = format!("{report}\n\n{}", text.text)
@@ -910,10 +920,12 @@ impl ServerHandler for IpyboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         if let Some(tag) = notebook::tag(&request.uri) {
-            return self
-                .own_sessions(&caller(&context))
-                .iter()
-                .find(|s| notebook::is(s, tag))
+            let sessions = self.own_sessions(&caller(&context));
+            let session = sessions.iter().find(|s| notebook::is(s, tag));
+            if let Some(why) = session.and_then(|s| s.notebook_fate.gone()) {
+                return Err(notebook::not_recorded(&request.uri, &why));
+            }
+            return session
                 .and_then(|s| notebook::read(s, &request.uri))
                 .map(Into::into)
                 .ok_or_else(|| notebook::unknown(&request.uri));

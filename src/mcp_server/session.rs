@@ -49,6 +49,8 @@ pub(crate) struct KernelSession {
     /// Whether a result gave its handle to a client (over HTTP: a client that can name it
     /// again, after a restart too; a handshake-era MCP session's own kernel session is not).
     named: std::sync::atomic::AtomicBool,
+    /// What became of its notebook's file (a quota stopped it), see [`NotebookFate`].
+    pub(crate) notebook_fate: Arc<super::notebook::NotebookFate>,
 }
 
 struct Activity {
@@ -82,7 +84,14 @@ impl KernelSession {
             generation: Mutex::default(),
             restored: Mutex::default(),
             named: Default::default(),
+            notebook_fate: Arc::default(),
         }
+    }
+
+    /// Its notebook's fate is `fate` (shared with the budget that writes it).
+    pub(crate) fn with_notebook_fate(mut self, fate: Arc<super::notebook::NotebookFate>) -> Self {
+        self.notebook_fate = fate;
+        self
     }
 
     /// Records that a client was given this session's handle.

@@ -43,6 +43,20 @@ use crate::tools::CallRecord;
 /// Default [`NotebookConfig::max_file_bytes`]: 16 MiB.
 pub const DEFAULT_MAX_FILE_BYTES: usize = 16 << 20;
 
+/// A host's say over the bytes of a notebook's files (e.g. a quota per tenant), asked around
+/// each write of a file: the boundary between the writer and whoever accounts for the disk.
+pub trait NotebookBudget: Send + Sync + std::fmt::Debug {
+    /// File `name` (in the notebook's directory) of the notebook of session `tag` is about to
+    /// be written with `bytes` bytes, replacing what it held: `Ok` to write it, `Err(why)` to
+    /// leave the file as it is (recording goes on in memory; `why` is logged once).
+    fn admit(&self, tag: &str, name: &str, bytes: u64) -> Result<(), String>;
+
+    /// File `name` was written (renamed into place) after its admission.
+    fn written(&self, tag: &str, name: &str) {
+        let _ = (tag, name);
+    }
+}
+
 /// Where and how an executor records its notebook.
 #[derive(Debug, Clone)]
 pub struct NotebookConfig {
@@ -50,6 +64,7 @@ pub struct NotebookConfig {
     tag: Option<String>,
     private: bool,
     max_file_bytes: usize,
+    budget: Option<Arc<dyn NotebookBudget>>,
 }
 
 impl NotebookConfig {
@@ -61,6 +76,7 @@ impl NotebookConfig {
             tag: None,
             private: false,
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            budget: None,
         }
     }
 
@@ -91,6 +107,12 @@ impl NotebookConfig {
     /// default [`DEFAULT_MAX_FILE_BYTES`]. A single cell larger than this gets a file of its own.
     pub fn max_file_bytes(mut self, bytes: usize) -> Self {
         self.max_file_bytes = bytes.max(1);
+        self
+    }
+
+    /// Every write of a file asks `budget` first ([`NotebookBudget`]). Default: none.
+    pub fn budget(mut self, budget: Arc<dyn NotebookBudget>) -> Self {
+        self.budget = Some(budget);
         self
     }
 
@@ -137,6 +159,7 @@ struct Shared {
     dir: Option<PathBuf>,
     private: bool,
     max_file_bytes: usize,
+    budget: Option<Arc<dyn NotebookBudget>>,
     tag: String,
     started: SystemTime,
     /// How the session's kernels are confined (set when the executor starts).
@@ -190,6 +213,7 @@ impl Notebook {
             dir: config.dir,
             private: config.private,
             max_file_bytes: config.max_file_bytes,
+            budget: config.budget,
             tag,
             started: SystemTime::now(),
             confinement: OnceLock::new(),
@@ -604,12 +628,22 @@ impl Shared {
     /// Replaces file `name` of the notebook directory with `bytes`, never through a link.
     fn write_bytes(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
         let Some(dir) = &self.dir else { return Ok(()) };
+        if let Some(budget) = &self.budget {
+            let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+            budget
+                .admit(&self.tag, name, size)
+                .map_err(std::io::Error::other)?;
+        }
         let dir = if self.private {
             crate::safe_fs::open_private_dir(dir)
         } else {
             crate::safe_fs::NoFollowDir::open(dir, Some(0o755))
         }?;
-        dir.rewrite(name, bytes, if self.private { 0o600 } else { 0o644 })
+        dir.rewrite(name, bytes, if self.private { 0o600 } else { 0o644 })?;
+        if let Some(budget) = &self.budget {
+            budget.written(&self.tag, name);
+        }
+        Ok(())
     }
 }
 

@@ -604,6 +604,8 @@ impl Registry {
         }
         self.refuse_more()?;
         let started = Instant::now();
+        // Its notebook counts against its owner's quota from the restore's first write on.
+        let fate = self.factory.notebook_fate(&id, caller);
         let executor = self.factory.executor(&id, None);
         if let Err(e) = executor.start().await {
             executor.stop().await;
@@ -649,12 +651,16 @@ impl Registry {
                 return Err(why);
             }
         };
-        let session = Arc::new(KernelSession::new(
+        let mut session = KernelSession::new(
             executor,
             caller.clone(),
             id,
             self.config.max_concurrent_calls,
-        ));
+        );
+        if let Some(fate) = fate {
+            session = session.with_notebook_fate(fate);
+        }
+        let session = Arc::new(session);
         // A confined kernel works in a directory of its own (`<runtime>/work`), gone with the
         // kernel that was saved: the new kernel is in its own, and the model is told that the
         // files of the old one did not come back.
