@@ -81,6 +81,7 @@ mod sandbox_resume;
 mod shell_approval;
 mod snapshot;
 mod stdio_resume;
+mod tenant_view;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;
