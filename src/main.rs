@@ -356,6 +356,13 @@ struct HttpArgs {
     /// A port the proxy connects to besides 80 and 443 (the default). Repeatable.
     #[arg(long, value_name = "PORT", requires = "http")]
     session_allow_port: Vec<u16>,
+    /// Show this host path read-only, at its own path, to every confined session's kernel, in
+    /// addition to what the view shows by default (system directories, a minimal /etc, the
+    /// kernel environment, the workspace: docs/http.md "What a session sees"). Repeatable.
+    /// Default: none. A path holding ipybox's own files (token files, the session secret, the
+    /// data, notebook or snapshot directory) is refused.
+    #[arg(long, value_name = "PATH", requires = "http")]
+    session_show: Vec<PathBuf>,
     /// Give every session stdio MCP server processes of its own (closed on its reset and
     /// close), instead of one process per registered server shared by every session of the
     /// service (a server's state, e.g. server-memory's graph, is then per session).
@@ -695,6 +702,17 @@ async fn serve(
             config_file: args.sandbox_config,
             // Over HTTP the workspace must not be a channel between sessions.
             isolate_workspace: http.is_some(),
+            // The operator's files, wherever they are (issue 42: a token file in /etc).
+            deny_read: http
+                .as_ref()
+                .map(|h| {
+                    let mut files = h.token_file.clone();
+                    files.extend(h.session_secret_file.clone());
+                    files.extend(h.snapshot_dir.clone());
+                    files.extend(notebooks.clone());
+                    files
+                })
+                .unwrap_or_default(),
             ..Default::default()
         };
         builder = builder
@@ -777,6 +795,7 @@ async fn serve(
                         allow_domains: http.session_allow_domain.clone(),
                         allow_ports: http.session_allow_port.clone(),
                     },
+                    shown: &http.session_show,
                 };
                 let mut confine = confinement(&config.workspace, operator_files).await?;
                 confine.limiter = Some(std::sync::Arc::new(ipybox::confine::limits::Limiter::new(
@@ -982,6 +1001,8 @@ struct OperatorFiles<'a> {
     token_files: &'a [PathBuf],
     session_secret_file: Option<&'a std::path::Path>,
     network: ipybox::confine::network::NetworkPolicy,
+    /// `--session-show`: shown read-only (checked against the files above).
+    shown: &'a [PathBuf],
 }
 
 /// How `serve --http` confines local sessions: bubblewrap must work here (else a refusal that
@@ -992,6 +1013,7 @@ async fn confinement(
     workspace: &std::path::Path,
     files: OperatorFiles<'_>,
 ) -> anyhow::Result<ipybox::confine::Confinement> {
+    let shown = session_show(&files)?;
     let refuse = |e: ipybox::confine::ConfineError| {
         anyhow::anyhow!(
             "{e}\n  help: or, to run every session's code unconfined (as this user, able to reach every other session), pass --unconfined-sessions"
@@ -1039,6 +1061,7 @@ async fn confinement(
         bwrap: Some(bwrap),
         limiter: None,
         network: files.network,
+        shown,
     })
 }
 
@@ -1050,6 +1073,61 @@ fn parse_cpus(text: &str) -> Result<f64, String> {
 /// Reads a size flag (`512M`, `2G`, bytes).
 fn parse_size(text: &str) -> Result<u64, String> {
     ipybox::confine::limits::parse_bytes(text).map_err(|e| e.to_string())
+}
+
+/// The `--session-show` paths, absolute and canonical; refused: a path that does not exist, and
+/// one that holds or is inside one of ipybox's own files (token files, the session secret,
+/// the data, notebook or snapshot directory).
+fn session_show(files: &OperatorFiles<'_>) -> anyhow::Result<Vec<PathBuf>> {
+    let mut own: Vec<(&str, PathBuf)> = Vec::new();
+    own.extend(files.token_files.iter().map(|p| ("token file", p.clone())));
+    own.extend(
+        files
+            .session_secret_file
+            .map(|p| ("session-secret file", p.to_path_buf())),
+    );
+    own.extend(
+        files
+            .notebook_dir
+            .map(|p| ("notebook directory", p.to_path_buf())),
+    );
+    own.extend(
+        files
+            .snapshot_dir
+            .map(|p| ("snapshot directory", p.to_path_buf())),
+    );
+    own.extend(
+        HostEnv::from_process()
+            .data_dir()
+            .map(|p| ("data directory ($IPYBOX_HOME)", p)),
+    );
+    let mut shown = Vec::new();
+    for path in files.shown {
+        let real = std::fs::canonicalize(path).with_context(|| {
+            format!(
+                "invalid --session-show {}
+  help: pass an existing host path (it is shown read-only at its own path to every session's kernel)",
+                path.display()
+            )
+        })?;
+        for (what, file) in &own {
+            // Compared as given and as resolved (a link in either).
+            let resolved = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
+            let clash = [file, &resolved]
+                .iter()
+                .any(|f| f.starts_with(&real) || real.starts_with(f) || f.starts_with(path));
+            if clash {
+                anyhow::bail!(
+                    "--session-show {} would show ipybox's {what} {} to every session
+  help: show a directory that does not contain it (or move the {what} out of it)",
+                    path.display(),
+                    file.display()
+                );
+            }
+        }
+        shown.push(real);
+    }
+    Ok(shown)
 }
 
 /// This replica's default name in handles: the host name, made valid (a pod's name on

@@ -1,10 +1,12 @@
 """A kernel forked from the shared kernel template confines itself here, before it runs anyone's
-code (host side: ``src/confine.rs``, ``fork_plan``; the template: ``factory.py``).
+code (host side: ``src/confine/layout.rs``, ``fork_plan``; the template: ``factory.py``).
 
 The shared template of ``ipybox serve --http`` runs in a bubblewrap of its own that gives every
-kernel's common view (read-only ``/``, ``$HOME``, ``/run``, ipybox's data directory emptied, the
-kernel environment and the workspace read-only) and can see the directory that holds every
-session's runtime directory. It keeps ``CAP_SYS_ADMIN`` (in bubblewrap's user namespace when
+kernel's common view (an allowlist, ``src/confine/layout.rs``: the system directories and a
+minimal ``/etc`` read-only on an empty, read-only root; ``$HOME``, ``/run``, ipybox's data
+directory empty; the kernel environment and the workspace read-only) and can see the directory
+that holds every session's runtime directory. Every path of a kernel's plan exists in that view
+(the root is read-only: no mount point can be made in it). It keeps ``CAP_SYS_ADMIN`` (in bubblewrap's user namespace when
 ipybox is not root) so that each kernel it forks can make a view of its own:
 
 1. :func:`enter` (the forked process, still in the template's pid namespace): new mount, pid, IPC
@@ -192,7 +194,9 @@ def enter(plan: dict) -> None:
                 _make_file(path)
                 _bind(null, path, read_only=True)
             else:
-                _make_dirs(path)
+                # A shown file (``--session-show``) is in the template's view already.
+                if not os.path.isfile(path):
+                    _make_dirs(path)
                 _bind(sources[path], path, read_only=kind == "ro")
         _private_dev(nodes)
     finally:

@@ -7,12 +7,13 @@
 //!   `/proc/<pid>`), its own IPC and UTS namespaces, a new terminal session, and it dies with
 //!   ipybox (`--die-with-parent`; the host kills it by killing bwrap, whose death takes the
 //!   namespace's pid 1 and so every process in it); no capabilities (as root too);
-//! - a read-only view of `/`, in which every runtime directory (the base directory they live in,
-//!   `/tmp`, `$TMPDIR`, `/run`), `$HOME` and ipybox's data directory are empty, except: the
-//!   kernel's interpreter and its environment (read-only), its own runtime directory (read-only:
-//!   connection files, the tool socket, ipybox's kernel-side Python) with the kernel-writable
-//!   `box/` (its IPC sockets), the workspace (read-only), and its working directory (writable:
-//!   `<runtime>/work`, removed when the executor stops);
+//! - a view of the host built by allowlist (`layout.rs`): the system directories and a minimal
+//!   `/etc` read-only, nothing else of `/`; every runtime directory (the base directory they
+//!   live in, `/tmp`, `$TMPDIR`, `/run`), `$HOME` and ipybox's data directory are empty, except:
+//!   the kernel's interpreter and its environment (read-only), its own runtime directory
+//!   (read-only: connection files, the tool socket, ipybox's kernel-side Python) with the
+//!   kernel-writable `box/` (its IPC sockets), the workspace (read-only), and its working
+//!   directory (writable: `<runtime>/work`, removed when the executor stops);
 //! - a private, empty `/tmp` and `$HOME` (in memory, gone with the kernel process);
 //! - paths the caller hides (`Confinement::hidden`: the workspace's `.env`, other sessions'
 //!   images) replaced by an empty directory or file.
@@ -38,6 +39,9 @@ pub(crate) mod identity;
 pub(crate) mod seccomp;
 pub mod egress_proxy;
 pub mod network;
+mod layout;
+pub(crate) use layout::Layout;
+pub use layout::{ETC_SHOWN, SYSTEM_DIRS};
 
 /// The name of a confined kernel's working directory in its runtime directory.
 pub(crate) const WORK_DIR: &str = "work";
@@ -56,6 +60,9 @@ pub struct Confinement {
     /// What the kernel reaches on the network (default: its own network namespace, egress
     /// through ipybox's proxy by policy; see [`network`]).
     pub network: network::NetworkPolicy,
+    /// Host paths shown read-only in addition to the view's allowlist (`layout.rs`), at their
+    /// own path (`serve --http --session-show`).
+    pub shown: Vec<PathBuf>,
 }
 
 /// Why confinement cannot be set up.
@@ -163,171 +170,6 @@ pub async fn probe(bwrap: &Path) -> Result<(), ConfineError> {
     })
 }
 
-/// Where a confined kernel's directories are on the host, and what it is shown of them.
-#[derive(Debug, Clone)]
-pub(crate) struct Layout {
-    /// Shown read-only: the shared workspace, the directories the interpreter needs, the
-    /// resolver's configuration, the executor's runtime directory (in this order).
-    read_only: Vec<PathBuf>,
-    /// Shown writable: the runtime directory's kernel-writable part (`box/`) and the working
-    /// directory (`<runtime>/work`); for the shared template, the directory of runtime
-    /// directories.
-    writable: Vec<PathBuf>,
-    /// Directories emptied: where runtime directories live, temp directories, `$HOME`, ipybox's
-    /// data directory, `/run`.
-    emptied: Vec<PathBuf>,
-    /// The caller's hidden paths.
-    hidden: Vec<PathBuf>,
-    /// A network namespace of its own (`--session-network none` or `proxy`).
-    unshare_net: bool,
-}
-
-/// How one path of a [`Layout`] is mounted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Mount {
-    Empty,
-    EmptyFile,
-    ReadOnly,
-    Writable,
-}
-
-impl Layout {
-    /// The layout of an executor whose runtime directory is `runtime_dir`.
-    pub(crate) fn new(
-        host: &HostEnv,
-        runtime_dir: &Path,
-        kernel_writable: &Path,
-        workspace: &Path,
-        python: &Path,
-        confinement: &Confinement,
-    ) -> Self {
-        let mut layout = Self::common(host, workspace, python, confinement);
-        layout.read_only.push(runtime_dir.to_path_buf());
-        layout.writable = vec![kernel_writable.to_path_buf(), runtime_dir.join(WORK_DIR)];
-        layout
-    }
-
-    /// The view of the kernel factory's template shared by several executors
-    /// ([`template_wrapper`]): what every kernel sees, and `shared_dir`, the directory that
-    /// holds their runtime directories (and the factory's socket), writable.
-    pub(crate) fn for_template(
-        host: &HostEnv,
-        shared_dir: &Path,
-        workspace: &Path,
-        python: &Path,
-        confinement: &Confinement,
-    ) -> Self {
-        let mut layout = Self::common(host, workspace, python, confinement);
-        layout.writable = vec![shared_dir.to_path_buf()];
-        layout
-    }
-
-    fn common(host: &HostEnv, workspace: &Path, python: &Path, confinement: &Confinement) -> Self {
-        let mut emptied = vec![
-            crate::kernel::runtime_dir::RuntimeDir::base_dir(host),
-            crate::kernel::runtime_dir::temp_dir(host),
-            PathBuf::from("/tmp"),
-            PathBuf::from("/run"),
-        ];
-        // /var/run is usually a link to /run; a real directory is emptied too.
-        if std::fs::symlink_metadata("/var/run").is_ok_and(|m| m.is_dir()) {
-            emptied.push(PathBuf::from("/var/run"));
-        }
-        emptied.extend(host.get("HOME").map(PathBuf::from));
-        emptied.extend(host.data_dir());
-        emptied.retain(|p| p.is_absolute() && p.components().count() > 1);
-        let mut read_only = vec![workspace.to_path_buf()];
-        read_only.extend(crate::sandbox::wrap::python_dirs(python, host));
-        // The resolver's configuration may be a link into /run (systemd-resolved).
-        read_only.extend(
-            std::fs::canonicalize("/etc/resolv.conf")
-                .ok()
-                .filter(|p| p.starts_with("/run"))
-                .and_then(|p| p.parent().map(Path::to_path_buf)),
-        );
-        Self {
-            read_only,
-            writable: Vec::new(),
-            emptied,
-            hidden: confinement.hidden.clone(),
-            unshare_net: confinement.network.mode.unshares(),
-        }
-    }
-
-    /// Shows `dir` read-only too (for a forked kernel: the template's copy of ipybox's
-    /// kernel-side Python, which its preloaded modules come from).
-    pub(crate) fn show_read_only(mut self, dir: PathBuf) -> Self {
-        self.read_only.push(dir);
-        self
-    }
-
-    /// Every mount, shallower paths first (so a deeper one is mounted inside: the workspace
-    /// inside an emptied `/tmp`, `box/` inside the read-only runtime directory), and at one
-    /// depth in this order: emptied, hidden, read-only, writable. Each (path, kind) once.
-    fn mounts(&self) -> Vec<(PathBuf, Mount)> {
-        let mut mounts: Vec<(PathBuf, Mount)> = Vec::new();
-        for dir in &self.emptied {
-            mounts.push((dir.clone(), Mount::Empty));
-        }
-        for path in &self.hidden {
-            match std::fs::symlink_metadata(path) {
-                Ok(m) if m.is_dir() => mounts.push((path.clone(), Mount::Empty)),
-                Ok(_) => mounts.push((path.clone(), Mount::EmptyFile)),
-                Err(_) => {}
-            }
-        }
-        for dir in &self.read_only {
-            mounts.push((dir.clone(), Mount::ReadOnly));
-        }
-        for dir in &self.writable {
-            mounts.push((dir.clone(), Mount::Writable));
-        }
-        // Stable: at one depth the order above holds.
-        mounts.sort_by_key(|(path, _)| path.components().count());
-        let mut seen = std::collections::HashSet::new();
-        mounts.retain(|(path, mount)| seen.insert((path.clone(), *mount)));
-        mounts
-    }
-
-    /// bwrap's mount arguments: `/` read-only, a `/dev` and a `/proc`, then [`Self::mounts`].
-    pub(crate) fn mount_args(&self) -> Vec<String> {
-        let mut args: Vec<String> = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-            .map(String::from)
-            .into();
-        for (path, mount) in self.mounts() {
-            let p = path.display().to_string();
-            match mount {
-                Mount::Empty => args.extend(["--tmpfs".into(), p]),
-                Mount::EmptyFile => args.extend(["--ro-bind".into(), "/dev/null".into(), p]),
-                Mount::ReadOnly => args.extend(["--ro-bind".into(), p.clone(), p]),
-                Mount::Writable => args.extend(["--bind".into(), p.clone(), p]),
-            }
-        }
-        args
-    }
-
-    /// What a kernel forked from the shared template does to see this layout, starting from the
-    /// template's view (`python/ipybox_runtime/confine_child.py` reads it): [`Self::mounts`] as
-    /// `[kind, path]` pairs, kinds `tmpfs`, `file`, `ro`, `rw`. Every path it binds back is in
-    /// the template's view, where it is the same path.
-    pub(crate) fn fork_plan(&self) -> serde_json::Value {
-        let mounts: Vec<serde_json::Value> = self
-            .mounts()
-            .into_iter()
-            .map(|(path, mount)| {
-                let kind = match mount {
-                    Mount::Empty => "tmpfs",
-                    Mount::EmptyFile => "file",
-                    Mount::ReadOnly => "ro",
-                    Mount::Writable => "rw",
-                };
-                serde_json::json!([kind, path.display().to_string()])
-            })
-            .collect();
-        serde_json::json!({ "mounts": mounts, "net": self.unshare_net })
-    }
-}
-
 /// The wrapper that runs a kernel command (or the kernel factory's template) inside bwrap with
 /// `layout`, in the command's working directory (`layout.work`) inside, and with the command's
 /// own environment as bwrap's. bwrap itself starts in `/`.
@@ -417,56 +259,4 @@ fn wrap_with(prefix: Vec<String>, layout: Layout) -> CommandWrapper {
             private_dir: cmd.private_dir,
         })
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn layout(emptied: &[&str], workspace: &str, runtime: &str) -> Layout {
-        Layout {
-            read_only: vec![
-                workspace.into(),
-                "/home/u/.local/share/ipybox/kernel-env".into(),
-                runtime.into(),
-            ],
-            writable: vec![
-                Path::new(runtime).join("box"),
-                Path::new(runtime).join("work"),
-            ],
-            emptied: emptied.iter().map(PathBuf::from).collect(),
-            hidden: vec![],
-            unshare_net: true,
-        }
-    }
-
-    #[test]
-    fn deeper_mounts_come_after_the_directories_they_are_in() {
-        let l = layout(
-            &["/tmp", "/home/u", "/home/u/.local/share/ipybox"],
-            "/tmp/ws",
-            "/tmp/ipybox-1-abcdef",
-        );
-        let args = l.mount_args().join(" ");
-        assert_eq!(
-            args,
-            "--ro-bind / / --dev /dev --proc /proc \
-             --tmpfs /tmp --tmpfs /home/u \
-             --ro-bind /tmp/ws /tmp/ws --ro-bind /tmp/ipybox-1-abcdef /tmp/ipybox-1-abcdef \
-             --bind /tmp/ipybox-1-abcdef/box /tmp/ipybox-1-abcdef/box \
-             --bind /tmp/ipybox-1-abcdef/work /tmp/ipybox-1-abcdef/work \
-             --tmpfs /home/u/.local/share/ipybox \
-             --ro-bind /home/u/.local/share/ipybox/kernel-env /home/u/.local/share/ipybox/kernel-env"
-        );
-    }
-
-    #[test]
-    fn a_workspace_that_is_an_emptied_directory_stays_visible() {
-        let l = layout(&["/tmp", "/srv/ws"], "/srv/ws", "/tmp/ipybox-1-abcdef");
-        let args = l.mount_args().join(" ");
-        assert!(
-            args.contains("--tmpfs /srv/ws --ro-bind /srv/ws /srv/ws"),
-            "{args}"
-        );
-    }
 }

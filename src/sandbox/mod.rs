@@ -54,6 +54,10 @@ pub struct SandboxOptions {
     /// notebook's): created (never through a link) before srt starts, and not writable by the
     /// kernel whatever the policy says (`policy::SandboxPaths::record_dirs`).
     pub record_dirs: Vec<PathBuf>,
+    /// Host paths the kernel must not read whatever the policy says (`serve --http --sandbox`:
+    /// the operator's token files, session secret, notebook and snapshot directories): added
+    /// to `filesystem.denyRead` (`policy::SandboxPaths::deny_read`).
+    pub deny_read: Vec<PathBuf>,
 }
 
 /// Why the sandbox could not be set up.
@@ -279,6 +283,7 @@ pub(crate) async fn prepare(
         isolate_workspace: options.isolate_workspace,
         settings_file: Some(runtime_dir.join(SETTINGS_FILE)),
         record_dirs: options.record_dirs.clone(),
+        deny_read: options.deny_read.clone(),
     };
     let mut effective = policy.effective(&paths);
     if let Some(proxy) = env::parent_proxy(host) {

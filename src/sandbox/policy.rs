@@ -230,6 +230,8 @@ impl SandboxPolicy {
     ///   settings file itself (it may hold the host's upstream proxy credentials);
     /// - `filesystem.denyWrite += [<workspace>/.env, the policy file, DENY_WRITE_HOME]`: what
     ///   the host reads or runs at its next start (srt keeps an absent path from being created);
+    /// - `filesystem.denyRead += [deny_read]` (the HTTP service's operator files: token files,
+    ///   session secret, notebook and snapshot directories, wherever they are);
     /// - `filesystem.denyWrite += [record_dirs]` (the session notebook's directory: what a
     ///   person opens and `ipybox replay` runs is what the host recorded), unless the directory
     ///   is hidden from the kernel already (ipybox's data directory, a hidden directory outside
@@ -275,7 +277,17 @@ impl SandboxPolicy {
             }
             push(&mut fs.deny_read, disp(&paths.workspace.join("images")));
         }
+        for path in &paths.deny_read {
+            if std::fs::symlink_metadata(path).is_ok() {
+                push(&mut fs.deny_read, disp(path));
+            }
+        }
         for dir in &paths.record_dirs {
+            // A record directory hidden as an operator file stays hidden (a read-only bind
+            // would show it).
+            if paths.deny_read.iter().any(|d| dir.starts_with(d)) {
+                continue;
+            }
             if record_dir_needs_deny(dir, paths, &fs.allow_write) {
                 push(&mut fs.deny_write, disp(dir));
             }
@@ -378,6 +390,9 @@ pub struct SandboxPaths {
     /// the kernel, whatever the policy says. They must exist before srt starts (bubblewrap
     /// binds them read-only; a mount point cannot be renamed or replaced from inside).
     pub record_dirs: Vec<PathBuf>,
+    /// Host paths never readable by the kernel, whatever the policy says (the HTTP service's
+    /// operator files); those that do not exist when the kernel starts are left out.
+    pub deny_read: Vec<PathBuf>,
 }
 
 impl SandboxPolicy {
@@ -517,6 +532,7 @@ mod tests {
             isolate_workspace: false,
             settings_file: Some("/tmp/ipybox-1-abc/sandbox-settings.json".into()),
             record_dirs: vec![],
+            deny_read: vec![],
         };
         let s = serde_json::to_value(SandboxPolicy::default().effective(&paths)).unwrap();
         assert_eq!(s["network"]["allowAllUnixSockets"], json!(true));
@@ -610,5 +626,39 @@ mod tests {
                 "~/Library/Jupyter"
             ])
         );
+    }
+
+    #[test]
+    fn operator_files_are_denied_whatever_the_policy() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(&tokens, "t").unwrap();
+        let notebooks = dir.path().join("nb");
+        std::fs::create_dir(&notebooks).unwrap();
+        let paths = SandboxPaths {
+            workspace: "/w".into(),
+            runtime_dir: "/tmp/ipybox-1-abc".into(),
+            runtime_readable: vec![],
+            kernel_writable: "/tmp/ipybox-1-abc/box".into(),
+            python_dirs: vec![],
+            data_dir: None,
+            config_file: None,
+            isolate_workspace: true,
+            settings_file: None,
+            record_dirs: vec![notebooks.clone()],
+            deny_read: vec![tokens.clone(), notebooks.clone(), dir.path().join("absent")],
+        };
+        let s = serde_json::to_value(SandboxPolicy::default_policy().effective(&paths)).unwrap();
+        let deny = s["filesystem"]["denyRead"].as_array().unwrap();
+        let disp = |p: &Path| json!(p.display().to_string());
+        assert!(deny.contains(&disp(&tokens)), "{deny:?}");
+        assert!(deny.contains(&disp(&notebooks)), "{deny:?}");
+        assert!(
+            !deny.contains(&disp(&dir.path().join("absent"))),
+            "{deny:?}"
+        );
+        // Hidden, not bound read-only over the denial.
+        let deny_write = s["filesystem"]["denyWrite"].as_array().unwrap();
+        assert!(!deny_write.contains(&disp(&notebooks)), "{deny_write:?}");
     }
 }

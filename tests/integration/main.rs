@@ -87,6 +87,7 @@ mod tenant_identity;
 mod tenant_limits;
 mod tenant_network;
 mod tenant_quota;
+mod tenant_view;
 mod tool_calls;
 mod tool_calls_async;
 mod tool_reach;

@@ -1,0 +1,205 @@
+//! A confined session's view of the host is built by allowlist (issue 37, items 1–3): from a
+//! cell of `ipybox serve --http` (local kernels, the kernel factory's forked kernels and
+//! `--no-kernel-factory`'s bwrap'd ones), operator files where an operator keeps them — a token
+//! file under `/etc`, a session secret under `/srv` (both passed to ipybox), a TLS key and
+//! another service's secret (never named to ipybox) — and `/etc/shadow` are absent, while the
+//! kernel still works (CA certificates, name resolution, its user's name, `/bin` tools) and
+//! reads what the operator shows (`--session-show`, a directory and a file; a directory holding
+//! a token file is refused). The same probe from an `--unconfined-sessions` service reads every
+//! file.
+
+use std::path::{Path, PathBuf};
+
+use crate::http_support::*;
+use crate::mcp_eras::Era;
+use crate::support::*;
+
+/// An operator's directory under a real system path (`/etc/ipybox-test-<pid>`), removed when
+/// dropped. These are the operator's own places, not hidden-path probes of ipybox.
+struct OperatorDir(PathBuf);
+
+impl OperatorDir {
+    fn new(parent: &str) -> Option<Self> {
+        let dir = Path::new(parent).join(format!("ipybox-test-{}", std::process::id()));
+        match std::fs::create_dir_all(&dir) {
+            Ok(()) => Some(Self(dir)),
+            Err(e) => {
+                skip(&format!(
+                    "cannot create {} ({e}): the test places operator files under /etc and /srv, as root",
+                    dir.display()
+                ));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for OperatorDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What the kernel needs of the host still works in the view.
+const WORKS: &str = r#"
+import os, pwd, socket, ssl, subprocess
+ctx = ssl.create_default_context()
+print("certs=" + str(ctx.cert_store_stats()["x509_ca"] > 0))
+print("resolve=" + str(bool(socket.getaddrinfo("localhost", 80))))
+print("user=" + pwd.getpwuid(os.getuid()).pw_name)
+print("ls=" + str(subprocess.run(["ls", "/"], capture_output=True, text=True).returncode))
+import numpy
+print("numpy=" + str(int(numpy.arange(4).sum())))
+print("root=" + " ".join(sorted(e for e in os.listdir("/"))))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_confined_session_sees_only_the_allowlist() {
+    require!(TestEnv);
+    let (Some(etc), Some(srv)) = (OperatorDir::new("/etc"), OperatorDir::new("/srv")) else {
+        return;
+    };
+    let tokens = etc.0.join("tokens");
+    std::fs::write(&tokens, format!("# {PLANTED}\n{TOKEN_A}\n")).unwrap();
+    let tls_key = etc.0.join("tls.key");
+    std::fs::write(&tls_key, PLANTED).unwrap();
+    let secret = srv.0.join("secret");
+    std::fs::write(
+        &secret,
+        format!("{PLANTED}-session-secret-0123456789abcdef\n"),
+    )
+    .unwrap();
+    std::fs::create_dir_all(srv.0.join("app")).unwrap();
+    let app_secret = srv.0.join("app/secret.env");
+    std::fs::write(&app_secret, PLANTED).unwrap();
+    // What the operator shows with --session-show: a directory and a file.
+    std::fs::create_dir_all(srv.0.join("shared")).unwrap();
+    let shown_dir_file = srv.0.join("shared/data.txt");
+    std::fs::write(&shown_dir_file, PLANTED).unwrap();
+    let shown_file = srv.0.join("shown.txt");
+    std::fs::write(&shown_file, PLANTED).unwrap();
+    let probe = probe_dir_or_skip!("tenant-view");
+    let ws = probe.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    std::fs::write(ws.join("visible.txt"), PLANTED).unwrap();
+    let python = crate::support::root()
+        .join("target/test-env/kernel-data/bin/python")
+        .display()
+        .to_string();
+    let home = probe.path().join("home").display().to_string();
+    let env = [
+        ("IPYBOX_HOME", home.as_str()),
+        ("IPYBOX_PYTHON", python.as_str()),
+    ];
+    let code = read_probe(&[
+        ("workspace", &ws.join("visible.txt")),
+        ("tokens", &tokens),
+        ("secret", &secret),
+        ("tls-key", &tls_key),
+        ("app-secret", &app_secret),
+        ("shadow", Path::new("/etc/shadow")),
+        ("shown-dir", &shown_dir_file),
+        ("shown-file", &shown_file),
+    ]);
+    let (tokens, secret) = (tokens.display().to_string(), secret.display().to_string());
+    let (shown_dir, shown_file) = (
+        srv.0.join("shared").display().to_string(),
+        shown_file.display().to_string(),
+    );
+    // Showing a directory that holds an operator file is refused, naming it.
+    let etc_dir = etc.0.display().to_string();
+    let stderr = serve_refused(
+        "127.0.0.1",
+        &ws,
+        &["--token-file", &tokens, "--session-show", &etc_dir],
+        &[("IPYBOX_HOME", Some(home.as_str()))],
+    );
+    assert!(
+        stderr.contains(&format!(
+            "--session-show {etc_dir} would show ipybox's token file {tokens} to every session"
+        )),
+        "{stderr}"
+    );
+    for forked in [true, false] {
+        for confined in [true, false] {
+            let mut flags = vec![
+                "--token-file",
+                &tokens,
+                "--session-secret-file",
+                &secret,
+                "--warm-sessions",
+                "0",
+                "--session-show",
+                &shown_dir,
+                "--session-show",
+                &shown_file,
+            ];
+            if !forked {
+                flags.push("--no-kernel-factory");
+            }
+            if !confined {
+                flags.push("--unconfined-sessions");
+            }
+            let service = Service::start(&ws, &env, &flags);
+            let client = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+            let started = std::time::Instant::now();
+            let (_, h) = new_session(&client, "print(1)").await;
+            eprintln!(
+                "session start (forked: {forked}, confined: {confined}): {:?}",
+                started.elapsed()
+            );
+            let (is_error, out) = cell(&client, &code, Some(&h)).await;
+            assert!(!is_error, "{out}");
+            // /etc/shadow holds no planted text: `other` is read.
+            let want = if confined {
+                probe_outcome(&[
+                    ("workspace", "read"),
+                    ("tokens", "FileNotFoundError"),
+                    ("secret", "FileNotFoundError"),
+                    ("tls-key", "FileNotFoundError"),
+                    ("app-secret", "FileNotFoundError"),
+                    ("shadow", "FileNotFoundError"),
+                    ("shown-dir", "read"),
+                    ("shown-file", "read"),
+                ])
+            } else {
+                probe_outcome(&[
+                    ("workspace", "read"),
+                    ("tokens", "read"),
+                    ("secret", "read"),
+                    ("tls-key", "read"),
+                    ("app-secret", "read"),
+                    ("shadow", "other"),
+                    ("shown-dir", "read"),
+                    ("shown-file", "read"),
+                ])
+            };
+            assert_eq!(
+                split_note(&out).0,
+                want,
+                "forked: {forked}, confined: {confined}"
+            );
+            if confined {
+                let (is_error, out) = cell(&client, WORKS, Some(&h)).await;
+                assert!(!is_error, "forked: {forked}\n{out}");
+                let out = split_note(&out).0;
+                let lines: Vec<&str> = out.lines().collect();
+                assert_eq!(
+                    lines[..5],
+                    ["certs=True", "resolve=True", "user=root", "ls=0", "numpy=6"],
+                    "forked: {forked}\n{out}"
+                );
+                // Nothing of the host's / but the allowlist (and mount points of what is
+                // shown: /srv holds only the --session-show paths).
+                let root = lines[5].strip_prefix("root=").unwrap();
+                for absent in ["opt", "home", "var", "boot", "mnt", "media"] {
+                    assert!(
+                        !root.split(' ').any(|e| e == absent),
+                        "forked: {forked}: /{absent} in the view: {root}"
+                    );
+                }
+            }
+            client.close().await;
+        }
+    }
+}
