@@ -149,14 +149,21 @@ async fn confined_sessions_reach_only_what_the_network_policy_allows() {
     let host = start(ws.path(), &["--session-network", "host"]);
     let domains = start(ws.path(), &["--session-allow-domain", "pypi.org"]);
     let none = start(ws.path(), &["--session-network", "none"]);
+    // Kernels launched in a bubblewrap of their own (`--unshare-net`), not forked.
+    let launched = start(
+        ws.path(),
+        &["--no-kernel-factory", "--session-allow-net", "127.0.0.2/32"],
+    );
     let code = |s: &Service| attack_code(s.port, service_port, private);
-    let (p, h, d, n) = tokio::join!(
+    let (p, h, d, n, l) = tokio::join!(
         run_attack(&proxied, code(&proxied)),
         run_attack(&host, code(&host)),
         run_attack(&domains, code(&domains)),
         run_attack(&none, code(&none)),
+        run_attack(&launched, code(&launched)),
     );
-    let ctx = format!("proxy: {p:#?}\nhost: {h:#?}\ndomains: {d:#?}\nnone: {n:#?}");
+    let ctx =
+        format!("proxy: {p:#?}\nhost: {h:#?}\ndomains: {d:#?}\nnone: {n:#?}\nlaunched: {l:#?}");
     let has = |m: &std::collections::BTreeMap<String, String>, k: &str, want: &str| {
         let got = m.get(k).unwrap_or_else(|| panic!("no {k}\n{ctx}"));
         assert!(got.contains(want), "{k}: want {want:?}, got {got:?}\n{ctx}");
@@ -196,6 +203,15 @@ async fn confined_sessions_reach_only_what_the_network_policy_allows() {
     assert!(!p["files"].contains("ipybox"), "{ctx}");
     // No route out but the proxy.
     has(&p, "public_direct", "OSError");
+
+    // The same with a kernel launched in its own bubblewrap.
+    has(&l, "ipybox_port", "ConnectionRefusedError");
+    has(&l, "loopback_service", "ConnectionRefusedError");
+    has(&l, "loopback_via_proxy", "a loopback address");
+    has(&l, "metadata", "the cloud instance metadata address");
+    has(&l, "allowed_net", MARKER);
+    has(&l, "pypi", "HTTP 200");
+    has(&l, "public_direct", "OSError");
 
     // A domain allowlist: pypi.org passes, files.pythonhosted.org (public, reached by the proxy
     // without a list, above) is refused with the flag that allows it (CONNECT: in the reason).
