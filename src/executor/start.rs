@@ -433,8 +433,7 @@ impl CodeExecutor {
     }
 
     /// Whether kernels come from the kernel factory: the builder's choice, else
-    /// `IPYBOX_KERNEL_FACTORY` (off for `0`, `off`, `false`, `no`), else on Linux (elsewhere
-    /// off: the factory holds its kernels by pidfd, which only Linux has).
+    /// `IPYBOX_KERNEL_FACTORY` (off for `0`, `off`, `false`, `no`), else on.
     fn factory_wanted(&self) -> bool {
         if let Some(on) = self.inner.builder.kernel_factory {
             return on;
@@ -444,7 +443,7 @@ impl CodeExecutor {
                 v.trim().to_ascii_lowercase().as_str(),
                 "0" | "off" | "false" | "no"
             ),
-            None => cfg!(target_os = "linux"),
+            None => true,
         }
     }
 
