@@ -123,7 +123,7 @@ pub fn format_bytes(n: u64) -> String {
     ];
     for (name, size) in UNITS {
         if n >= size {
-            return if n % size == 0 {
+            return if n.is_multiple_of(size) {
                 format!("{} {name}", n / size)
             } else {
                 format!("{:.1} {name}", n as f64 / size as f64)

@@ -189,6 +189,20 @@ async fn fork_bomb_and_work_filler_meet_their_limits() {
     assert!(!is_error, "{text}");
     assert_eq!(split_note(&text).0, "mib=50 errno=None");
 
+    // A bubblewrap'd kernel (no kernel factory) joins its cgroup between fork and exec.
+    let launched_ws = ws.path().join("launched");
+    std::fs::create_dir(&launched_ws).unwrap();
+    let mut flags = LIMITS.to_vec();
+    flags.push("--no-kernel-factory");
+    let mut launched = Service::start(&launched_ws, &[("IPYBOX_TOKEN", TOKEN_A)], &flags);
+    let client = connect(&launched.url(), Some(TOKEN_A), Era::Stateless).await;
+    let (is_error, text) = cell(&client, FORK_BOMB, None).await;
+    let out = split_note(&text).0;
+    assert!(!is_error, "{text}");
+    assert!(out.contains(" error=BlockingIOError:11\n\n"), "{out}");
+    assert!(out.contains(PROCS_NOTE), "{out}");
+    launched.terminate(Duration::from_secs(30));
+
     // A session open at shutdown: its cgroup and the service's go with the service.
     let client = connect(&confined.url(), Some(TOKEN_A), Era::Stateless).await;
     let (_, text) = cell(&client, "print(1)", None).await;
@@ -212,7 +226,7 @@ async fn memory_hog_meets_the_memory_limit() {
         "the limits tests run as root"
     );
     let ws = tempfile::tempdir().unwrap();
-    let confined = start(ws.path(), false);
+    let mut confined = start(ws.path(), false);
     let open = ws.path().join("open");
     std::fs::create_dir(&open).unwrap();
     let unconfined = start(&open, true);
@@ -233,4 +247,6 @@ async fn memory_hog_meets_the_memory_limit() {
     assert!(!is_error, "{text}");
     assert_eq!(split_note(&text).0, (400usize << 20).to_string());
     client.close().await;
+    // (Stopped, not killed: a killed service's cgroups and mounts wait for the next start.)
+    confined.terminate(Duration::from_secs(30));
 }
