@@ -268,6 +268,9 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     std::fs::write(&visible, "visible").unwrap();
     let saved = probe.path().join("saved");
     let saved_dir = saved.to_str().unwrap();
+    // The view is an allowlist (tenant_view.rs): the control file next to the snapshot
+    // directory is shown explicitly.
+    let visible_path = visible.display().to_string();
     let flags = [
         "--warm-sessions",
         "0",
@@ -275,6 +278,8 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
         &replica,
         "--snapshot-dir",
         saved_dir,
+        "--session-show",
+        &visible_path,
     ];
     let mut service = Service::start(ws.path(), &[], &flags);
     let client = connect(&service.url(), None, Era::Stateless).await;

@@ -530,6 +530,8 @@ async fn http_sessions_never_see_each_others_notebook(era: Era) {
     std::fs::write(&visible, PLANTED).unwrap();
     let dir = probe.path().join("notebooks");
     let dir_flag = dir.display().to_string();
+    // The view is an allowlist (tenant_view.rs): the control file is shown explicitly.
+    let visible_flag = visible.display().to_string();
     let tenants = [
         "--token",
         "token-of-alice-0123456789",
@@ -538,6 +540,8 @@ async fn http_sessions_never_see_each_others_notebook(era: Era) {
         "--trust-tenants",
         "--notebook-dir",
         &dir_flag,
+        "--session-show",
+        &visible_flag,
     ];
     let service = Service::start(ws.path(), &[], &tenants);
     let alice = connect(&service.url(), Some("token-of-alice-0123456789"), era).await;
@@ -629,7 +633,11 @@ async fn http_sessions_never_see_each_others_notebook(era: Era) {
         ("IPYBOX_HOME", home_env.as_str()),
         ("IPYBOX_PYTHON", python.as_str()),
     ];
-    let service = Service::start(ws.path(), &env, &["--warm-sessions", "0"]);
+    let service = Service::start(
+        ws.path(),
+        &env,
+        &["--warm-sessions", "0", "--session-show", &visible_flag],
+    );
     let carol = connect(&service.url(), None, era).await;
     let (failed, text) = http_cell(&carol, &format!("print({PLANTED:?})"), None).await;
     assert!(!failed, "{text}");
