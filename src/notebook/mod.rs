@@ -40,6 +40,9 @@ pub use record::{MAX_CELL_TEXT_CHARS, MAX_RECORDED_ARGUMENT_BYTES, MAX_RECORDED_
 
 use crate::tools::CallRecord;
 
+/// The `.gitignore` a notebook directory gets ([`NotebookConfig::gitignore`]).
+pub const GITIGNORE: &[u8] = b"# Made by ipybox: session notebooks hold what cells printed; keep them out of git.\n# Remove this file, or run ipybox with --no-notebook-gitignore, to commit them.\n*\n";
+
 /// Default [`NotebookConfig::max_file_bytes`]: 16 MiB.
 pub const DEFAULT_MAX_FILE_BYTES: usize = 16 << 20;
 
@@ -50,6 +53,7 @@ pub struct NotebookConfig {
     tag: Option<String>,
     private: bool,
     max_file_bytes: usize,
+    gitignore: bool,
 }
 
 impl NotebookConfig {
@@ -61,6 +65,7 @@ impl NotebookConfig {
             tag: None,
             private: false,
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
+            gitignore: true,
         }
     }
 
@@ -84,6 +89,14 @@ impl NotebookConfig {
     /// 0755 directory, as the workspace's other files.
     pub fn private(mut self, private: bool) -> Self {
         self.private = private;
+        self
+    }
+
+    /// Whether the directory gets a `.gitignore` holding `*` (made once, where none is; default
+    /// on; never for [`NotebookConfig::private`] host directories), so that notebooks in a
+    /// workspace that is a git repository are not committed by accident.
+    pub fn gitignore(mut self, gitignore: bool) -> Self {
+        self.gitignore = gitignore;
         self
     }
 
@@ -137,6 +150,9 @@ struct Shared {
     dir: Option<PathBuf>,
     private: bool,
     max_file_bytes: usize,
+    /// Whether the directory gets a `.gitignore`, and whether this notebook made sure it has.
+    gitignore: bool,
+    gitignore_done: std::sync::atomic::AtomicBool,
     tag: String,
     started: SystemTime,
     /// How the session's kernels are confined (set when the executor starts).
@@ -190,6 +206,8 @@ impl Notebook {
             dir: config.dir,
             private: config.private,
             max_file_bytes: config.max_file_bytes,
+            gitignore: config.gitignore,
+            gitignore_done: std::sync::atomic::AtomicBool::new(false),
             tag,
             started: SystemTime::now(),
             confinement: OnceLock::new(),
@@ -345,7 +363,9 @@ impl Notebook {
         let mut state = self.lock();
         state.count += 1;
         let id = Self::next_id(&mut state);
-        let done = record.finish(&id, state.count, ending, calls);
+        let mut done = record.finish(&id, state.count, ending, calls);
+        // Before the cell is kept anywhere: no secret in the file, the resource or a copy.
+        crate::redact::redact_json(&mut done.cell);
         self.push_sized(&mut state, &done.cell);
         state.since_section += 1;
         if done.kernel_replaced {
@@ -609,6 +629,28 @@ impl Shared {
         } else {
             crate::safe_fs::NoFollowDir::open(dir, Some(0o755))
         }?;
+        if self.gitignore
+            && !self.private
+            && !self
+                .gitignore_done
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            match dir.create_new(
+                ".gitignore",
+                GITIGNORE,
+                if self.private { 0o600 } else { 0o644 },
+            ) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    self.gitignore_done
+                        .store(false, std::sync::atomic::Ordering::SeqCst);
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("its .gitignore: {e}"),
+                    ));
+                }
+                _ => {}
+            }
+        }
         dir.rewrite(name, bytes, if self.private { 0o600 } else { 0o644 })
     }
 }
