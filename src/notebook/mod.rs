@@ -21,7 +21,9 @@
 //!
 //! Nothing here reads secrets: a cell holds its code, what it printed (as capped for the
 //! caller) and the tool calls' arguments as the kernel sent them; the registered servers'
-//! `${VAR}`-resolved params are never arguments. Not here: when cells begin and end (the
+//! `${VAR}`-resolved params are never arguments. A finished cell is redacted
+//! ([`crate::redact`]) before it is kept, so neither the file nor the resource holds a secret
+//! ipybox knows. Not here: when cells begin and end (the
 //! executor), where the MCP server serves notebooks from.
 
 pub(crate) mod format;
