@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One whole Claude Code turn against ipybox, offline and deterministic: Claude Code 2.1.330
 # headless (`claude -p`, installed with Node 22 by scripts/clients.sh) in a throwaway HOME, ipybox
-# (target/debug/ipybox, `--approve ask`) as its MCP server through `--mcp-config`, and
+# (target/debug/ipybox, `--approve ask --checkpoint-after 3` as the codeact plugins pass it) as its MCP server through `--mcp-config`, and
 # tests/claude_code/messages_standin.py in place of the Messages API (ANTHROPIC_BASE_URL): it plays
 # a scripted model that
 #   1. loads the deferred MCP tools (ToolSearch `select:`),
@@ -78,7 +78,7 @@ EOF
 
 cat >"$work/mcp.json" <<EOF
 {"mcpServers": {"ipybox": {"type": "stdio", "command": "$ipybox",
-  "args": ["--workspace", "$project", "--approve", "ask"],
+  "args": ["--workspace", "$project", "--approve", "ask", "--checkpoint-after", "3"],
   "env": {"IPYBOX_HOME": "$kernel_home"}}}}
 EOF
 

@@ -235,9 +235,9 @@ for plugin in codeact-default codeact-ask codeact-sandbox codeact-docker; do
     expect_launch "$root/target/"
     expect_launch "--workspace $project"
   fi
-  [ "$plugin" = codeact-sandbox ] && expect_launch "--sandbox --sandbox-config sandbox-config.json"
+  [ "$plugin" = codeact-sandbox ] && expect_launch "--sandbox --sandbox-config sandbox-config.json --checkpoint-after 3"
   if [ "$plugin" = codeact-ask ]; then
-    expect_launch "--workspace $project --approve ask --approve-shell"
+    expect_launch "--workspace $project --approve ask --approve-shell --checkpoint-after 3"
     expect_modern_handshake "$plugin" "$project"
   fi
   previous=$plugin
@@ -355,14 +355,14 @@ EOF
     # uvx on PATH, the wheel's directory through IPYBOX_UVX_ARGS.
     OWN_PYTHON=1 EXTRA_PATH="$uv_bin" UVX_ARGS="--find-links $wheel_dir" \
       expect_connected codeact-default "$project"
-    expect_launched "$uv_bin/uvx --find-links $wheel_dir --from ipybox-rs==$package_version ipybox --workspace $project"
+    expect_launched "$uv_bin/uvx --find-links $wheel_dir --from ipybox-rs==$package_version ipybox --workspace $project --checkpoint-after 3"
 
     # uvx only in ~/.local/bin (a client started without it on PATH), the wheel's directory
     # through uv's own UV_FIND_LINKS.
     mkdir -p "$HOME_DIR/.local/bin"
     ln -s "$uvx_real" "$HOME_DIR/.local/bin/uvx"
     OWN_PYTHON=1 UV_FIND_LINKS="$wheel_dir" expect_connected codeact-default "$project"
-    expect_launched "$HOME_DIR/.local/bin/uvx --from ipybox-rs==$package_version ipybox --workspace $project"
+    expect_launched "$HOME_DIR/.local/bin/uvx --from ipybox-rs==$package_version ipybox --workspace $project --checkpoint-after 3"
     rm -f "$HOME_DIR/.local/bin/uvx"
   fi
 
@@ -370,7 +370,7 @@ EOF
   mkdir -p "$path_bin"
   ln -s "$root/target/debug/ipybox" "$path_bin/ipybox"
   EXTRA_PATH="$path_bin" expect_connected codeact-default "$project"
-  expect_launch "$path_bin/ipybox --workspace $project"
+  expect_launch "$path_bin/ipybox --workspace $project --checkpoint-after 3"
 else
   check "git: install from git (needs git http-backend)"
   fail "git http-backend is not available: install git"

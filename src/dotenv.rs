@@ -41,6 +41,7 @@ impl WorkspaceEnv {
                     path: path.clone(),
                     reason,
                 })? {
+                    ipybox::redact::register(&k, &v);
                     tool_env.entry(k).or_insert(v);
                 }
             }
@@ -55,9 +56,11 @@ impl WorkspaceEnv {
         let kernel_env = tool_env
             .iter()
             .filter_map(|(k, v)| {
-                k.strip_prefix("KERNEL_ENV_")
-                    .filter(|n| !n.is_empty())
-                    .map(|n| (n.to_string(), v.clone()))
+                let name = k.strip_prefix("KERNEL_ENV_").filter(|n| !n.is_empty())?;
+                if ipybox::redact::is_secret_name(name) {
+                    ipybox::redact::register(k, v);
+                }
+                Some((name.to_string(), v.clone()))
             })
             .collect();
         Ok(Self {

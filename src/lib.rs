@@ -17,6 +17,7 @@ pub mod log_text;
 pub mod notebook;
 pub(crate) mod pause;
 pub mod pyenv;
+pub mod redact;
 pub mod register;
 pub(crate) mod safe_fs;
 pub mod sandbox;

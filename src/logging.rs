@@ -87,7 +87,8 @@ impl Write for OneLineWriter {
             Some(body) => (body, "\n"),
             None => (&*text, ""),
         };
-        let line = format!("{}{newline}", ipybox::log_text::escaped(body));
+        let body = ipybox::redact::redact(body);
+        let line = format!("{}{newline}", ipybox::log_text::escaped(&body));
         std::io::stderr().lock().write_all(line.as_bytes())?;
         Ok(buf.len())
     }

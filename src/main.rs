@@ -98,9 +98,11 @@ struct ServeArgs {
     #[arg(long, value_name = "SECS", default_value_t = 300.0)]
     task_ttl: f64,
     /// A session is saved (host-only, and kept open) once it has been idle this long after
-    /// being used (seconds, or `off`). Over stdio (default 3): a resumed conversation that
-    /// passes its `session` handle gets its variables back; `off`: no handle, no saving. With
-    /// --http (default 60): what a crash of ipybox loses is bounded by it.
+    /// being used (seconds, or `off`). Over stdio (default off: each result is exactly the
+    /// cell's output, as the Python ipybox returns it): with SECS the first result also names
+    /// the session's handle, and a resumed conversation that passes it as `session` gets its
+    /// variables back (the codeact plugins pass `--checkpoint-after 3`). With --http (default
+    /// 60): what a crash of ipybox loses is bounded by it.
     #[arg(long, value_name = "SECS|off")]
     checkpoint_after: Option<String>,
     /// The most of a cell's text output ipybox holds, whatever the client asks: the first and
@@ -137,6 +139,11 @@ struct NotebookArgs {
     /// Record no session notebooks.
     #[arg(long)]
     no_notebook: bool,
+    /// Do not put a `.gitignore` (holding `*`) into the workspace's notebook directory. By
+    /// default one is made there where none is, so that notebooks (what cells printed) are not
+    /// committed by accident.
+    #[arg(long, conflicts_with = "no_notebook")]
+    no_notebook_gitignore: bool,
 }
 
 /// Where kernels run, for the MCP server and `ipybox exec`.
@@ -538,6 +545,13 @@ where
     // Before any thread starts: ipybox's secrets leave its environment and command line, and no
     // other process of its user may read its memory (own_secrets.rs).
     let secrets = own_secrets::take();
+    // Never in a notebook or a log line (redact.rs).
+    if let Some(token) = &secrets.token {
+        ipybox::redact::register("IPYBOX_TOKEN", token);
+    }
+    if let Some(key) = &secrets.session_secret {
+        ipybox::redact::register("IPYBOX_SESSION_SECRET", key);
+    }
     own_secrets::no_dumps();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -737,7 +751,7 @@ async fn serve(
     let checkpoint_spec = args
         .checkpoint_after
         .clone()
-        .unwrap_or_else(|| if http.is_some() { "60" } else { "3" }.into());
+        .unwrap_or_else(|| if http.is_some() { "60" } else { "off" }.into());
     let checkpoint_after = match checkpoint_spec.as_str() {
         "off" | "never" => None,
         secs => match secs.parse::<f64>() {
@@ -760,7 +774,10 @@ async fn serve(
     match http {
         None => {
             if let Some(dir) = notebooks {
-                builder = builder.notebook(dir);
+                builder = builder.notebook_config(
+                    ipybox::notebook::NotebookConfig::in_dir(dir)
+                        .gitignore(!args.notebook.no_notebook_gitignore),
+                );
             }
             let executor = builder.build();
             // Said when the client connects (its server list shows the reason), not at the

@@ -82,6 +82,8 @@ impl Tokens {
             return Err(TokenError::TooShort { from: from.into() });
         }
         self.digests.push(digest(token.as_bytes()));
+        // Never in a notebook or a log line.
+        ipybox::redact::register("IPYBOX_TOKEN", token);
         Ok(())
     }
 

@@ -21,7 +21,9 @@
 //!
 //! Nothing here reads secrets: a cell holds its code, what it printed (as capped for the
 //! caller) and the tool calls' arguments as the kernel sent them; the registered servers'
-//! `${VAR}`-resolved params are never arguments. Not here: when cells begin and end (the
+//! `${VAR}`-resolved params are never arguments. A finished cell is redacted
+//! ([`crate::redact`]) before it is kept, so neither the file nor the resource holds a secret
+//! ipybox knows. Not here: when cells begin and end (the
 //! executor), where the MCP server serves notebooks from.
 
 pub(crate) mod format;
@@ -39,6 +41,9 @@ pub(crate) use record::{CellRecord, Ending};
 pub use record::{MAX_CELL_TEXT_CHARS, MAX_RECORDED_ARGUMENT_BYTES, MAX_RECORDED_CALLS, Status};
 
 use crate::tools::CallRecord;
+
+/// The `.gitignore` a notebook directory gets ([`NotebookConfig::gitignore`]).
+pub const GITIGNORE: &[u8] = b"# Made by ipybox: session notebooks hold what cells printed; keep them out of git.\n# Remove this file, or run ipybox with --no-notebook-gitignore, to commit them.\n*\n";
 
 /// Default [`NotebookConfig::max_file_bytes`]: 16 MiB.
 pub const DEFAULT_MAX_FILE_BYTES: usize = 16 << 20;
@@ -65,6 +70,7 @@ pub struct NotebookConfig {
     private: bool,
     max_file_bytes: usize,
     budget: Option<Arc<dyn NotebookBudget>>,
+    gitignore: bool,
 }
 
 impl NotebookConfig {
@@ -77,6 +83,7 @@ impl NotebookConfig {
             private: false,
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             budget: None,
+            gitignore: true,
         }
     }
 
@@ -100,6 +107,14 @@ impl NotebookConfig {
     /// 0755 directory, as the workspace's other files.
     pub fn private(mut self, private: bool) -> Self {
         self.private = private;
+        self
+    }
+
+    /// Whether the directory gets a `.gitignore` holding `*` (made once, where none is; default
+    /// on; never for [`NotebookConfig::private`] host directories), so that notebooks in a
+    /// workspace that is a git repository are not committed by accident.
+    pub fn gitignore(mut self, gitignore: bool) -> Self {
+        self.gitignore = gitignore;
         self
     }
 
@@ -160,6 +175,9 @@ struct Shared {
     private: bool,
     max_file_bytes: usize,
     budget: Option<Arc<dyn NotebookBudget>>,
+    /// Whether the directory gets a `.gitignore`, and whether this notebook made sure it has.
+    gitignore: bool,
+    gitignore_done: std::sync::atomic::AtomicBool,
     tag: String,
     started: SystemTime,
     /// How the session's kernels are confined (set when the executor starts).
@@ -214,6 +232,8 @@ impl Notebook {
             private: config.private,
             max_file_bytes: config.max_file_bytes,
             budget: config.budget,
+            gitignore: config.gitignore,
+            gitignore_done: std::sync::atomic::AtomicBool::new(false),
             tag,
             started: SystemTime::now(),
             confinement: OnceLock::new(),
@@ -369,7 +389,9 @@ impl Notebook {
         let mut state = self.lock();
         state.count += 1;
         let id = Self::next_id(&mut state);
-        let done = record.finish(&id, state.count, ending, calls);
+        let mut done = record.finish(&id, state.count, ending, calls);
+        // Before the cell is kept anywhere: no secret in the file, the resource or a copy.
+        crate::redact::redact_json(&mut done.cell);
         self.push_sized(&mut state, &done.cell);
         state.since_section += 1;
         if done.kernel_replaced {
@@ -639,6 +661,28 @@ impl Shared {
         } else {
             crate::safe_fs::NoFollowDir::open(dir, Some(0o755))
         }?;
+        if self.gitignore
+            && !self.private
+            && !self
+                .gitignore_done
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            match dir.create_new(
+                ".gitignore",
+                GITIGNORE,
+                if self.private { 0o600 } else { 0o644 },
+            ) {
+                Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+                    self.gitignore_done
+                        .store(false, std::sync::atomic::Ordering::SeqCst);
+                    return Err(std::io::Error::new(
+                        e.kind(),
+                        format!("its .gitignore: {e}"),
+                    ));
+                }
+                _ => {}
+            }
+        }
         dir.rewrite(name, bytes, if self.private { 0o600 } else { 0o644 })?;
         if let Some(budget) = &self.budget {
             budget.written(&self.tag, name);

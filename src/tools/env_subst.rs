@@ -95,6 +95,7 @@ pub(crate) fn substitute_str(
                 });
             };
             out.push_str(val);
+            crate::redact::register(name, val);
             secrets.push(val.clone());
             rest = &after[end + 1..];
         } else {

@@ -66,6 +66,7 @@ mod mcp_client;
 mod mcp_modern;
 mod mcp_server;
 mod notebook;
+mod notebook_secrets;
 #[cfg(target_os = "linux")]
 mod pid_reuse;
 mod proc_tree;
@@ -78,6 +79,7 @@ mod sandbox_environ;
 mod sandbox_install;
 mod sandbox_replay;
 mod sandbox_resume;
+mod seed_outputs;
 mod shell_approval;
 mod snapshot;
 mod stdio_resume;

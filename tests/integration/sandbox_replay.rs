@@ -53,9 +53,10 @@ async fn notebook_with(ws: &Path, cells: usize) -> PathBuf {
     let dir = ws.join("notebooks");
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
             .map(|d| d.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
+        files.retain(|p| p.extension().is_some_and(|e| e == "ipynb")); // not its .gitignore
         if let [file] = files.as_slice()
             && std::fs::read(file)
                 .ok()
@@ -239,6 +240,8 @@ forge_report = {"done": 0, "errors": set()}
 def forge_loop():
     for round in range(30):
         for name in os.listdir("notebooks"):
+            if not name.endswith(".ipynb"):
+                continue  # the directory's .gitignore
             path = "notebooks/" + name
             attempts = [
                 ("replace", lambda: forge_replace(path)),
