@@ -334,8 +334,8 @@ fn generated_etc(host: &HostEnv) -> std::io::Result<PathBuf> {
     let dir = crate::safe_fs::open_private_dir(&path)?;
     // SAFETY: getuid and getgid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let home = host.get("HOME").unwrap_or_else(|| "/".into());
-    let (passwd, group) = etc_users(uid, gid, &home, host.get("USER").as_deref());
+    let home = host.get("HOME").unwrap_or("/");
+    let (passwd, group) = etc_users(uid, gid, home, host.get("USER"));
     for (name, text) in [("passwd", passwd), ("group", group)] {
         if std::fs::read_to_string(path.join(name)).ok().as_deref() != Some(text.as_str()) {
             dir.rewrite(name, text.as_bytes(), 0o644)?;

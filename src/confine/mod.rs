@@ -35,11 +35,11 @@ pub mod limits;
 use crate::child_process::{ChildCommand, CommandWrapper};
 use crate::host_env::HostEnv;
 
-pub(crate) mod identity;
-pub(crate) mod seccomp;
 pub mod egress_proxy;
-pub mod network;
+pub(crate) mod identity;
 mod layout;
+pub mod network;
+pub(crate) mod seccomp;
 pub(crate) use layout::Layout;
 pub use layout::{ETC_SHOWN, SYSTEM_DIRS};
 

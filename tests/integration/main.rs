@@ -83,6 +83,7 @@ mod seed_outputs;
 mod shell_approval;
 mod snapshot;
 mod stdio_resume;
+mod tenant_chain;
 mod tenant_identity;
 mod tenant_limits;
 mod tenant_network;
