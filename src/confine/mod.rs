@@ -123,9 +123,31 @@ fn base_flags() -> Vec<String> {
 /// Checks that `bwrap` runs here with the namespaces a confined kernel needs (it may be
 /// installed but refused: no user namespaces in a container, an AppArmor rule).
 pub async fn probe(bwrap: &Path) -> Result<(), ConfineError> {
+    // Only the system directories, not `/`: a recursive bind of `/` fails (EINVAL) when a mount
+    // under it goes away meanwhile, as sessions' work directories (tmpfs) do on a busy host.
+    let mut system = Vec::new();
+    for dir in SYSTEM_DIRS {
+        let path = Path::new(dir);
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.is_symlink() => {
+                if let Ok(target) = std::fs::read_link(path) {
+                    system.extend([
+                        "--symlink".into(),
+                        target.display().to_string(),
+                        (*dir).into(),
+                    ]);
+                }
+            }
+            Ok(m) if m.is_dir() => {
+                system.extend(["--ro-bind".into(), (*dir).into(), (*dir).into()])
+            }
+            _ => {}
+        }
+    }
     let mut cmd = crate::child_process::host_command(bwrap);
     cmd.args(base_flags())
-        .args(["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"])
+        .args(system)
+        .args(["--dev", "/dev", "--proc", "/proc"])
         .args(["--", "true"])
         .env_clear()
         .stdin(std::process::Stdio::null())

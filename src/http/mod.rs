@@ -321,7 +321,7 @@ pub(crate) async fn serve_http(
     }
     if options.tokens.count() > 1 && !options.sessions.gateway && !options.trust_tenants {
         let shared = if options.sessions.confined {
-            "confined, each tenant's sessions still run as one user on this host: they read what that user can outside ipybox's own directories, share its network, and call the workspace's MCP servers with the credentials registered for them"
+            "confined, each tenant's kernels still run as one uid (ipybox's: there is no uid per session yet) and call the workspace's MCP servers with the credentials registered for them"
         } else {
             "each tenant's code can reach the others' kernels and files, write `mcptools/` that the others import, and read `.env` and whatever ipybox's user can"
         };

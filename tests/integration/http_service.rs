@@ -519,7 +519,15 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
     let service = Service::start(
         ws.path(),
         &[],
-        &["--token", TOKEN_A, "--max-body-bytes", "2000"],
+        // The knock below is a connection to the host's loopback: the host's network.
+        &[
+            "--token",
+            TOKEN_A,
+            "--max-body-bytes",
+            "2000",
+            "--session-network",
+            "host",
+        ],
     );
     let http = reqwest::Client::new();
     let discover = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": {

@@ -480,7 +480,8 @@ pub(crate) fn probe_outcome(labels: &[(&str, &str)]) -> String {
 }
 
 /// A host-side signal that kernel code ran, which a confined kernel can send (it cannot write
-/// anywhere the host looks): a TCP connection to a loopback port the test listens on.
+/// anywhere the host looks): a TCP connection to a loopback port the test listens on. The host's
+/// loopback is in a confined kernel's reach only with `--session-network host`.
 pub(crate) struct Knock {
     listener: std::net::TcpListener,
     seen: std::cell::Cell<usize>,
