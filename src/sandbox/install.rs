@@ -104,6 +104,16 @@ pub(crate) fn policy(
     }
 }
 
+/// The directory of srt's package (the nearest directory above the resolved `srt` that holds a
+/// `package.json`), if there is one.
+fn srt_package_dir(srt: &Path) -> Option<PathBuf> {
+    let real = std::fs::canonicalize(srt).ok()?;
+    real.ancestors()
+        .skip(1)
+        .find(|d| d.join("package.json").is_file())
+        .map(Path::to_path_buf)
+}
+
 /// Runs `installer` under srt (found as the kernel's sandbox finds it) and waits for it.
 pub(crate) async fn run(
     options: &SandboxOptions,
@@ -127,7 +137,12 @@ pub(crate) async fn run(
     for dir in [&srt_tmp, &tmp] {
         crate::safe_fs::create_private_dir(dir).map_err(io(dir))?;
     }
-    let settings = policy(installer, host, &srt_tmp, &tmp);
+    let mut settings = policy(installer, host, &srt_tmp, &tmp);
+    // srt's own files (its `apply-seccomp` helper) must stay readable inside, even where the
+    // policy hides their directory (an srt installed under /tmp).
+    if let (Some(fs), Some(dir)) = (settings.filesystem.as_mut(), srt_package_dir(&srt)) {
+        fs.allow_read.push(dir.display().to_string());
+    }
     let text = serde_json::to_string_pretty(&settings).map_err(|source| SandboxError::Config {
         path: scratch.path().join("settings.json"),
         reason: "cannot serialize the installer's settings".into(),
