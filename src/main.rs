@@ -315,8 +315,10 @@ struct HttpArgs {
     /// registers the workspace's servers (`ipybox apigen NAME --params ... --root WS/mcptools`).
     #[arg(long, requires = "http")]
     allow_register: bool,
-    /// Let several tokens (tenants) share local kernels: they share the workspace those kernels
-    /// can write (and, unsandboxed, read: `.env` included). Not needed with --kernel-gateway.
+    /// Let several tokens (tenants) share local kernels that do not keep them apart
+    /// (--unconfined-sessions, --sandbox, --session-uids none, --session-network host), and
+    /// share MCP server processes between their sessions. Not needed with --kernel-gateway, nor
+    /// with fully confined sessions (the default as root: a uid and a network per session).
     #[arg(long, requires = "http")]
     trust_tenants: bool,
     /// Run local kernels unconfined: every session's code runs as ipybox's user and can reach
@@ -363,6 +365,19 @@ struct HttpArgs {
     /// A port the proxy connects to besides 80 and 443 (the default). Repeatable.
     #[arg(long, value_name = "PORT", requires = "http")]
     session_allow_port: Vec<u16>,
+    /// The uids confined sessions' kernels run as, one per session while it runs (its gid is the
+    /// same number; no supplementary groups): FIRST-LAST, `auto` (as root 1879048192-1879113727,
+    /// the first 65536 ids of the range systemd leaves unused; otherwise none) or `none` (every
+    /// kernel keeps ipybox's uid, without capabilities). A uid is leased only if no process of
+    /// the host has it and the host's /etc/passwd and /etc/group do not name it. A range needs
+    /// root. Default: auto.
+    #[arg(
+        long,
+        value_name = "FIRST-LAST",
+        default_value = "auto",
+        requires = "http"
+    )]
+    session_uids: ipybox::confine::uids::UidSetting,
     /// Show this host path read-only, at its own path, to every confined session's kernel, in
     /// addition to what the view shows by default (system directories, a minimal /etc, the
     /// kernel environment, the workspace: docs/http.md "What a session sees"). Repeatable.
@@ -794,6 +809,15 @@ async fn serve(
         }
         Some(http) => {
             let confined = !gateway && !args.sandbox && !http.unconfined_sessions;
+            // What tenants (tokens) sharing local kernels would still share, if anything
+            // (several tokens are refused then, unless --trust-tenants).
+            let mut tenant_gap = (!gateway).then(|| {
+                if args.sandbox {
+                    "each tenant's code can write the workspace (`mcptools/` that the others import) and its kernels all run as this user".to_string()
+                } else {
+                    "each tenant's code can reach the others' kernels and files, write `mcptools/` that the others import, and read `.env` and whatever ipybox's user can".to_string()
+                }
+            });
             if !gateway {
                 // Made now, so that kernels hide it from the start (other sessions' images).
                 let images = config.workspace.join("images");
@@ -823,23 +847,39 @@ async fn serve(
                         work_size: http.session_work_size,
                     },
                 )));
+                // SAFETY: geteuid has no preconditions.
+                let euid = unsafe { libc::geteuid() };
+                match http
+                    .session_uids
+                    .resolve(euid)
+                    .map_err(anyhow::Error::msg)?
+                {
+                    Some(range) => {
+                        tracing::info!(
+                            "sessions' uids: one per session from {range} (--session-uids)"
+                        );
+                        confine.uids = Some(ipybox::confine::uids::UidPool::new(range));
+                        tenant_gap = (http.session_network
+                            == ipybox::confine::network::SessionNetwork::Host)
+                            .then(|| "confined, but with --session-network host every session reaches the host's loopback (ipybox's port and other services) and the cloud metadata address".to_string());
+                    }
+                    None => {
+                        tracing::info!(
+                            "sessions' uids: every kernel keeps ipybox's uid {euid}, without capabilities (--session-uids none)"
+                        );
+                        tenant_gap = Some(format!(
+                            "confined, each tenant's kernels still run as one uid (ipybox's, {euid}: --session-uids none, or ipybox is not root), so file permissions do not separate them"
+                        ));
+                    }
+                }
                 builder = builder.confine(confine);
             } else if !gateway && !args.sandbox {
                 tracing::warn!(
                     "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
                 );
             }
-            let shared_servers =
-                (!http.per_session_mcp_servers).then(ipybox::tools::SharedMcpServers::new);
-            if let Some(servers) = &shared_servers {
-                builder = builder.shared_mcp_servers(servers.clone());
-            }
-            // Used (by the builder) only for local kernels with the kernel factory on.
-            let shared_factory = (!gateway && !args.sandbox && !args.no_kernel_factory)
-                .then(ipybox::kernel::SharedKernelFactory::new);
-            if let Some(factory) = &shared_factory {
-                builder = builder.shared_kernel_factory(factory.clone());
-            }
+            let per_session_servers = http.per_session_mcp_servers;
+            let trust_tenants = http.trust_tenants;
             let mut http = http;
             http.checkpoint_after = checkpoint_spec;
             let notebook_quota = match http.notebook_quota.trim() {
@@ -850,7 +890,28 @@ async fn serve(
                     )
                 })?),
             };
-            let options = http_options(http, secrets, gateway, confined).await?;
+            let mut options = http_options(http, secrets, gateway, confined).await?;
+            options.tenant_gap = tenant_gap;
+            // Tenants that do not trust each other share no MCP server process (a server's
+            // state, e.g. server-memory's graph, would be every tenant's).
+            let tenants_apart = options.tokens.count() > 1 && !trust_tenants;
+            if tenants_apart && !per_session_servers {
+                tracing::info!(
+                    "{} tokens (tenants): every session gets MCP server processes of its own (as with --per-session-mcp-servers; --trust-tenants shares them)",
+                    options.tokens.count()
+                );
+            }
+            let shared_servers =
+                (!per_session_servers && !tenants_apart).then(ipybox::tools::SharedMcpServers::new);
+            if let Some(servers) = &shared_servers {
+                builder = builder.shared_mcp_servers(servers.clone());
+            }
+            // Used (by the builder) only for local kernels with the kernel factory on.
+            let shared_factory = (!gateway && !args.sandbox && !args.no_kernel_factory)
+                .then(ipybox::kernel::SharedKernelFactory::new);
+            if let Some(factory) = &shared_factory {
+                builder = builder.shared_kernel_factory(factory.clone());
+            }
             let factory = http::sessions::ExecutorFactory::new(builder, config.workspace.clone())
                 .with_notebooks(notebooks)
                 .with_notebook_quota(notebook_quota)
@@ -984,6 +1045,7 @@ async fn http_options(
         shutdown_grace,
         session_header: args.session_header,
         trust_tenants: args.trust_tenants,
+        tenant_gap: None,
         sessions: http::sessions::SessionConfig {
             idle_timeout,
             max_sessions: args.max_sessions,
@@ -1079,6 +1141,7 @@ async fn confinement(
         limiter: None,
         network: files.network,
         shown,
+        uids: None,
     })
 }
 

@@ -267,6 +267,23 @@ impl NoFollowDir {
     }
 
     /// Flushes the directory's entries to disk (after renames that must survive a crash).
+    /// Gives `name` (itself, never what a link there points to; `"."`: this directory) to
+    /// `uid`/`gid`.
+    pub(crate) fn chown(&self, name: &str, uid: u32, gid: u32) -> std::io::Result<()> {
+        rustix::fs::chownat(
+            &self.fd,
+            name,
+            Some(rustix::fs::Uid::from_raw(uid)),
+            Some(rustix::fs::Gid::from_raw(gid)),
+            if name == "." {
+                rustix::fs::AtFlags::empty()
+            } else {
+                rustix::fs::AtFlags::SYMLINK_NOFOLLOW
+            },
+        )
+        .map_err(io)
+    }
+
     pub(crate) fn sync(&self) -> std::io::Result<()> {
         rustix::fs::fsync(&self.fd).map_err(io)
     }

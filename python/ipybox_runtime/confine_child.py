@@ -138,11 +138,24 @@ def _bind(fd: int, target: str, read_only: bool) -> None:
     _mount(None, target, None, flags)
 
 
-def _make_dirs(path: str) -> None:
-    try:
-        os.makedirs(path, mode=0o755, exist_ok=True)
-    except OSError as e:
-        raise ConfineError(e.errno, f"cannot create mount point {path}: {e.strerror}") from None
+def _make_dirs(path: str, scratch: tuple[str, ...] = ()) -> None:
+    """Makes ``path`` and its missing parents: mode 1777 inside a ``scratch`` directory (the
+    kernel, whatever its uid, writes there: ``~/.local`` when the interpreter is shown below
+    ``$HOME``), else 0755."""
+    missing = []
+    p = path
+    while p and p != "/" and not os.path.lexists(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o755)
+            if any(d.startswith(s.rstrip("/") + "/") for s in scratch):
+                os.chmod(d, 0o1777)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise ConfineError(e.errno, f"cannot create mount point {path}: {e.strerror}") from None
 
 
 def _make_file(path: str) -> None:
@@ -156,13 +169,20 @@ def enter(plan: dict) -> None:
     """New namespaces and the plan's view for this process and everything it forks.
 
     ``plan["mounts"]`` is a list of ``[kind, path]`` in the order to mount them (shallower first):
-    ``tmpfs`` (an empty directory), ``file`` (an empty, read-only file), ``ro`` and ``rw`` (the
-    path as the template sees it, bound back read-only or writable).
+    ``tmpfs`` (an empty directory), ``scratch`` (an empty directory any uid may write: mode
+    1777, private to this kernel), ``file`` (an empty, read-only file), ``ro`` and ``rw`` (the
+    path as the template sees it, bound back read-only or writable). ``plan["users"]``, if set,
+    maps ``/etc/passwd`` and ``/etc/group`` to the session's own files (bound over the
+    template's, read-only).
     """
     mounts = [(str(kind), str(path)) for kind, path in plan["mounts"]]
     for kind, path in mounts:
-        if kind not in ("tmpfs", "file", "ro", "rw") or not os.path.isabs(path):
+        if kind not in ("tmpfs", "scratch", "file", "ro", "rw") or not os.path.isabs(path):
             raise ConfineError(errno.EINVAL, f"bad mount in the confinement plan: {kind} {path!r}")
+    users = {str(k): str(v) for k, v in (plan.get("users") or {}).items()}
+    for target, source in users.items():
+        if target not in ("/etc/passwd", "/etc/group") or not os.path.isabs(source):
+            raise ConfineError(errno.EINVAL, f"bad users file in the confinement plan: {target} {source!r}")
     net = bool(plan.get("net"))
     flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (CLONE_NEWNET if net else 0)
     _check(_libc.unshare(flags), "unshare")
@@ -182,24 +202,33 @@ def enter(plan: dict) -> None:
         opened.append(fd)
         return fd
 
+    # The directories made below are 0755 whatever ipybox's umask (a kernel with a uid of its
+    # own must traverse them).
+    umask = os.umask(0o022)
     try:
         sources = {path: open_path(path) for kind, path in mounts if kind in ("ro", "rw")}
+        user_files = {target: open_path(source) for target, source in users.items()}
         null = open_path("/dev/null")
         nodes = {n: open_path(f"/dev/{n}") for n in _DEV_NODES if os.path.exists(f"/dev/{n}")}
+        scratch = tuple(path for kind, path in mounts if kind == "scratch")
         for kind, path in mounts:
-            if kind == "tmpfs":
-                _make_dirs(path)
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+            if kind in ("tmpfs", "scratch"):
+                _make_dirs(path, scratch)
+                mode = "mode=1777" if kind == "scratch" else "mode=0755"
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, mode)
             elif kind == "file":
                 _make_file(path)
                 _bind(null, path, read_only=True)
             else:
                 # A shown file (``--session-show``) is in the template's view already.
                 if not os.path.isfile(path):
-                    _make_dirs(path)
+                    _make_dirs(path, scratch)
                 _bind(sources[path], path, read_only=kind == "ro")
+        for target, fd in user_files.items():
+            _bind(fd, target, read_only=True)
         _private_dev(nodes)
     finally:
+        os.umask(umask)
         for fd in opened:
             os.close(fd)
     # The old working directory may be covered now; a process's cwd would still reach it.

@@ -88,6 +88,10 @@ pub(crate) struct Layout {
     hidden: Vec<PathBuf>,
     /// A network namespace of its own (`--session-network none` or `proxy`).
     pub(crate) unshare_net: bool,
+    /// The directory holding this session's own `passwd` and `group` (its uid's: see
+    /// [`Self::with_session_user`]), shown as `/etc/passwd` and `/etc/group` instead of the
+    /// shared ones.
+    users: Option<PathBuf>,
 }
 
 /// One entry of the system part of the view.
@@ -103,6 +107,9 @@ enum System {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Mount {
     Empty,
+    /// An empty directory the kernel may write whatever its uid (`/tmp`, `$HOME`, ...: mode
+    /// 1777, private to the kernel).
+    Scratch,
     EmptyFile,
     ReadOnly,
     Writable,
@@ -180,7 +187,32 @@ impl Layout {
             emptied,
             hidden,
             unshare_net: confinement.network.mode.unshares(),
+            users: None,
         }
+    }
+
+    /// The session's kernels run as `uid`/`gid` (`super::uids`): they see `/etc/passwd` and
+    /// `/etc/group` naming that uid (`ipybox`, `$HOME`), written to `<runtime_dir>/etc/`.
+    pub(crate) fn with_session_user(
+        mut self,
+        host: &HostEnv,
+        runtime_dir: &Path,
+        uid: u32,
+        gid: u32,
+    ) -> std::io::Result<Self> {
+        let path = runtime_dir.join("etc");
+        let dir = crate::safe_fs::NoFollowDir::open(&path, Some(0o755))?;
+        let (passwd, group) = etc_users(uid, gid, host.get("HOME").unwrap_or("/"), None);
+        for (name, text) in [("passwd", passwd), ("group", group)] {
+            dir.rewrite(name, text.as_bytes(), 0o644)?;
+            std::fs::set_permissions(
+                path.join(name),
+                std::os::unix::fs::PermissionsExt::from_mode(0o644),
+            )?;
+        }
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        self.users = Some(path);
+        Ok(self)
     }
 
     /// Shows `dir` read-only too (for a forked kernel: the template's copy of ipybox's
@@ -196,7 +228,7 @@ impl Layout {
     fn mounts(&self) -> Vec<(PathBuf, Mount)> {
         let mut mounts: Vec<(PathBuf, Mount)> = Vec::new();
         for dir in &self.emptied {
-            mounts.push((dir.clone(), Mount::Empty));
+            mounts.push((dir.clone(), Mount::Scratch));
         }
         for path in &self.hidden {
             match std::fs::symlink_metadata(path) {
@@ -222,25 +254,49 @@ impl Layout {
     /// a `/dev` and a `/proc`, then [`Self::mounts`], and the root made read-only.
     pub(crate) fn mount_args(&self) -> Vec<String> {
         let mut args: Vec<String> = Vec::new();
+        // bwrap makes the missing parents of what it mounts with mode 0700 (root's): readable
+        // by root only, so a kernel with a uid of its own could not reach `/etc/hosts` or its
+        // interpreter. Each parent not mounted already is made first, 0755.
+        // Inside a scratch directory (`$HOME` holding the interpreter's directories) they are
+        // 1777: the kernel writes there (`~/.local`).
+        let mut made = std::collections::HashSet::new();
+        let mounts = self.mounts();
+        let scratch: Vec<PathBuf> = mounts
+            .iter()
+            .filter(|(_, m)| *m == Mount::Scratch)
+            .map(|(p, _)| p.clone())
+            .collect();
         for entry in &self.system {
+            match entry {
+                System::Link { path, .. } | System::Bind { path, .. } => {
+                    make_parents(&mut args, &mut made, &scratch, path)
+                }
+            }
             match entry {
                 System::Link { target, path } => args.extend([
                     "--symlink".into(),
                     target.display().to_string(),
                     path.display().to_string(),
                 ]),
-                System::Bind { source, path } => args.extend([
-                    "--ro-bind".into(),
-                    source.display().to_string(),
-                    path.display().to_string(),
-                ]),
+                System::Bind { source, path } => {
+                    let source = self.users_file(path).unwrap_or_else(|| source.clone());
+                    args.extend([
+                        "--ro-bind".into(),
+                        source.display().to_string(),
+                        path.display().to_string(),
+                    ])
+                }
             }
         }
         args.extend(["--dev", "/dev", "--proc", "/proc"].map(String::from));
-        for (path, mount) in self.mounts() {
+        for (path, mount) in mounts {
+            make_parents(&mut args, &mut made, &scratch, &path);
             let p = path.display().to_string();
             match mount {
                 Mount::Empty => args.extend(["--tmpfs".into(), p]),
+                Mount::Scratch => {
+                    args.extend(["--perms".into(), "1777".into(), "--tmpfs".into(), p])
+                }
                 Mount::EmptyFile => args.extend(["--ro-bind".into(), "/dev/null".into(), p]),
                 Mount::ReadOnly => args.extend(["--ro-bind".into(), p.clone(), p]),
                 Mount::Writable => args.extend(["--bind".into(), p.clone(), p]),
@@ -261,6 +317,7 @@ impl Layout {
             .map(|(path, mount)| {
                 let kind = match mount {
                     Mount::Empty => "tmpfs",
+                    Mount::Scratch => "scratch",
                     Mount::EmptyFile => "file",
                     Mount::ReadOnly => "ro",
                     Mount::Writable => "rw",
@@ -268,8 +325,51 @@ impl Layout {
                 serde_json::json!([kind, path.display().to_string()])
             })
             .collect();
-        serde_json::json!({ "mounts": mounts, "net": self.unshare_net })
+        let users = self.users.as_ref().map(|d| {
+            serde_json::json!({
+                "/etc/passwd": d.join("passwd").display().to_string(),
+                "/etc/group": d.join("group").display().to_string(),
+            })
+        });
+        serde_json::json!({ "mounts": mounts, "net": self.unshare_net, "users": users })
     }
+
+    /// This session's own `/etc/passwd` or `/etc/group` (`path`), if it has them.
+    fn users_file(&self, path: &Path) -> Option<PathBuf> {
+        let name = path.strip_prefix("/etc").ok()?.to_str()?;
+        matches!(name, "passwd" | "group")
+            .then(|| self.users.as_ref().map(|d| d.join(name)))
+            .flatten()
+    }
+}
+
+/// bwrap's arguments that make each parent of `path` (below `/`) not in `made` as a directory,
+/// mode 0755, or 1777 below a `scratch` directory ([`Layout::mount_args`]); `path` itself is
+/// then in `made`.
+fn make_parents(
+    args: &mut Vec<String>,
+    made: &mut std::collections::HashSet<PathBuf>,
+    scratch: &[PathBuf],
+    path: &Path,
+) {
+    let mut ancestors: Vec<&Path> = path
+        .ancestors()
+        .skip(1)
+        .filter(|a| a.parent().is_some())
+        .collect();
+    ancestors.reverse();
+    for a in ancestors {
+        if made.insert(a.to_path_buf()) {
+            let shared = scratch.iter().any(|s| a.starts_with(s) && a != s);
+            args.extend([
+                "--perms".into(),
+                if shared { "1777" } else { "0755" }.into(),
+                "--dir".into(),
+                a.display().to_string(),
+            ]);
+        }
+    }
+    made.insert(path.to_path_buf());
 }
 
 /// The system part of the view: [`SYSTEM_DIRS`], [`ETC_SHOWN`] and the generated `passwd` and
@@ -396,6 +496,7 @@ mod tests {
             emptied: emptied.iter().map(PathBuf::from).collect(),
             hidden: vec![],
             unshare_net: true,
+            users: None,
         }
     }
 
@@ -410,11 +511,12 @@ mod tests {
         assert_eq!(
             args,
             "--ro-bind /usr /usr --symlink usr/bin /bin --dev /dev --proc /proc \
-             --tmpfs /tmp --tmpfs /home/u \
+             --perms 1777 --tmpfs /tmp --perms 0755 --dir /home --perms 1777 --tmpfs /home/u \
              --ro-bind /tmp/ws /tmp/ws --ro-bind /tmp/ipybox-1-abcdef /tmp/ipybox-1-abcdef \
              --bind /tmp/ipybox-1-abcdef/box /tmp/ipybox-1-abcdef/box \
              --bind /tmp/ipybox-1-abcdef/work /tmp/ipybox-1-abcdef/work \
-             --tmpfs /home/u/.local/share/ipybox \
+             --perms 1777 --dir /home/u/.local --perms 1777 --dir /home/u/.local/share \
+             --perms 1777 --tmpfs /home/u/.local/share/ipybox \
              --ro-bind /home/u/.local/share/ipybox/kernel-env /home/u/.local/share/ipybox/kernel-env \
              --remount-ro /"
         );

@@ -245,8 +245,8 @@ pub(crate) struct KernelLimits {
     pub(crate) rlimits: Option<Rlimits>,
 }
 
-/// A size-limited tmpfs on a session's work directory (ipybox as root), owned by the
-/// directory's owner, mode 0700. Unmounted when the runtime directory is removed
+/// A size-limited tmpfs on a session's work directory (ipybox as root), with the directory's
+/// owner and mode. Unmounted when the runtime directory is removed
 /// ([`unmount_work`]).
 #[derive(Debug)]
 pub(crate) struct WorkMount {
@@ -264,7 +264,8 @@ impl WorkMount {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path)?;
         let data = format!(
-            "size={size},mode=0700,uid={},gid={}",
+            "size={size},mode={:o},uid={},gid={}",
+            meta.mode() & 0o7777,
             meta.uid(),
             meta.gid()
         );

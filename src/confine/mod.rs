@@ -40,6 +40,7 @@ pub(crate) mod identity;
 mod layout;
 pub mod network;
 pub(crate) mod seccomp;
+pub mod uids;
 pub(crate) use layout::Layout;
 pub use layout::{ETC_SHOWN, SYSTEM_DIRS};
 
@@ -63,6 +64,9 @@ pub struct Confinement {
     /// Host paths shown read-only in addition to the view's allowlist (`layout.rs`), at their
     /// own path (`serve --http --session-show`).
     pub shown: Vec<PathBuf>,
+    /// Where each session's own uid comes from (`None`: kernels keep ipybox's uid; see
+    /// [`uids`]).
+    pub uids: Option<Arc<uids::UidPool>>,
 }
 
 /// Why confinement cannot be set up.

@@ -75,6 +75,9 @@ struct Running {
     session: Option<start::SessionUse>,
     /// The egress proxy of `--session-network proxy` (stops when dropped).
     _egress: Option<crate::confine::egress_proxy::EgressProxy>,
+    /// The session's own uid (`--session-uids`), handed back after the kernels (fields drop in
+    /// order: `pool` first).
+    _uid: Option<crate::confine::uids::UidLease>,
 }
 
 struct Inner {

@@ -285,6 +285,7 @@ impl CodeExecutor {
         }
         let mut session = None;
         let mut egress = None;
+        let mut uid = None;
         if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
             let io = |source| ExecutorError::Io {
                 path: runtime.path().to_path_buf(),
@@ -293,6 +294,18 @@ impl CodeExecutor {
             let writable = runtime.kernel_writable().map_err(io)?;
             let work = runtime.path().join(crate::confine::WORK_DIR);
             crate::safe_fs::create_private_dir(&work).map_err(io)?;
+            // The session's own uid (leased until its kernels stop: `Running::uid`), handed
+            // what it needs of the runtime directory before anything is mounted on `work/`.
+            if let Some(pool) = &confinement.uids {
+                let lease = pool.lease().map_err(|e| KernelError::Start {
+                    reason: e.to_string(),
+                    help: "close sessions, or give a larger --session-uids range".into(),
+                })?;
+                let ids = lease.ids;
+                crate::confine::uids::hand_over(runtime.path(), ids, &[&socket]).map_err(io)?;
+                runtime.set_kernel_owner(ids.uid, ids.gid);
+                uid = Some(lease);
+            }
             if let Some(limiter) = &confinement.limiter {
                 let (limits, mount) = session_limits(limiter, &work)?;
                 config.limits = Some(limits.clone());
@@ -301,7 +314,7 @@ impl CodeExecutor {
                     work: mount,
                 });
             }
-            let layout = crate::confine::Layout::new(
+            let mut layout = crate::confine::Layout::new(
                 self.host_env(),
                 runtime.path(),
                 writable.path(),
@@ -309,8 +322,18 @@ impl CodeExecutor {
                 &config.python,
                 confinement,
             );
+            if let Some(lease) = &uid {
+                layout = layout
+                    .with_session_user(
+                        self.host_env(),
+                        runtime.path(),
+                        lease.ids.uid,
+                        lease.ids.gid,
+                    )
+                    .map_err(io)?;
+            }
             let identity = crate::confine::identity::KernelIdentity {
-                ids: None,
+                ids: uid.as_ref().map(|lease| lease.ids),
                 seccomp: crate::confine::seccomp::write(runtime.path()).map_err(io)?,
             };
             if let Some(shared) = &shared {
@@ -345,6 +368,13 @@ impl CodeExecutor {
                         source,
                     })?,
                 );
+                if let Some(lease) = &uid {
+                    crate::confine::uids::hand_over(runtime.path(), lease.ids, &[&socket])
+                        .map_err(|source| ExecutorError::Io {
+                            path: socket.clone(),
+                            source,
+                        })?;
+                }
                 config
                     .env
                     .extend(crate::confine::network::proxy_env(&socket));
@@ -375,6 +405,7 @@ impl CodeExecutor {
             confinement,
             session,
             _egress: egress,
+            _uid: uid,
         });
         // Started again after a stop: a new kernel for the cells that follow.
         if let Some(notebook) = &self.inner.notebook {
@@ -509,13 +540,19 @@ impl CodeExecutor {
 }
 
 fn extract(dir: &Dir<'_>, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(to)?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))?;
     for file in dir.files() {
         let path = to.join(file.path());
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
+            std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o755))?;
         }
-        std::fs::write(path, file.contents())?;
+        // Readable by every uid (ipybox's own code, no secret): a session with a uid of its own
+        // reads it whatever the umask.
+        std::fs::write(&path, file.contents())?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))?;
     }
     for sub in dir.dirs() {
         extract(sub, to)?;

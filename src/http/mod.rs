@@ -66,6 +66,10 @@ pub(crate) struct HttpOptions {
     pub(crate) session_header: bool,
     /// Several tokens may share local kernels (`--trust-tenants`).
     pub(crate) trust_tenants: bool,
+    /// What tenants (tokens) sharing this service's kernels would still share, if anything:
+    /// several tokens are then refused unless `trust_tenants`. `None`: kernels on a gateway, or
+    /// confined sessions with a uid of their own each and a network of their own.
+    pub(crate) tenant_gap: Option<String>,
     pub(crate) sessions: SessionConfig,
     /// The key of session handles (replicas share it).
     pub(crate) session_key: Vec<u8>,
@@ -84,6 +88,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("session_header", &self.session_header)
             .field("trust_tenants", &self.trust_tenants)
+            .field("tenant_gap", &self.tenant_gap)
             .field("connections", &self.connections)
             .field("session_key", &"<redacted>")
             .finish_non_exhaustive()
@@ -319,14 +324,17 @@ pub(crate) async fn serve_http(
             options.addr
         )));
     }
-    if options.tokens.count() > 1 && !options.sessions.gateway && !options.trust_tenants {
-        let shared = if options.sessions.confined {
-            "confined, each tenant's kernels still run as one uid (ipybox's: there is no uid per session yet) and call the workspace's MCP servers with the credentials registered for them"
+    if options.tokens.count() > 1
+        && !options.trust_tenants
+        && let Some(shared) = &options.tenant_gap
+    {
+        let fix = if options.sessions.confined {
+            "confine sessions fully (as root, without --session-uids none and --session-network host), "
         } else {
-            "each tenant's code can reach the others' kernels and files, write `mcptools/` that the others import, and read `.env` and whatever ipybox's user can"
+            "confine sessions (drop --unconfined-sessions and --sandbox), "
         };
         return Err(std::io::Error::other(format!(
-            "{} tokens (tenants) would share local kernels: {shared}\n  help: run kernels on a gateway (--kernel-gateway: kernels never touch this host's files), or pass --trust-tenants if these tenants trust each other",
+            "{} tokens (tenants) would share local kernels: {shared}\n  help: {fix}run kernels on a gateway (--kernel-gateway: kernels never touch this host's files), or pass --trust-tenants if these tenants trust each other",
             options.tokens.count()
         )));
     }

@@ -226,8 +226,17 @@ pub(super) fn write_connection(dir: &KernelDirs) -> Result<(ConnectionInfo, Path
             d.create_new(
                 "connection.json",
                 &serde_json::to_vec(&info).map_err(std::io::Error::other)?,
-                0o600,
-            )
+                if dir.owner.is_some() { 0o640 } else { 0o600 },
+            )?;
+            if let Some((_, gid)) = dir.owner {
+                // The kernel (the session's uid) reads it; only its group may.
+                std::os::unix::fs::lchown(&conn_file, Some(0), Some(gid))?;
+                std::fs::set_permissions(
+                    &conn_file,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o640),
+                )?;
+            }
+            Ok(())
         })
         .map_err(|e| start_err(format!("cannot write {}: {e}", conn_file.display())))?;
     Ok((info, conn_file))

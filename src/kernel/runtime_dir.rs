@@ -38,6 +38,10 @@ pub(crate) const HOST_KERNELS: &str = "kernels";
 pub(crate) struct KernelDirs {
     pub(crate) host: PathBuf,
     pub(crate) ipc: PathBuf,
+    /// The session's own uid and gid its kernels run as ([`RuntimeDir::set_kernel_owner`]):
+    /// `host` is then readable by the gid (`root:GID`, 0750, and so is the connection file) and
+    /// `ipc` is the uid's.
+    pub(crate) owner: Option<(u32, u32)>,
 }
 
 impl KernelDirs {
@@ -48,6 +52,7 @@ impl KernelDirs {
         host: PathBuf,
         writable: &crate::safe_fs::NoFollowDir,
         name: &str,
+        owner: Option<(u32, u32)>,
     ) -> std::io::Result<Self> {
         let _ = std::fs::remove_dir_all(&host);
         std::fs::DirBuilder::new()
@@ -56,9 +61,16 @@ impl KernelDirs {
             .create(&host)?;
         writable.remove_tree(name)?;
         let ipc = writable.subdir(name, Some(0o700))?;
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::lchown(&host, Some(0), Some(gid))?;
+            std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o750))?;
+            // Through the descriptor of the directory just made (the kernel writes `box/`).
+            ipc.chown(".", uid, gid)?;
+        }
         Ok(KernelDirs {
             host,
             ipc: ipc.path().to_path_buf(),
+            owner,
         })
     }
 
@@ -71,7 +83,13 @@ impl KernelDirs {
             ));
         };
         let writable = crate::safe_fs::NoFollowDir::open(parent, None)?;
-        Self::create(self.host.clone(), &writable, &name.to_string_lossy()).map(|_| ())
+        Self::create(
+            self.host.clone(),
+            &writable,
+            &name.to_string_lossy(),
+            self.owner,
+        )
+        .map(|_| ())
     }
 
     /// Removes both directories (a link planted at `ipc` is removed, not followed).
@@ -85,6 +103,9 @@ impl KernelDirs {
 #[derive(Debug)]
 pub(crate) struct RuntimeDir {
     path: PathBuf,
+    /// The uid and gid of the session's kernels when they are not ipybox's
+    /// ([`Self::set_kernel_owner`]).
+    kernel_owner: std::sync::OnceLock<(u32, u32)>,
 }
 
 impl RuntimeDir {
@@ -119,7 +140,10 @@ impl RuntimeDir {
                 Ok(()) => {
                     // The umask may have narrowed the mode; make sure it is exactly 0700.
                     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
-                    return Ok(Self { path });
+                    return Ok(Self {
+                        path,
+                        kernel_owner: std::sync::OnceLock::new(),
+                    });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
@@ -155,11 +179,35 @@ impl RuntimeDir {
     /// Fresh directories for kernel `name` (`k<N>`). Whatever a kernel left at the IPC
     /// directory's name (a directory, a link) is removed first, without following it.
     pub(crate) fn kernel_dirs(&self, name: &str) -> std::io::Result<KernelDirs> {
+        let owner = self.kernel_owner();
+        if let Some((_, gid)) = owner {
+            // `kernels/` itself: traversable by the session's group (its kernels' directories
+            // are in it).
+            let dir = self.host_kernels();
+            std::fs::DirBuilder::new()
+                .mode(0o750)
+                .recursive(true)
+                .create(&dir)?;
+            std::os::unix::fs::lchown(&dir, Some(0), Some(gid))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
+        }
         KernelDirs::create(
             self.host_kernels().join(name),
             &self.kernel_writable()?,
             name,
+            owner,
         )
+    }
+
+    /// The session's kernels run as `uid`/`gid` (`confine::uids`): each kernel's directories
+    /// made from now on are handed to them (see [`KernelDirs`]). Set once.
+    pub(crate) fn set_kernel_owner(&self, uid: u32, gid: u32) {
+        let _ = self.kernel_owner.set((uid, gid));
+    }
+
+    /// The uid and gid of the session's kernels, when they have their own.
+    pub(crate) fn kernel_owner(&self) -> Option<(u32, u32)> {
+        self.kernel_owner.get().copied()
     }
 }
 

@@ -54,6 +54,10 @@ impl Exchange {
         // Whatever a kernel left at that name (a link, a directory) goes first.
         parent.remove_tree(&name).map_err(io)?;
         let dir = parent.subdir(&name, Some(0o700)).map_err(io)?;
+        if let Some((uid, gid)) = runtime.kernel_owner() {
+            // The session's kernel (a uid of its own) writes its snapshot here.
+            dir.chown(".", uid, gid).map_err(io)?;
+        }
         Ok(Self {
             parent: Some(parent),
             name,
@@ -171,6 +175,12 @@ pub(crate) async fn prepare(
     })
     .await
     .map_err(|e| SnapshotError::Task(e.to_string()))??;
+    if let Some((uid, gid)) = runtime.kernel_owner() {
+        // The session's kernel (a uid of its own) reads them.
+        for name in [DATA, MANIFEST] {
+            exchange.dir.chown(name, uid, gid).map_err(exchange.io())?;
+        }
+    }
     Ok(Prepared { exchange, manifest })
 }
 

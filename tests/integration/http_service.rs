@@ -640,20 +640,34 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
     assert_eq!(knock.count(), 1, "one knock: the call within the limit");
     client.close().await;
 
-    // Several tokens sharing local kernels: refused unless the operator says they trust each
-    // other.
-    let stderr = serve_refused(
-        "127.0.0.1",
-        ws.path(),
-        &["--token", TOKEN_A, "--token", TOKEN_B],
-        &[],
-    );
-    assert!(
-        stderr.contains("2 tokens (tenants) would share local kernels")
-            && stderr.contains("pass --trust-tenants if these tenants trust each other")
-            && !stderr.contains(TOKEN_A),
-        "{stderr}"
-    );
+    // Several tokens sharing local kernels that do not keep them apart (unconfined; confined
+    // with one uid for all, or with the host's network): refused unless the operator says they
+    // trust each other. Fully confined (the default as root) they start: see `tenant_chain`.
+    for (flags, why) in [
+        (
+            &["--unconfined-sessions"][..],
+            "each tenant's code can reach the others' kernels and files",
+        ),
+        (
+            &["--session-uids", "none"][..],
+            "each tenant's kernels still run as one uid",
+        ),
+        (
+            &["--session-network", "host"][..],
+            "with --session-network host every session reaches the host's loopback",
+        ),
+    ] {
+        let mut args = vec!["--token", TOKEN_A, "--token", TOKEN_B];
+        args.extend(flags);
+        let stderr = serve_refused("127.0.0.1", ws.path(), &args, &[]);
+        assert!(
+            stderr.contains("2 tokens (tenants) would share local kernels")
+                && stderr.contains(why)
+                && stderr.contains("pass --trust-tenants if these tenants trust each other")
+                && !stderr.contains(TOKEN_A),
+            "{flags:?}: {stderr}"
+        );
+    }
 
     // Binding beyond loopback without a token: refused at start.
     let stderr = serve_refused("0.0.0.0", ws.path(), &[], &[("IPYBOX_TOKEN", None)]);

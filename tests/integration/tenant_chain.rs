@@ -92,17 +92,11 @@ async fn another_tenants_notebook_is_out_of_reach(era: Era) {
     let token_file = tokens.display().to_string();
     let ws = tempfile::tempdir().unwrap();
     for confined in [true, false] {
-        // `--trust-tenants` in both: the refusal of several tokens stays until sessions have
-        // a uid of their own (docs/http.md); what is tested is what a tenant's cell reaches.
-        let mut flags = vec![
-            "--token-file",
-            token_file.as_str(),
-            "--trust-tenants",
-            "--warm-sessions",
-            "0",
-        ];
+        // Confined (the default, as root: a uid per session), two tokens need no
+        // `--trust-tenants`; unconfined they are refused without it (the control says it).
+        let mut flags = vec!["--token-file", token_file.as_str(), "--warm-sessions", "0"];
         if !confined {
-            flags.push("--unconfined-sessions");
+            flags.extend(["--unconfined-sessions", "--trust-tenants"]);
         }
         let service = Service::start(ws.path(), &[], &flags);
         let alice = connect(&service.url(), Some(TOKEN_A), era).await;

@@ -7,6 +7,8 @@
 //! `no_new_privs` and no capabilities. The same probes with `--unconfined-sessions` (the
 //! control): each call does what it does without the filter.
 
+use std::path::Path;
+
 use crate::http_support::*;
 use crate::mcp_eras::Era;
 use crate::support::*;
@@ -120,5 +122,113 @@ async fn confined_kernels_load_the_seccomp_filter_on_both_paths() {
                 ("CapEff", "some"),
             ],
         );
+    }
+}
+
+/// What a session's kernel is, and what its uid lets it do.
+fn identity_probe(key: &Path, open: &Path) -> String {
+    format!(
+        r#"import os, pwd
+uid = os.getuid()
+print(f"uid={{uid}}")
+print("gid=" + ("uid" if os.getgid() == uid else str(os.getgid())))
+print("groups=" + ",".join(map(str, os.getgroups())))
+print("user=" + pwd.getpwuid(uid).pw_name)
+for name, path in (("tmp", "/tmp/t"), ("home", os.path.expanduser("~/h")), ("work", "w.txt")):
+    open(path, "w").write("x")
+    print(f"{{name}}=" + ("own" if os.stat(path).st_uid == uid else "other"))
+for name, path in (("key", {key:?}), ("open", {open:?})):
+    try:
+        open(path).read()
+        print(f"{{name}}=read")
+    except PermissionError:
+        print(f"{{name}}=denied")
+"#
+    )
+}
+
+/// Issue 37's "an identity of its own": every confined session's kernel runs as a uid of its
+/// own from `--session-uids` (forked and bubblewrap'd; one session of each MCP era), with that
+/// gid alone, a name in `/etc/passwd`, and `/tmp`, `~` and its working directory writable, so
+/// file permissions bind it: an operator's file shown to sessions (`--session-show`) with mode
+/// 0600 is denied, a 0644 one read. The control, `--session-uids none`: the kernel is uid 0
+/// (without capabilities, but the owner of root's files) and reads the 0600 file.
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_run_as_uids_of_their_own() {
+    require!(TestEnv);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("a uid per session needs ipybox to run as root");
+        return;
+    }
+    let probe = probe_dir_or_skip!("tenant-uid");
+    let shown = probe.path().join("shown");
+    std::fs::create_dir(&shown).unwrap();
+    std::fs::set_permissions(&shown, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (key, open) = (shown.join("key"), shown.join("open.txt"));
+    for (path, mode) in [(&key, 0o600), (&open, 0o644)] {
+        std::fs::write(path, "planted").unwrap();
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+    }
+    let code = identity_probe(&key, &open);
+    let shown = shown.display().to_string();
+    let first = 1_879_048_192u64;
+    for forked in [true, false] {
+        for own_uids in [true, false] {
+            let mut flags = vec!["--warm-sessions", "0", "--session-show", &shown];
+            if !forked {
+                flags.push("--no-kernel-factory");
+            }
+            if !own_uids {
+                flags.extend(["--session-uids", "none"]);
+            }
+            let ws = tempfile::tempdir().unwrap();
+            let service = Service::start(ws.path(), &[("IPYBOX_TOKEN", TOKEN_A)], &flags);
+            let mut uids = Vec::new();
+            for era in [Era::Handshake, Era::Stateless] {
+                let client = connect(&service.url(), Some(TOKEN_A), era).await;
+                let (is_error, text) = cell(&client, &code, None).await;
+                assert!(!is_error, "{flags:?} {era:?}: {text}\n{}", service.log());
+                let mut got = outcome(&split_note(&text).0);
+                let uid: u64 = got.remove("uid").unwrap().parse().unwrap();
+                uids.push(uid);
+                if !own_uids {
+                    // ipybox's own supplementary groups, whatever they are.
+                    got.remove("groups");
+                }
+                let want: &[(&str, &str)] = if own_uids {
+                    &[
+                        ("gid", "uid"),
+                        ("groups", ""),
+                        ("user", "ipybox"),
+                        ("tmp", "own"),
+                        ("home", "own"),
+                        ("work", "own"),
+                        ("key", "denied"),
+                        ("open", "read"),
+                    ]
+                } else {
+                    &[
+                        ("gid", "uid"),
+                        ("user", "root"),
+                        ("tmp", "own"),
+                        ("home", "own"),
+                        ("work", "own"),
+                        ("key", "read"),
+                        ("open", "read"),
+                    ]
+                };
+                assert_outcome(&flags, &got, want);
+            }
+            if own_uids {
+                assert!(
+                    uids.iter().all(|u| (first..first + 65536).contains(u)),
+                    "{flags:?}: {uids:?}"
+                );
+                assert_ne!(uids[0], uids[1], "{flags:?}: two sessions, one uid");
+            } else {
+                assert_eq!(uids, [0, 0], "{flags:?}");
+            }
+        }
     }
 }

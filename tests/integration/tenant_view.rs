@@ -3,7 +3,7 @@
 //! `--no-kernel-factory`'s bwrap'd ones), operator files where an operator keeps them — a token
 //! file under `/etc`, a session secret under `/srv` (both passed to ipybox), a TLS key and
 //! another service's secret (never named to ipybox) — and `/etc/shadow` are absent, while the
-//! kernel still works (CA certificates, name resolution, its user's name, `/bin` tools) and
+//! kernel still works (CA certificates, name resolution, its user's name — `ipybox`, its own uid —, `/bin` tools) and
 //! reads what the operator shows (`--session-show`, a directory and a file; a directory holding
 //! a token file is refused). The same probe from an `--unconfined-sessions` service reads every
 //! file.
@@ -186,7 +186,13 @@ async fn a_confined_session_sees_only_the_allowlist() {
                 let lines: Vec<&str> = out.lines().collect();
                 assert_eq!(
                     lines[..5],
-                    ["certs=True", "resolve=True", "user=root", "ls=0", "numpy=6"],
+                    [
+                        "certs=True",
+                        "resolve=True",
+                        "user=ipybox",
+                        "ls=0",
+                        "numpy=6"
+                    ],
                     "forked: {forked}\n{out}"
                 );
                 // Nothing of the host's / but the allowlist (and mount points of what is

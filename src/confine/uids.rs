@@ -1,0 +1,344 @@
+//! A uid of its own for each confined session (docs/http.md "Who a session's kernel is"): leased
+//! from a range the operator gives (`serve --http --session-uids FIRST-LAST`; by default, as root,
+//! [`DEFAULT_RANGE`]), held while the session's kernels run, and handed back when they stop.
+//!
+//! A uid is leased only if no process of the host has it (real, effective, saved or filesystem
+//! uid or gid: `/proc/<pid>/status`), no other session of this service holds it, and the host's
+//! `/etc/passwd` and `/etc/group` do not name it. Leases go round the range (a uid just handed
+//! back is the last to be leased again). The gid is the uid's number.
+//!
+//! What the session's uid must reach of its runtime directory is handed to it here
+//! ([`hand_over`]); its kernels switch to it before any code but ipybox's runs
+//! (`confine_identity.py`).
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use super::identity::Ids;
+
+/// The default range as root: the first 65 536 ids of the range systemd leaves unused
+/// (1879048192–2147483647, its "UIDS-GIDS" document): above login users (1000–60000), dynamic
+/// users (61184–65519) and container ranges (524288–1879048191, and the usual subuid ranges
+/// from 100000).
+pub const DEFAULT_RANGE: UidRange = UidRange {
+    first: 1_879_048_192,
+    last: 1_879_113_727,
+};
+
+/// Inclusive range of uids (and gids of the same numbers) sessions get theirs from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidRange {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl std::fmt::Display for UidRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
+
+/// Why a range or a lease is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum UidError {
+    #[error(
+        "bad --session-uids {0:?}: expected FIRST-LAST (e.g. 1879048192-1879113727), `auto` or `none`"
+    )]
+    Syntax(String),
+    #[error(
+        "bad --session-uids {0}: uids below 1000 are the system's and 65534 is nobody's, and the range must stay below 2147483648\n  help: give a range of unused ids, e.g. 1879048192-1879113727"
+    )]
+    Reserved(UidRange),
+    #[error(
+        "every uid of --session-uids {0} is in use (by sessions of this service or by processes of the host)\n  help: give a larger range, or close sessions"
+    )]
+    Exhausted(UidRange),
+}
+
+/// What `--session-uids` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UidSetting {
+    /// As root the [`DEFAULT_RANGE`], else none.
+    Auto,
+    /// Sessions keep ipybox's uid (without capabilities).
+    None,
+    Range(UidRange),
+}
+
+impl std::str::FromStr for UidSetting {
+    type Err = UidError;
+
+    fn from_str(text: &str) -> Result<Self, UidError> {
+        match text.trim() {
+            "auto" => return Ok(UidSetting::Auto),
+            "none" => return Ok(UidSetting::None),
+            _ => {}
+        }
+        let syntax = || UidError::Syntax(text.to_string());
+        let (a, b) = text.trim().split_once('-').ok_or_else(syntax)?;
+        let first: u32 = a.trim().parse().map_err(|_| syntax())?;
+        let last: u32 = b.trim().parse().map_err(|_| syntax())?;
+        if first > last {
+            return Err(syntax());
+        }
+        let range = UidRange { first, last };
+        if first < 1000 || last >= 1 << 31 || (first..=last).contains(&65534) {
+            return Err(UidError::Reserved(range));
+        }
+        Ok(UidSetting::Range(range))
+    }
+}
+
+impl UidSetting {
+    /// The range sessions get their uids from, for a service whose effective uid is `euid`:
+    /// `None` when sessions keep ipybox's uid. A range needs root (switching uids needs
+    /// `CAP_SETUID` in the host's user namespace).
+    pub fn resolve(self, euid: u32) -> Result<Option<UidRange>, String> {
+        match (self, euid) {
+            (UidSetting::None, _) => Ok(None),
+            (UidSetting::Auto, 0) => Ok(Some(DEFAULT_RANGE)),
+            (UidSetting::Auto, _) => Ok(None),
+            (UidSetting::Range(r), 0) => Ok(Some(r)),
+            (UidSetting::Range(r), _) => Err(format!(
+                "--session-uids {r} needs ipybox to run as root (only root can give a kernel another uid)\n  help: run the service as root, or pass --session-uids none (sessions then keep this user's uid, in bubblewrap's user namespace)"
+            )),
+        }
+    }
+}
+
+/// The service's uids: which are leased.
+#[derive(Debug)]
+pub struct UidPool {
+    range: UidRange,
+    /// Ids the host's `/etc/passwd` or `/etc/group` name (read once, at start).
+    named: BTreeSet<u32>,
+    state: Mutex<PoolState>,
+}
+
+#[derive(Debug)]
+struct PoolState {
+    leased: BTreeSet<u32>,
+    /// Where the next search starts.
+    next: u32,
+}
+
+impl UidPool {
+    pub fn new(range: UidRange) -> Arc<UidPool> {
+        let mut named = BTreeSet::new();
+        for file in ["/etc/passwd", "/etc/group"] {
+            if let Ok(text) = std::fs::read_to_string(file) {
+                named.extend(named_ids(&text).filter(|id| (range.first..=range.last).contains(id)));
+            }
+        }
+        if !named.is_empty() {
+            tracing::warn!(
+                "--session-uids {range}: {} id(s) of the range are named in /etc/passwd or /etc/group and are never leased",
+                named.len()
+            );
+        }
+        Arc::new(UidPool {
+            range,
+            named,
+            state: Mutex::new(PoolState {
+                leased: BTreeSet::new(),
+                next: range.first,
+            }),
+        })
+    }
+
+    pub fn range(&self) -> UidRange {
+        self.range
+    }
+
+    /// Leases a uid no session and no process of the host has.
+    pub(crate) fn lease(self: &Arc<Self>) -> Result<UidLease, UidError> {
+        let busy = ids_of_host_processes();
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let size = u64::from(self.range.last - self.range.first) + 1;
+        let mut candidate = state.next;
+        for _ in 0..size {
+            let id = candidate;
+            candidate = if id >= self.range.last {
+                self.range.first
+            } else {
+                id + 1
+            };
+            if state.leased.contains(&id) || self.named.contains(&id) || busy.contains(&id) {
+                continue;
+            }
+            state.leased.insert(id);
+            state.next = candidate;
+            return Ok(UidLease {
+                pool: self.clone(),
+                ids: Ids { uid: id, gid: id },
+            });
+        }
+        Err(UidError::Exhausted(self.range))
+    }
+
+    /// How many uids are leased now.
+    pub fn leased(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .leased
+            .len()
+    }
+}
+
+/// One session's uid, handed back when dropped (after its kernels: see `executor::Running`).
+#[derive(Debug)]
+pub(crate) struct UidLease {
+    pool: Arc<UidPool>,
+    pub(crate) ids: Ids,
+}
+
+impl Drop for UidLease {
+    fn drop(&mut self) {
+        self.pool
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .leased
+            .remove(&self.ids.uid);
+    }
+}
+
+/// The numeric ids (third field) of `passwd` or `group` text.
+fn named_ids(text: &str) -> impl Iterator<Item = u32> + '_ {
+    text.lines()
+        .filter_map(|line| line.split(':').nth(2)?.trim().parse().ok())
+}
+
+/// Every uid and gid (real, effective, saved, filesystem) of the host's processes.
+fn ids_of_host_processes() -> BTreeSet<u32> {
+    let mut ids = BTreeSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return ids;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        for line in status.lines() {
+            if let Some(rest) = line
+                .strip_prefix("Uid:")
+                .or_else(|| line.strip_prefix("Gid:"))
+            {
+                ids.extend(
+                    rest.split_whitespace()
+                        .filter_map(|v| v.parse::<u32>().ok()),
+                );
+            }
+        }
+    }
+    ids
+}
+
+/// Gives a session's uid what its kernels need of the runtime directory `runtime` (ipybox is
+/// root here): the directory itself readable by the session's group (`root:GID`, 0750; its
+/// parent stays ipybox's alone), `box/` and `work/` its own (0700; `work/` 0711), and the sockets it connects
+/// to (`tools.sock`, the egress proxy's) writable by its group (0660). What is created later for
+/// each kernel (its connection file, its IPC directory) is handed over as it is made
+/// (`RuntimeDir::set_kernel_owner`).
+pub(crate) fn hand_over(runtime: &Path, ids: Ids, sockets: &[&Path]) -> std::io::Result<()> {
+    let chown = |path: &Path, uid: u32, gid: u32, mode: u32| -> std::io::Result<()> {
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+    };
+    chown(runtime, 0, ids.gid, 0o750)?;
+    for dir in [crate::kernel::runtime_dir::KERNEL_WRITABLE, super::WORK_DIR] {
+        let path = runtime.join(dir);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            // `work/` is also searchable by others (0711, not listable): bubblewrap, as root
+            // without capabilities, changes into it before the kernel becomes its uid.
+            let mode = if dir == super::WORK_DIR { 0o711 } else { 0o700 };
+            chown(&path, ids.uid, ids.gid, mode)?;
+        }
+    }
+    for socket in sockets {
+        if std::fs::symlink_metadata(socket).is_ok() {
+            chown(socket, 0, ids.gid, 0o660)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_and_refuse_reserved_ids() {
+        assert_eq!("auto".parse::<UidSetting>().unwrap(), UidSetting::Auto);
+        assert_eq!("none".parse::<UidSetting>().unwrap(), UidSetting::None);
+        assert_eq!(
+            "200000-200009".parse::<UidSetting>().unwrap(),
+            UidSetting::Range(UidRange {
+                first: 200000,
+                last: 200009
+            })
+        );
+        for bad in [
+            "",
+            "5",
+            "9-1",
+            "a-b",
+            "0-100000",
+            "60000-70000",
+            "1-2147483648",
+        ] {
+            assert!(bad.parse::<UidSetting>().is_err(), "{bad}");
+        }
+        assert_eq!(UidSetting::Auto.resolve(0), Ok(Some(DEFAULT_RANGE)));
+        assert_eq!(UidSetting::Auto.resolve(1000), Ok(None));
+        assert!(
+            UidSetting::Range(DEFAULT_RANGE)
+                .resolve(1000)
+                .unwrap_err()
+                .contains("needs ipybox to run as root")
+        );
+    }
+
+    #[test]
+    fn leases_are_distinct_go_round_and_come_back() {
+        let pool = UidPool::new(UidRange {
+            first: 1_879_200_000,
+            last: 1_879_200_002,
+        });
+        let a = pool.lease().unwrap();
+        let b = pool.lease().unwrap();
+        let c = pool.lease().unwrap();
+        assert_eq!(
+            [a.ids.uid, b.ids.uid, c.ids.uid],
+            [1_879_200_000, 1_879_200_001, 1_879_200_002]
+        );
+        assert_eq!(a.ids.gid, a.ids.uid);
+        assert!(matches!(pool.lease(), Err(UidError::Exhausted(_))));
+        drop(b);
+        assert_eq!(pool.leased(), 2);
+        let d = pool.lease().unwrap();
+        assert_eq!(d.ids.uid, 1_879_200_001);
+    }
+
+    #[test]
+    fn named_ids_are_read_from_passwd_text() {
+        let ids: Vec<u32> =
+            named_ids("root:x:0:0::/root:/bin/sh\nbad line\nu:x:1879048193:5::/:/bin/sh\n")
+                .collect();
+        assert_eq!(ids, [0, 1_879_048_193]);
+    }
+
+    #[test]
+    fn our_own_uid_is_busy_on_the_host() {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        assert!(ids_of_host_processes().contains(&uid));
+    }
+}
