@@ -878,6 +878,11 @@ async fn serve(
                     "--unconfined-sessions: every session's code runs as this user and can reach every other session, ipybox's files and processes"
                 );
             }
+            if !gateway && (http.allow_register || http.allow_install) {
+                // Whatever the confinement: a client that registers makes this host run a
+                // command as ipybox's user; an install changes every session's environment.
+                tenant_gap = Some("with --allow-register a client makes this host run commands as ipybox's user, and with --allow-install it changes the kernel environment every session imports".to_string());
+            }
             let per_session_servers = http.per_session_mcp_servers;
             let trust_tenants = http.trust_tenants;
             let mut http = http;

@@ -338,23 +338,91 @@ fn remove_tree_at(dir: &OwnedFd, name: &OsStr) -> std::io::Result<()> {
                 }
                 Err(e) => return Err(io(e)),
             };
-            let mut names = Vec::new();
-            let mut entries = Dir::read_from(&sub).map_err(io)?;
-            while let Some(entry) = entries.read() {
-                let entry = entry.map_err(io)?;
-                let n = entry.file_name().to_bytes();
-                if n != b"." && n != b".." {
-                    names.push(std::ffi::OsString::from(
-                        <OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n),
-                    ));
-                }
-            }
-            for n in names {
-                remove_tree_at(&sub, &n)?;
-            }
+            empty_dir(&sub, &sub, 0)?;
             rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR).map_err(io)
         }
         Some(_) => rustix::fs::unlinkat(dir, name, AtFlags::empty()).map_err(io),
+    }
+}
+
+/// How deep [`empty_dir`] descends before it moves a directory up instead.
+const REMOVE_DEPTH: usize = 16;
+
+/// Empties `dir`, `depth` levels below `top` (the directory being removed). A directory found
+/// [`REMOVE_DEPTH`] levels down is first renamed into `top` (emptied from there later), so the
+/// stack and the open descriptors stay bounded however deep a tree is: a kernel can make a tree
+/// of any depth in what it may write, and a recursive removal of it would overflow the stack or
+/// run out of descriptors. Entries are read in batches and read again until none is left.
+fn empty_dir(top: &OwnedFd, dir: &OwnedFd, depth: usize) -> std::io::Result<()> {
+    loop {
+        let mut names = Vec::new();
+        let mut entries = Dir::read_from(dir).map_err(io)?;
+        while let Some(entry) = entries.read() {
+            let entry = entry.map_err(io)?;
+            let n = entry.file_name().to_bytes();
+            if n != b"." && n != b".." {
+                names.push(std::ffi::OsString::from(
+                    <OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(n),
+                ));
+                if names.len() >= 4096 {
+                    break;
+                }
+            }
+        }
+        if names.is_empty() {
+            return Ok(());
+        }
+        for n in names {
+            match kind_at(dir, n.as_os_str())? {
+                None => {}
+                Some(Kind::Dir) if depth + 1 >= REMOVE_DEPTH => {
+                    let up = format!(".ipybox-rm-{:016x}", rand::random::<u64>());
+                    rustix::fs::renameat(dir, n.as_os_str(), top, up.as_str()).map_err(io)?;
+                }
+                Some(Kind::Dir) => {
+                    let sub = match rustix::fs::openat(dir, n.as_os_str(), DIR_FLAGS, Mode::empty())
+                    {
+                        Ok(fd) => fd,
+                        Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => {
+                            rustix::fs::unlinkat(dir, n.as_os_str(), AtFlags::empty())
+                                .map_err(io)?;
+                            continue;
+                        }
+                        Err(e) => return Err(io(e)),
+                    };
+                    empty_dir(top, &sub, depth + 1)?;
+                    rustix::fs::unlinkat(dir, n.as_os_str(), AtFlags::REMOVEDIR).map_err(io)?;
+                }
+                Some(_) => {
+                    rustix::fs::unlinkat(dir, n.as_os_str(), AtFlags::empty()).map_err(io)?
+                }
+            }
+        }
+    }
+}
+
+/// Removes the tree at `path` without following links in it (`path` itself included; its
+/// parent is the caller's), however deep it is ([`empty_dir`]). Nothing there: Ok.
+pub(crate) fn remove_path_tree(path: &Path) -> std::io::Result<()> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(std::io::Error::other(format!(
+            "cannot remove {}: not a path below a directory",
+            path.display()
+        )));
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    match rustix::fs::open(
+        parent,
+        DIR_FLAGS.difference(OFlags::NOFOLLOW),
+        Mode::empty(),
+    ) {
+        Ok(fd) => remove_tree_at(&fd, name),
+        Err(rustix::io::Errno::NOENT) => Ok(()),
+        Err(e) => Err(io(e)),
     }
 }
 
@@ -470,5 +538,46 @@ mod tests {
             1,
             "no temp file left"
         );
+    }
+
+    #[test]
+    fn a_tree_of_any_depth_is_removed_with_a_small_stack() {
+        let t = tempfile::tempdir().unwrap();
+        let outside = t.path().join("outside.txt");
+        std::fs::write(&outside, "kept").unwrap();
+        let top = t.path().join("box");
+        std::fs::create_dir(&top).unwrap();
+        // 20 000 levels (a recursive removal needs a frame and a descriptor per level), a file
+        // and a link out of the tree every 1 000.
+        let mut fd = rustix::fs::open(&top, DIR_FLAGS, Mode::empty()).unwrap();
+        for level in 0..20_000 {
+            if level % 1000 == 0 {
+                rustix::fs::symlinkat(&outside, &fd, "link").unwrap();
+                drop(std::fs::File::from(
+                    rustix::fs::openat(
+                        &fd,
+                        "f",
+                        OFlags::CREATE | OFlags::WRONLY,
+                        Mode::from_raw_mode(0o600),
+                    )
+                    .unwrap(),
+                ));
+            }
+            rustix::fs::mkdirat(&fd, "d", Mode::from_raw_mode(0o700)).unwrap();
+            fd = rustix::fs::openat(&fd, "d", DIR_FLAGS, Mode::empty()).unwrap();
+        }
+        drop(fd);
+        let path = top.clone();
+        std::thread::Builder::new()
+            .stack_size(128 << 10)
+            .spawn(move || remove_path_tree(&path))
+            .unwrap()
+            .join()
+            .unwrap()
+            .unwrap();
+        assert!(!top.exists());
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "kept");
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+        remove_path_tree(&top).unwrap();
     }
 }

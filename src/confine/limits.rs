@@ -338,7 +338,8 @@ pub(crate) fn unmount_work(path: &std::path::Path) {
     // EINVAL (not a mount point) and ENOENT are the usual answers: nothing to do.
     if let Ok(target) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
         // SAFETY: a valid NUL-terminated string.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        // Never through a link (a kernel could point one at any mount point of the host).
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
     }
 }
 
@@ -392,5 +393,37 @@ mod tests {
                 .note()
                 .contains("(20 MiB, --session-work-size)")
         );
+    }
+
+    /// A kernel may make a link where ipybox unmounts (`box/work`): the unmount does not
+    /// follow it. The control: the same call without `UMOUNT_NOFOLLOW` unmounts what the link
+    /// points to.
+    #[test]
+    fn unmounting_never_follows_a_link() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: mounting needs root");
+            return;
+        }
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("mounted");
+        std::fs::create_dir(&target).unwrap();
+        let mount = WorkMount::mount(&target, 1 << 20).unwrap().unwrap();
+        let link = t.path().join("work");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let mounted = |p: &std::path::Path| {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .lines()
+                .any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
+        };
+        assert!(mounted(&target));
+        unmount_work(&link);
+        assert!(mounted(&target), "unmounted through the link");
+        let c = std::ffi::CString::new(link.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated string.
+        assert_eq!(unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) }, 0);
+        assert!(!mounted(&target), "the control: a following unmount");
+        drop(mount);
     }
 }

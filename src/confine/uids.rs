@@ -3,9 +3,11 @@
 //! [`DEFAULT_RANGE`]), held while the session's kernels run, and handed back when they stop.
 //!
 //! A uid is leased only if no process of the host has it (real, effective, saved or filesystem
-//! uid or gid: `/proc/<pid>/status`), no other session of this service holds it, and the host's
-//! `/etc/passwd` and `/etc/group` do not name it. Leases go round the range (a uid just handed
-//! back is the last to be leased again). The gid is the uid's number.
+//! uid or gid: `/proc/<pid>/status`), no session of this service nor of another ipybox on the
+//! host holds it (a lock on `/run/ipybox-uids/<uid>`, [`LOCK_DIR`], held while leased), and the
+//! host's `/etc/passwd` and `/etc/group` do not name it (as a uid, a group or a user's primary
+//! group). Leases go round the range (a uid just handed back is the last to be leased again).
+//! The gid is the uid's number.
 //!
 //! What the session's uid must reach of its runtime directory is handed to it here
 //! ([`hand_over`]); its kernels switch to it before any code but ipybox's runs
@@ -26,6 +28,10 @@ pub const DEFAULT_RANGE: UidRange = UidRange {
     first: 1_879_048_192,
     last: 1_879_113_727,
 };
+
+/// Where every ipybox of the host locks the uids its sessions hold (one file per uid, locked
+/// with `flock` while leased).
+pub const LOCK_DIR: &str = "/run/ipybox-uids";
 
 /// Inclusive range of uids (and gids of the same numbers) sessions get theirs from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +120,9 @@ pub struct UidPool {
     range: UidRange,
     /// Ids the host's `/etc/passwd` or `/etc/group` name (read once, at start).
     named: BTreeSet<u32>,
+    /// [`LOCK_DIR`], if it could be made (else leases are this service's alone, and a warning
+    /// says so).
+    locks: Option<std::path::PathBuf>,
     state: Mutex<PoolState>,
 }
 
@@ -138,9 +147,19 @@ impl UidPool {
                 named.len()
             );
         }
+        let locks = match crate::safe_fs::create_private_dir(Path::new(LOCK_DIR)) {
+            Ok(()) => Some(std::path::PathBuf::from(LOCK_DIR)),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot make {LOCK_DIR} ({e}): another ipybox on this host could lease the uid a session of this one holds before its kernel runs"
+                );
+                None
+            }
+        };
         Arc::new(UidPool {
             range,
             named,
+            locks,
             state: Mutex::new(PoolState {
                 leased: BTreeSet::new(),
                 next: range.first,
@@ -168,11 +187,20 @@ impl UidPool {
             if state.leased.contains(&id) || self.named.contains(&id) || busy.contains(&id) {
                 continue;
             }
+            let lock = match &self.locks {
+                Some(dir) => match lock_uid(dir, id) {
+                    Some(file) => Some(file),
+                    // Another ipybox's session holds it.
+                    None => continue,
+                },
+                None => None,
+            };
             state.leased.insert(id);
             state.next = candidate;
             return Ok(UidLease {
                 pool: self.clone(),
                 ids: Ids { uid: id, gid: id },
+                _lock: lock,
             });
         }
         Err(UidError::Exhausted(self.range))
@@ -193,6 +221,8 @@ impl UidPool {
 pub(crate) struct UidLease {
     pool: Arc<UidPool>,
     pub(crate) ids: Ids,
+    /// The host-wide lock on the uid (released when closed).
+    _lock: Option<std::fs::File>,
 }
 
 impl Drop for UidLease {
@@ -206,10 +236,25 @@ impl Drop for UidLease {
     }
 }
 
-/// The numeric ids (third field) of `passwd` or `group` text.
+/// The lock on `uid` in `dir`, if no one else holds it (an error opening the file counts as
+/// held: that uid is skipped).
+fn lock_uid(dir: &Path, uid: u32) -> Option<std::fs::File> {
+    let file = crate::safe_fs::open_lock_file(&dir.join(uid.to_string())).ok()?;
+    fs4::fs_std::FileExt::try_lock_exclusive(&file)
+        .ok()
+        .filter(|locked| *locked)
+        .map(|_| file)
+}
+
+/// The numeric ids of `passwd` or `group` text (the third field, and the fourth: a user's
+/// primary group).
 fn named_ids(text: &str) -> impl Iterator<Item = u32> + '_ {
-    text.lines()
-        .filter_map(|line| line.split(':').nth(2)?.trim().parse().ok())
+    text.lines().flat_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        [2, 3]
+            .into_iter()
+            .filter_map(move |i| fields.get(i)?.trim().parse().ok())
+    })
 }
 
 /// Every uid and gid (real, effective, saved, filesystem) of the host's processes.
@@ -330,9 +375,37 @@ mod tests {
     #[test]
     fn named_ids_are_read_from_passwd_text() {
         let ids: Vec<u32> =
-            named_ids("root:x:0:0::/root:/bin/sh\nbad line\nu:x:1879048193:5::/:/bin/sh\n")
+            named_ids("root:x:0:0::/root:/bin/sh\nbad line\nu:x:1879048193:5::/:/bin/sh\ng:x:7:\n")
                 .collect();
-        assert_eq!(ids, [0, 1_879_048_193]);
+        assert_eq!(ids, [0, 0, 1_879_048_193, 5, 7]);
+    }
+
+    /// Two services of one host (two pools) never lease the same uid; the control: without the
+    /// host-wide lock (a pool whose lock directory could not be made) they do.
+    #[test]
+    fn two_services_never_share_a_uid() {
+        let t = tempfile::tempdir().unwrap();
+        let range = UidRange {
+            first: 1_879_300_000,
+            last: 1_879_300_009,
+        };
+        let pool = |locks: Option<&Path>| {
+            Arc::new(UidPool {
+                range,
+                named: BTreeSet::new(),
+                locks: locks.map(Path::to_path_buf),
+                state: Mutex::new(PoolState {
+                    leased: BTreeSet::new(),
+                    next: range.first,
+                }),
+            })
+        };
+        let (a, b) = (pool(Some(t.path())), pool(Some(t.path())));
+        let (la, lb) = (a.lease().unwrap(), b.lease().unwrap());
+        assert_ne!(la.ids.uid, lb.ids.uid);
+        drop(la);
+        let (c, d) = (pool(None), pool(None));
+        assert_eq!(c.lease().unwrap().ids.uid, d.lease().unwrap().ids.uid);
     }
 
     #[test]

@@ -62,7 +62,7 @@ impl CodeExecutor {
         // Whoever else still holds the runtime directory (a spare's launch being aborted), it
         // goes now.
         if let Some(live) = live {
-            let _ = std::fs::remove_dir_all(&live.runtime);
+            let _ = crate::safe_fs::remove_path_tree(&live.runtime);
         }
     }
 

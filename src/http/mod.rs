@@ -329,7 +329,7 @@ pub(crate) async fn serve_http(
         && let Some(shared) = &options.tenant_gap
     {
         let fix = if options.sessions.confined {
-            "confine sessions fully (as root, without --session-uids none and --session-network host), "
+            "confine sessions fully (as root, without --session-uids none, --session-network host, --allow-register and --allow-install), "
         } else {
             "confine sessions (drop --unconfined-sessions and --sandbox), "
         };

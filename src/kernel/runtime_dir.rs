@@ -54,7 +54,7 @@ impl KernelDirs {
         name: &str,
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<Self> {
-        let _ = std::fs::remove_dir_all(&host);
+        let _ = crate::safe_fs::remove_path_tree(&host);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .recursive(true)
@@ -94,8 +94,8 @@ impl KernelDirs {
 
     /// Removes both directories (a link planted at `ipc` is removed, not followed).
     pub(crate) fn remove(&self) {
-        let _ = std::fs::remove_dir_all(&self.host);
-        let _ = std::fs::remove_dir_all(&self.ipc);
+        let _ = crate::safe_fs::remove_path_tree(&self.host);
+        let _ = crate::safe_fs::remove_path_tree(&self.ipc);
     }
 }
 
@@ -214,7 +214,8 @@ impl RuntimeDir {
 impl Drop for RuntimeDir {
     fn drop(&mut self) {
         unmount_in(&self.path);
-        let _ = std::fs::remove_dir_all(&self.path);
+        // A kernel made what is in `box/` (and `work/`): any depth, any links.
+        let _ = crate::safe_fs::remove_path_tree(&self.path);
     }
 }
 
@@ -229,12 +230,22 @@ pub(crate) fn temp_dir(host: &HostEnv) -> PathBuf {
 /// behind): a confined session's work directory tmpfs (`<dir>/work`), those of the sessions in
 /// a shared factory's directory (`<dir>/*/work`), and the factory directory's bind of itself
 /// (`confine::limits::share_mounts_below`).
+///
+/// Only those paths: never anything inside what a kernel writes (`box/`, where a kernel could
+/// make `box/work` a link to any mount point of the host), and never through a link
+/// (`unmount_work` does not follow one).
 fn unmount_in(dir: &Path) {
     use crate::confine::limits::unmount_work;
     unmount_work(&dir.join(crate::confine::WORK_DIR));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            // The runtime directories of a shared factory's sessions (made by ipybox, named
+            // like this one).
+            let ours = entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(PREFIX));
+            if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
                 unmount_work(&entry.path().join(crate::confine::WORK_DIR));
             }
         }
@@ -269,7 +280,7 @@ fn sweep_stale(base: &Path) {
         if ours && pid > 0 && !process_alive(pid) {
             kill_stragglers(&entry.path());
             unmount_in(&entry.path());
-            let _ = std::fs::remove_dir_all(entry.path());
+            let _ = crate::safe_fs::remove_path_tree(&entry.path());
         }
     }
 }

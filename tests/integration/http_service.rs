@@ -641,7 +641,8 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
     client.close().await;
 
     // Several tokens sharing local kernels that do not keep them apart (unconfined; confined
-    // with one uid for all, or with the host's network): refused unless the operator says they
+    // with one uid for all, or with the host's network; clients allowed to register servers):
+    // refused unless the operator says they
     // trust each other. Fully confined (the default as root) they start: see `tenant_chain`.
     for (flags, why) in [
         (
@@ -655,6 +656,10 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
         (
             &["--session-network", "host"][..],
             "with --session-network host every session reaches the host's loopback",
+        ),
+        (
+            &["--allow-register"][..],
+            "with --allow-register a client makes this host run commands",
         ),
     ] {
         let mut args = vec!["--token", TOKEN_A, "--token", TOKEN_B];

@@ -209,7 +209,7 @@ impl TemplateDir {
 
 impl Drop for TemplateDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = crate::safe_fs::remove_path_tree(&self.0);
     }
 }
 
