@@ -84,6 +84,7 @@ mod shell_approval;
 mod snapshot;
 mod stdio_resume;
 mod tenant_chain;
+mod tenant_cleanup;
 mod tenant_identity;
 mod tenant_limits;
 mod tenant_network;
