@@ -107,7 +107,8 @@ pub(crate) async fn read(
             ResourceContents::TextResourceContents {
                 uri: uri.to_string(),
                 mime_type: Some(MIME.into()),
-                text: String::from_utf8_lossy(&bytes).into_owned(),
+                text: String::from_utf8(bytes)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
                 meta: None,
             },
         ])),

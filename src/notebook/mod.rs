@@ -282,7 +282,7 @@ impl OpenFile {
         })?;
         if Sha256::digest(&bytes) != self.body.clone().finalize() {
             return Err(std::io::Error::other(format!(
-                "{} was changed behind ipybox: its cells are no longer those recorded, so it is not served\n  help: the session goes on recording; its next file part is written anew",
+                "{} was changed behind ipybox: its cells are no longer those recorded, so it is not served\n  help: the session goes on recording into it; its next part (past the file size limit) is served again, and `ipybox replay` names the cells that differ from the host's record",
                 path.display()
             )));
         }
@@ -760,11 +760,13 @@ impl Shared {
             return Ok(());
         };
         let tail = self.tail(part);
-        let before = disk.take_if(|f| f.part == part);
-        let in_place = match &before {
+        // Looked at before the file is taken out of `disk`: an error leaves it there.
+        let in_place = match disk.as_ref().filter(|f| f.part == part) {
             Some(f) => dir.holds(name, &f.file)?,
             None => false,
         };
+        // From here, every error puts it back: a later write must not start the file anew.
+        let before = disk.take_if(|f| f.part == part);
         let body_end = before
             .as_ref()
             .map_or(format::HEAD.len() as u64, |f| f.body_end);
