@@ -242,7 +242,24 @@ struct State {
     since_section: usize,
     /// The last write error logged (the same one is not logged again).
     failing: Option<String>,
+    /// Cells whose result went to the caller before the notebook got them ([`Expected`]).
+    expected: usize,
 }
+
+/// A cell the notebook is about to get, its result sent first ([`Notebook::expect`]): until
+/// this is dropped, [`Notebook::read`] waits (a caller that got the result and reads the
+/// notebook finds the cell).
+pub(crate) struct Expected(Notebook);
+
+impl Drop for Expected {
+    fn drop(&mut self) {
+        self.0.lock().expected -= 1;
+        self.0.0.written.notify_all();
+    }
+}
+
+/// The longest [`Notebook::read`] waits for an [`Expected`] cell.
+const EXPECTED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The file being written, through the descriptor that created it: appended to in place (its
 /// cells never move; the tail after them is written again with each append), read back for
@@ -336,10 +353,11 @@ impl Notebook {
         self.0.lock()
     }
 
-    /// Waits until the file holds every cell recorded so far (returns at once when nothing is
-    /// being written, or the notebook has no file).
+    /// Waits until the file holds every cell recorded so far, those whose result went out
+    /// before the notebook got them included (returns at once when nothing is being written,
+    /// or the notebook has no file).
     pub fn flush(&self) {
-        let mut state = self.lock();
+        let mut state = self.settled();
         while state.writing {
             state = self
                 .0
@@ -385,6 +403,7 @@ impl Notebook {
     /// what was written, then those not written yet, then the tail. At most the file's size
     /// limit, or one cell more. Blocking: call it off the async runtime's workers.
     pub fn read(&self) -> std::io::Result<Vec<u8>> {
+        drop(self.settled());
         let disk = self.0.disk();
         let (part, pending) = {
             let state = self.lock();
@@ -419,9 +438,34 @@ impl Notebook {
         Ok(bytes)
     }
 
+    /// The state once no [`Expected`] cell is outstanding (waiting at most [`EXPECTED_WAIT`]).
+    fn settled(&self) -> MutexGuard<'_, State> {
+        let until = std::time::Instant::now() + EXPECTED_WAIT;
+        let mut state = self.lock();
+        while state.expected > 0 {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .0
+                .written
+                .wait_timeout(state, left)
+                .map_or_else(|p| p.into_inner().0, |(s, _)| s);
+        }
+        state
+    }
+
+    /// A cell is about to be recorded after its result goes to the caller: reads wait for it
+    /// until the returned guard is dropped.
+    pub(crate) fn expect(&self) -> Expected {
+        self.lock().expected += 1;
+        Expected(self.clone())
+    }
+
     /// The last code cell recorded, if any.
     pub fn last_code_cell(&self) -> Option<Value> {
-        let last = self.lock().last_code.clone()?;
+        let last = self.settled().last_code.clone()?;
         serde_json::from_slice(&last).ok()
     }
 
@@ -498,7 +542,7 @@ impl Notebook {
 
     /// Records a cell that ended (`ending`) after the approval decisions in `calls`, and
     /// writes the file.
-    pub(crate) fn finish(&self, record: CellRecord, ending: &Ending<'_>, calls: Vec<CallRecord>) {
+    pub(crate) fn finish(&self, record: CellRecord, ending: &Ending, calls: Vec<CallRecord>) {
         let mut state = self.lock();
         state.count += 1;
         let id = Self::next_id(&mut state);
