@@ -244,7 +244,15 @@ struct State {
     failing: Option<String>,
     /// Cells whose result went to the caller before the notebook got them ([`Expected`]).
     expected: usize,
+    /// When the last write ended (writes are at least [`WRITE_INTERVAL`] apart).
+    last_write: Option<std::time::Instant>,
 }
+
+/// The least time between two writes of a notebook: cells that end within it are appended
+/// together (one write, one host record), so a burst of small cells costs the disk and the
+/// other core a write per 20 ms, not one per cell. The file follows the cells by at most this
+/// (plus the write); [`Notebook::read`] serves the cells not yet written from memory.
+pub const WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A cell the notebook is about to get, its result sent first ([`Notebook::expect`]): until
 /// this is dropped, [`Notebook::read`] waits (a caller that got the result and reads the
@@ -398,13 +406,19 @@ impl Notebook {
         Some(self.0.dir.as_ref()?.join(self.0.file_name(part)))
     }
 
-    /// The notebook as it is now (the current file's content): the cells on disk, read back
-    /// through the descriptor that wrote them (never through the name) and checked against
-    /// what was written, then those not written yet, then the tail. At most the file's size
+    /// The notebook as it is now (the current file's content): the cells waiting for the
+    /// writer are appended first, then the file's cells are read back through the descriptor
+    /// that wrote them (never through the name) and checked against what was written; cells
+    /// that could not be written follow from memory, then the tail. At most the file's size
     /// limit, or one cell more. Blocking: call it off the async runtime's workers.
     pub fn read(&self) -> std::io::Result<Vec<u8>> {
         drop(self.settled());
-        let disk = self.0.disk();
+        let mut disk = self.0.disk();
+        // The cells waiting for the writer go to the file first (the file is what is served:
+        // a reader sees the same bytes there).
+        if self.0.dir.is_some() {
+            self.0.write_pending(&mut disk, false);
+        }
         let (part, pending) = {
             let state = self.lock();
             let pending: Vec<Arc<[u8]>> = state
@@ -722,48 +736,67 @@ impl Shared {
     /// puts its cells back (the next cell tries again); a refused one drops them.
     fn write_until_current(&self) {
         loop {
+            let since = self.lock().last_write.map(|t| t.elapsed());
+            if let Some(since) = since
+                && since < WRITE_INTERVAL
+            {
+                std::thread::sleep(WRITE_INTERVAL - since);
+            }
             let mut disk = self.disk();
-            let batch = {
-                let mut state = self.lock();
-                if state.pending.is_empty() {
-                    state.writing = false;
-                    self.written.notify_all();
-                    return;
-                }
-                if state.lost > 0 {
-                    tracing::warn!(session = %self.tag, "session notebook: {} cells were dropped unwritten", state.lost);
-                    state.lost = 0;
-                }
-                state.pending_bytes = 0;
-                std::mem::take(&mut state.pending)
-            };
-            let failed = self.write_batch(&mut disk, batch);
-            let mut state = self.lock();
-            match failed {
-                None => state.failing = None,
-                Some((mut rest, name, e)) => {
-                    let text = match e {
-                        WriteError::Refused(why) => {
-                            // Not recorded: the budget said why (and tells the session).
-                            rest.clear();
-                            format!("{why} (these cells are not recorded)")
-                        }
-                        WriteError::Io(e) => format!(
-                            "{e} (the cells wait in memory, at most {MAX_PENDING_BYTES} bytes of them, and the next cell tries again)"
-                        ),
-                    };
-                    while let Some(cell) = rest.pop_back() {
-                        state.pending_bytes += cell.bytes.len();
-                        state.pending.push_front(cell);
-                    }
-                    self.bound_pending(&mut state);
-                    self.log_failure(&mut state, &name, text);
-                    state.writing = false;
-                    self.written.notify_all();
-                    return;
-                }
+            if !self.write_pending(&mut disk, true) {
+                return;
             }
         }
+    }
+
+    /// Appends the waiting cells to their files; whether there were any and they were
+    /// written. For the background `writer`, nothing left to write or a failure ends its run
+    /// (marked in the state, under the same lock as the look at what waits).
+    fn write_pending(&self, disk: &mut Option<OpenFile>, writer: bool) -> bool {
+        let batch = {
+            let mut state = self.lock();
+            if state.pending.is_empty() {
+                if writer {
+                    state.writing = false;
+                    self.written.notify_all();
+                }
+                return false;
+            }
+            if state.lost > 0 {
+                tracing::warn!(session = %self.tag, "session notebook: {} cells were dropped unwritten", state.lost);
+                state.lost = 0;
+            }
+            state.pending_bytes = 0;
+            std::mem::take(&mut state.pending)
+        };
+        let failed = self.write_batch(disk, batch);
+        let mut state = self.lock();
+        state.last_write = Some(std::time::Instant::now());
+        let Some((mut rest, name, e)) = failed else {
+            state.failing = None;
+            return true;
+        };
+        let text = match e {
+            WriteError::Refused(why) => {
+                // Not recorded: the budget said why (and tells the session).
+                rest.clear();
+                format!("{why} (these cells are not recorded)")
+            }
+            WriteError::Io(e) => format!(
+                "{e} (the cells wait in memory, at most {MAX_PENDING_BYTES} bytes of them, and the next cell tries again)"
+            ),
+        };
+        while let Some(cell) = rest.pop_back() {
+            state.pending_bytes += cell.bytes.len();
+            state.pending.push_front(cell);
+        }
+        self.bound_pending(&mut state);
+        self.log_failure(&mut state, &name, text);
+        if writer {
+            state.writing = false;
+            self.written.notify_all();
+        }
+        false
     }
 
     /// Writes `batch` file by file; on failure, the cells not written, the file's name and
