@@ -92,5 +92,5 @@ fn main() {
 }
 
 fn size(ex: &CodeExecutor) -> usize {
-    ex.notebook().map_or(0, |n| n.json().len())
+    ex.notebook().map_or(0, |n| n.read().map_or(0, |b| b.len()))
 }

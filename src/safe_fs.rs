@@ -177,6 +177,29 @@ impl NoFollowDir {
         Ok(std::fs::File::from(fd))
     }
 
+    /// Creates the new file `name` (mode `mode`, narrowed by the umask) for reading and writing;
+    /// fails if anything, a link included, is already there.
+    pub(crate) fn create_file_rw(&self, name: &str, mode: u32) -> std::io::Result<std::fs::File> {
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode as _),
+        )
+        .map_err(io)?;
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// Whether `name` (not followed if it is a link) is the file `file` has open.
+    pub(crate) fn holds(&self, name: &str, file: &std::fs::File) -> std::io::Result<bool> {
+        let open = rustix::fs::fstat(file).map_err(io)?;
+        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Ok(st.st_dev == open.st_dev && st.st_ino == open.st_ino),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(io(e)),
+        }
+    }
+
     /// Opens `name` for reading if it is a regular file of at most `limit` bytes, and returns it
     /// with its length. A link, a directory, a FIFO or a device is an error (opened without
     /// following a link, and without blocking on a FIFO), and so is a larger file. The length is

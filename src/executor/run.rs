@@ -340,11 +340,19 @@ impl CodeExecutor {
             drop(ev_tx);
             ended.cancel();
             let (cell, _) = tokio::join!(forward, approvals);
-            if let (Some(recording), Ok(Some(cell))) = (recording, cell) {
-                recording.finish(cell, &result);
+            // The result goes out first, then the notebook gets the cell (reads of it wait),
+            // still before the next execution runs (`state` is held until then).
+            let recorded = match (recording, cell) {
+                (Some(recording), Ok(Some(cell))) => Recording::ending(&result)
+                    .map(|ending| (recording.notebook.expect(), recording, cell, ending)),
+                _ => None,
+            };
+            let _ = tx.send(ExecutionEvent::Result(result));
+            if let Some((expected, recording, cell, ending)) = recorded {
+                recording.record(cell, &ending);
+                drop(expected);
             }
             drop(state);
-            let _ = tx.send(ExecutionEvent::Result(result));
         });
         Execution {
             rx,
@@ -393,14 +401,26 @@ impl Recording {
 
     /// Gives the notebook the cell (unless it never ran: the executor was stopped).
     fn finish(self, cell: CellRecord, result: &Result<ExecutionResult, ExecutorError>) {
-        let ending = match result {
+        if let Some(ending) = Self::ending(result) {
+            self.record(cell, &ending);
+        }
+    }
+
+    /// How the execution that returned `result` ended, for the notebook (`None`: it never
+    /// ran, the executor was stopped).
+    fn ending(result: &Result<ExecutionResult, ExecutorError>) -> Option<Ending> {
+        Some(match result {
             Ok(_) => Ending::Ok,
-            Err(ExecutorError::Kernel(KernelError::Stopped)) => return,
-            Err(ExecutorError::Kernel(e)) => Ending::Kernel(e),
-            Err(e @ ExecutorError::Cancelled) => Ending::Cancelled(e.to_string()),
-            Err(e) => Ending::Other(e.to_string()),
-        };
-        self.notebook.finish(cell, &ending, self.log.take());
+            Err(ExecutorError::Kernel(KernelError::Stopped)) => return None,
+            Err(ExecutorError::Kernel(e)) => Ending::kernel(e),
+            Err(e @ ExecutorError::Cancelled) => Ending::cancelled(e.to_string()),
+            Err(e) => Ending::other(e.to_string()),
+        })
+    }
+
+    /// Gives the notebook the cell, which ended as `ending`.
+    fn record(self, cell: CellRecord, ending: &Ending) {
+        self.notebook.finish(cell, ending, self.log.take());
     }
 }
 

@@ -10,9 +10,10 @@
 //! held). Either session's next result tells the model once, and its resource
 //! (`ipybox://notebook/<tag>`) answers with the same reason ([`NotebookFate`]).
 //!
-//! The bound: once writes settle, the files counted for a token take at most the quota. While
-//! a file is rewritten (a new file renamed over the old) both exist for a moment. Files of an
-//! earlier process of the service are not counted (nothing on disk says whose they are).
+//! The bound: once writes settle, the files counted for a token take at most the quota. Cells
+//! are appended to a file in place; a file's first write (and its rewrite after it was removed
+//! behind ipybox) is a new file renamed into place. Files of an earlier process of the service
+//! are not counted (nothing on disk says whose they are).
 //!
 //! Not here: the notebook's writer (`ipybox::notebook`), the resource (`mcp_server::notebook`).
 

@@ -925,10 +925,13 @@ impl ServerHandler for IpyboxServer {
             if let Some(why) = session.and_then(|s| s.notebook_fate.gone()) {
                 return Err(notebook::not_recorded(&request.uri, &why));
             }
-            return session
-                .and_then(|s| notebook::read(s, &request.uri))
-                .map(Into::into)
-                .ok_or_else(|| notebook::unknown(&request.uri));
+            let Some(session) = session else {
+                return Err(notebook::unknown(&request.uri));
+            };
+            return match notebook::read(session, &request.uri).await {
+                Some(read) => read.map(Into::into),
+                None => Err(notebook::unknown(&request.uri)),
+            };
         }
         self.shared
             .skills

@@ -2,8 +2,9 @@
 //! of one kernel session (what it ran, printed and was approved, see `ipybox::notebook`),
 //! listed by `resources/list` and read by `resources/read` — in both MCP eras, for the
 //! session's owner only. Another credential's session, a closed one and a tag nobody has answer
-//! alike: unknown. The content comes from the executor's memory, never from the file (under
-//! `--sandbox` the workspace copy is the kernel's to change).
+//! alike: unknown. The content is the current file, read back through the descriptor that
+//! wrote it and checked against a digest of what was written (never through its name: under
+//! `--sandbox` the workspace is the kernel's to change).
 //!
 //! Not here: recording (the executor), which sessions a caller owns (the [`super::Scope`]).
 
@@ -90,18 +91,32 @@ pub(crate) fn is(session: &KernelSession, tag: &str) -> bool {
         .is_some_and(|notebook| notebook.tag() == tag)
 }
 
-/// The content of `session`'s notebook, read as `uri`.
-pub(crate) fn read(session: &KernelSession, uri: &str) -> Option<ReadResourceResult> {
-    let notebook = session.executor.notebook()?;
-    let text = String::from_utf8_lossy(&notebook.json()).into_owned();
-    Some(ReadResourceResult::new(vec![
-        ResourceContents::TextResourceContents {
-            uri: uri.to_string(),
-            mime_type: Some(MIME.into()),
-            text,
-            meta: None,
-        },
-    ]))
+/// The content of `session`'s notebook, read as `uri` (`None`: it records none): the current
+/// file, read back from disk off the runtime's workers (see `ipybox::notebook::Notebook::read`).
+pub(crate) async fn read(
+    session: &KernelSession,
+    uri: &str,
+) -> Option<Result<ReadResourceResult, ErrorData>> {
+    let notebook = session.executor.notebook()?.clone();
+    let read = tokio::task::spawn_blocking(move || notebook.read())
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r);
+    Some(match read {
+        Ok(bytes) => Ok(ReadResourceResult::new(vec![
+            ResourceContents::TextResourceContents {
+                uri: uri.to_string(),
+                mime_type: Some(MIME.into()),
+                text: String::from_utf8(bytes)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+                meta: None,
+            },
+        ])),
+        Err(e) => Err(ErrorData::internal_error(
+            format!("{uri}: cannot read the session notebook: {e}"),
+            Some(json!({"uri": uri})),
+        )),
+    })
 }
 
 /// The answer for a notebook URI that names no session of the caller's (the same whether it

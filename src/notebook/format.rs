@@ -3,7 +3,7 @@
 //! they carry.
 //!
 //! Each cell is serialized once, when it ends (see [`super::Notebook`]); the notebook is the
-//! cells joined inside a fixed head and tail, so rewriting the file never serializes old cells
+//! cells joined inside a fixed head and tail, so appending to the file never serializes old cells
 //! again. Not here: what a cell holds while it runs ([`super::record`]), files.
 
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -170,13 +170,26 @@ pub struct HostRecord {
     pub cells: Vec<String>,
 }
 
-/// The digests a record keeps of one file's cells.
+/// The digests a record keeps of one file's cells, raw (32 bytes each: what the writer keeps
+/// per cell once the cell itself is on disk; hex in the record).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct FileDigests {
     /// Of each code cell's source ([`source_digest`]).
-    pub(crate) code: Vec<String>,
+    pub(crate) code: Vec<[u8; 32]>,
     /// Of each cell's serialized JSON ([`bytes_digest`]).
-    pub(crate) cells: Vec<String>,
+    pub(crate) cells: Vec<[u8; 32]>,
+}
+
+impl FileDigests {
+    /// Each digest of `list` in hex, as the record holds it.
+    pub(crate) fn hexes(list: &[[u8; 32]]) -> Vec<String> {
+        list.iter().map(|d| hex(d)).collect()
+    }
+}
+
+/// SHA-256 of `bytes`, raw.
+pub(crate) fn raw_digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
 }
 
 /// SHA-256 of `bytes`, hex.
@@ -410,7 +423,13 @@ fn align(a: &[String], b: &[String]) -> Vec<Op> {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut text = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        text.push(DIGITS[usize::from(b >> 4)] as char);
+        text.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    text
 }
 
 #[cfg(test)]

@@ -1,15 +1,18 @@
 //! The session notebook: every cell an executor runs, recorded as a Jupyter notebook
-//! (nbformat 4.5) that is rewritten after each cell (in the background), so a person can open it in JupyterLab or
-//! VS Code while the agent works and watch it grow; `ipybox replay` runs it again.
+//! (nbformat 4.5) that grows after each cell (in the background), so a person can open it in
+//! JupyterLab or VS Code while the agent works and watch it grow; `ipybox replay` runs it again.
 //!
-//! - [`Notebook`] (here): the recorder one executor owns. Cells are kept in memory, each
-//!   serialized once when it ends; the file is their concatenation inside a fixed head and
-//!   tail, written atomically (a new file renamed over the old) and never through a link
-//!   ([`crate::safe_fs`]: the workspace is writable by sandboxed kernels). It is never read
-//!   back: the MCP resource serves the notebook from memory. Past
-//!   [`NotebookConfig::max_file_bytes`] the session goes on in a new file (`…-2.ipynb`), so a
-//!   rewrite never costs more than that. Resets and kernel replacements start a new section (a
-//!   markdown cell), not a new file.
+//! - [`Notebook`] (here): the recorder one executor owns. Each cell is serialized once when it
+//!   ends and held until the background writer appends it to the file: the file is the cells,
+//!   one per line, between a fixed head and a tail (the notebook's metadata), and an append
+//!   writes the new cells over the old tail and a new tail after them, in one write through
+//!   the descriptor that created the file (a part's first write is a new file renamed into
+//!   place, never through a link: [`crate::safe_fs`]; the workspace is writable by sandboxed
+//!   kernels). Written cells are not kept in memory: the MCP resource reads the current file
+//!   back through that descriptor, checked against a digest of what was written
+//!   ([`Notebook::read`]). Past [`NotebookConfig::max_file_bytes`] the session goes on in a
+//!   new file (`…-2.ipynb`), which bounds a read. Resets and kernel replacements start a new
+//!   section (a markdown cell), not a new file.
 //! - [`record`]: one cell while it runs (outputs from the execution's events, after ipybox's
 //!   caps and the caller's text limit), and its end (status, duration, approval decisions).
 //! - [`format`]: the JSON of notebooks, cells and outputs; UTC times.
@@ -31,11 +34,14 @@ pub mod ledger;
 pub mod read;
 pub(crate) mod record;
 
+use std::collections::VecDeque;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::SystemTime;
 
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 pub(crate) use record::{CellRecord, Ending};
 pub use record::{MAX_CELL_TEXT_CHARS, MAX_RECORDED_ARGUMENT_BYTES, MAX_RECORDED_CALLS, Status};
@@ -52,11 +58,11 @@ pub const DEFAULT_MAX_FILE_BYTES: usize = 16 << 20;
 /// each write of a file: the boundary between the writer and whoever accounts for the disk.
 pub trait NotebookBudget: Send + Sync + std::fmt::Debug {
     /// File `name` (in the notebook's directory) of the notebook of session `tag` is about to
-    /// be written with `bytes` bytes, replacing what it held: `Ok` to write it, `Err(why)` to
-    /// leave the file as it is (recording goes on in memory; `why` is logged once).
+    /// be written to `bytes` bytes in all (an append or a new file): `Ok` to write it,
+    /// `Err(why)` to leave the file as it is (the cells are not recorded; `why` is logged once).
     fn admit(&self, tag: &str, name: &str, bytes: u64) -> Result<(), String>;
 
-    /// File `name` was written (renamed into place) after its admission.
+    /// File `name` was written (appended to, or renamed into place) after its admission.
     fn written(&self, tag: &str, name: &str) {
         let _ = (tag, name);
     }
@@ -87,7 +93,8 @@ impl NotebookConfig {
         }
     }
 
-    /// No file: the notebook is kept in memory only ([`Notebook::json`]).
+    /// No file: the notebook is kept in memory only ([`Notebook::read`]; one file part, at
+    /// most [`NotebookConfig::max_file_bytes`]).
     pub fn in_memory() -> Self {
         Self {
             dir: None,
@@ -159,14 +166,22 @@ pub(crate) enum Section {
     Restored,
 }
 
+/// The most bytes of cells a notebook holds in memory waiting for their file (8 MiB): past it
+/// (the file cannot be written, or the disk is far behind) the oldest waiting cells are dropped
+/// and the drop is logged. Cells on disk are never held.
+pub const MAX_PENDING_BYTES: usize = 8 << 20;
+
 /// The notebook of one executor's session (see the module docs). Every method is safe to call
-/// from any task.
+/// from any task; clones share the notebook.
 ///
-/// A cell ends in memory at once; the file is written by a background task (a blocking one of
-/// the tokio runtime, else a thread), so the caller's result never waits for the disk (a rename
-/// over a file costs milliseconds on a busy ext4). Cells that end while a write runs are written
-/// together by the next one. [`Notebook::flush`] waits for the file to hold everything.
-#[derive(Debug)]
+/// A cell ends in memory at once; a background task (a blocking one of the tokio runtime, else
+/// a thread) appends it to the file, so the caller's result never waits for the disk. Cells
+/// that end while a write runs are appended together by the next one. A cell written is no
+/// longer held: the memory of a notebook is the cells not yet written (at most
+/// [`MAX_PENDING_BYTES`]), the last code cell, and 64 bytes of digests per cell of the current
+/// file (for the host record). [`Notebook::flush`] waits for the file to hold everything;
+/// [`Notebook::read`] reads the notebook back from the file.
+#[derive(Debug, Clone)]
 pub struct Notebook(Arc<Shared>);
 
 #[derive(Debug)]
@@ -189,29 +204,37 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when a write ends.
     written: Condvar,
+    /// The file being written, held while it is written or read back. Taken before `state`
+    /// when both are (the caller's path takes `state` only: it never waits for the disk).
+    disk: Mutex<Option<OpenFile>>,
 }
 
-/// A file's content as it was: its part number, its serialized cells and their size, and the
-/// digests of its code cells' sources.
-type Snapshot = (u32, Vec<Arc<[u8]>>, usize, ledger::FileDigests);
+/// A cell not yet in its file.
+#[derive(Debug)]
+struct Pending {
+    /// The file it goes to.
+    part: u32,
+    bytes: Arc<[u8]>,
+    /// The digest of its source, when it is a code cell (for the host record).
+    code: Option<[u8; 32]>,
+}
 
 #[derive(Debug, Default)]
 struct State {
     /// The current file's number (1, then 2, ... past the size limit).
     part: u32,
-    /// The serialized cells of the current file, the header first.
-    cells: Vec<Arc<[u8]>>,
-    /// The digests of the current file's cells and code cells' sources (for the host record).
-    digests: ledger::FileDigests,
+    /// The size and number of the current file's cells, written or not.
     bytes: usize,
-    /// Changes to the current file so far, and how many of them the file holds.
-    version: u64,
-    on_disk: u64,
-    /// Whether a background write runs (it goes on until the files hold every change).
+    cells: usize,
+    /// Cells not yet written, oldest first, and their size.
+    pending: VecDeque<Pending>,
+    pending_bytes: usize,
+    /// Cells dropped unwritten since the last drop was logged.
+    lost: usize,
+    /// The last code cell recorded.
+    last_code: Option<Arc<[u8]>>,
+    /// Whether a background write runs (it goes on until the file holds every cell).
     writing: bool,
-    /// Files finished (past the size limit) whose last version the background write still
-    /// has to write: part, cells, size.
-    finished: std::collections::VecDeque<Snapshot>,
     /// The last execution count of the current section.
     count: u32,
     next_id: u64,
@@ -219,6 +242,90 @@ struct State {
     since_section: usize,
     /// The last write error logged (the same one is not logged again).
     failing: Option<String>,
+    /// Cells whose result went to the caller before the notebook got them ([`Expected`]).
+    expected: usize,
+    /// When the last write ended (writes are at least [`WRITE_INTERVAL`] apart).
+    last_write: Option<std::time::Instant>,
+}
+
+/// The least time between two writes of a notebook: cells that end within it are appended
+/// together (one write, one host record), so a burst of small cells costs the disk and the
+/// other core a write per 20 ms, not one per cell. The file follows the cells by at most this
+/// (plus the write); [`Notebook::read`] serves the cells not yet written from memory.
+pub const WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A cell the notebook is about to get, its result sent first ([`Notebook::expect`]): until
+/// this is dropped, [`Notebook::read`] waits (a caller that got the result and reads the
+/// notebook finds the cell).
+pub(crate) struct Expected(Notebook);
+
+impl Drop for Expected {
+    fn drop(&mut self) {
+        self.0.lock().expected -= 1;
+        self.0.0.written.notify_all();
+    }
+}
+
+/// The longest [`Notebook::read`] waits for an [`Expected`] cell.
+const EXPECTED_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The file being written, through the descriptor that created it: appended to in place (its
+/// cells never move; the tail after them is written again with each append), read back for
+/// the resource, and checked against what was written.
+struct OpenFile {
+    part: u32,
+    file: std::fs::File,
+    /// Where the tail begins: the end of the last cell.
+    body_end: u64,
+    /// The file's length.
+    len: u64,
+    /// The digests of its cells, for the host record.
+    digests: ledger::FileDigests,
+    /// SHA-256 over bytes `0..body_end` as written.
+    body: Sha256,
+}
+
+impl std::fmt::Debug for OpenFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenFile")
+            .field("part", &self.part)
+            .field("body_end", &self.body_end)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OpenFile {
+    /// The file's cells as written (its bytes up to the tail), read through the descriptor:
+    /// an error if they are no longer what ipybox wrote.
+    fn body(&self, path: &Path) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let len = usize::try_from(self.body_end).map_err(std::io::Error::other)?;
+        let mut bytes = vec![0; len];
+        self.file.read_exact_at(&mut bytes, 0).map_err(|e| {
+            std::io::Error::new(e.kind(), format!("reading {} back: {e}", path.display()))
+        })?;
+        if Sha256::digest(&bytes) != self.body.clone().finalize() {
+            return Err(std::io::Error::other(format!(
+                "{} was changed behind ipybox: its cells are no longer those recorded, so it is not served\n  help: the session goes on recording into it; its next part (past the file size limit) is served again, and `ipybox replay` names the cells that differ from the host's record",
+                path.display()
+            )));
+        }
+        Ok(bytes)
+    }
+}
+
+/// Why a write did not happen.
+enum WriteError {
+    /// The budget refused it: the cells are not recorded.
+    Refused(String),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for WriteError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
 }
 
 impl Notebook {
@@ -241,6 +348,7 @@ impl Notebook {
             canonical_dir: OnceLock::new(),
             state: Mutex::default(),
             written: Condvar::new(),
+            disk: Mutex::default(),
         }));
         {
             let mut state = notebook.lock();
@@ -253,10 +361,11 @@ impl Notebook {
         self.0.lock()
     }
 
-    /// Waits until the file holds every cell recorded so far (returns at once when nothing is
-    /// being written, or the notebook has no file).
+    /// Waits until the file holds every cell recorded so far, those whose result went out
+    /// before the notebook got them included (returns at once when nothing is being written,
+    /// or the notebook has no file).
     pub fn flush(&self) {
-        let mut state = self.lock();
+        let mut state = self.settled();
         while state.writing {
             state = self
                 .0
@@ -297,19 +406,86 @@ impl Notebook {
         Some(self.0.dir.as_ref()?.join(self.0.file_name(part)))
     }
 
-    /// The notebook as it is now (the current file's content), from memory.
-    pub fn json(&self) -> Vec<u8> {
-        let state = self.lock();
-        self.assemble(&state)
+    /// The notebook as it is now (the current file's content): the cells waiting for the
+    /// writer are appended first, then the file's cells are read back through the descriptor
+    /// that wrote them (never through the name) and checked against what was written; cells
+    /// that could not be written follow from memory, then the tail. At most the file's size
+    /// limit, or one cell more. Blocking: call it off the async runtime's workers.
+    pub fn read(&self) -> std::io::Result<Vec<u8>> {
+        drop(self.settled());
+        let mut disk = self.0.disk();
+        // The cells waiting for the writer go to the file first (the file is what is served:
+        // a reader sees the same bytes there).
+        if self.0.dir.is_some() {
+            self.0.write_pending(&mut disk, false);
+        }
+        let (part, pending) = {
+            let state = self.lock();
+            let pending: Vec<Arc<[u8]>> = state
+                .pending
+                .iter()
+                .filter(|p| p.part == state.part)
+                .map(|p| p.bytes.clone())
+                .collect();
+            (state.part, pending)
+        };
+        let mut bytes = match disk.as_ref().filter(|f| f.part == part) {
+            Some(open) => {
+                let path = self
+                    .0
+                    .dir
+                    .as_deref()
+                    .unwrap_or(Path::new(""))
+                    .join(self.0.file_name(part));
+                open.body(&path)?
+            }
+            None => format::HEAD.to_vec(),
+        };
+        drop(disk);
+        for cell in pending {
+            if bytes.len() > format::HEAD.len() {
+                bytes.extend_from_slice(b",\n");
+            }
+            bytes.extend_from_slice(&cell);
+        }
+        bytes.extend_from_slice(&self.0.tail(part));
+        Ok(bytes)
     }
 
-    /// The last code cell recorded in the current file, if any.
+    /// The state once no [`Expected`] cell is outstanding (waiting at most [`EXPECTED_WAIT`]).
+    fn settled(&self) -> MutexGuard<'_, State> {
+        let until = std::time::Instant::now() + EXPECTED_WAIT;
+        let mut state = self.lock();
+        while state.expected > 0 {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .0
+                .written
+                .wait_timeout(state, left)
+                .map_or_else(|p| p.into_inner().0, |(s, _)| s);
+        }
+        state
+    }
+
+    /// A cell is about to be recorded after its result goes to the caller: reads wait for it
+    /// until the returned guard is dropped.
+    pub(crate) fn expect(&self) -> Expected {
+        self.lock().expected += 1;
+        Expected(self.clone())
+    }
+
+    /// The last code cell recorded, if any.
     pub fn last_code_cell(&self) -> Option<Value> {
-        let state = self.lock();
-        state.cells.iter().rev().find_map(|bytes| {
-            let cell: Value = serde_json::from_slice(bytes).ok()?;
-            (cell["cell_type"] == "code").then_some(cell)
-        })
+        let last = self.settled().last_code.clone()?;
+        serde_json::from_slice(&last).ok()
+    }
+
+    /// The bytes of cells held in memory waiting for the file (for tests and benchmarks).
+    pub fn pending_bytes(&self) -> usize {
+        self.lock().pending_bytes
     }
 
     fn next_id(state: &mut State) -> String {
@@ -320,9 +496,13 @@ impl Notebook {
     /// Begins file `part + 1` with its header cell.
     fn start_part(&self, state: &mut State, previous: Option<String>) {
         state.part += 1;
-        state.cells.clear();
-        state.digests = ledger::FileDigests::default();
         state.bytes = 0;
+        state.cells = 0;
+        if self.0.dir.is_none() {
+            // In memory only: nothing will write the earlier file's cells.
+            state.pending.clear();
+            state.pending_bytes = 0;
+        }
         let started = format::utc(self.0.started)
             .replace('T', " ")
             .replace('Z', " UTC");
@@ -338,54 +518,45 @@ impl Notebook {
             meta["continued_from"] = previous.into();
         }
         let id = Self::next_id(state);
-        Self::push(state, &format::markdown_cell(&id, &text, meta));
+        let cell = format::markdown_cell(&id, &text, meta);
+        self.push_bytes(state, serde_json::to_vec(&cell).unwrap_or_default(), None);
     }
 
-    fn push(state: &mut State, cell: &Value) {
-        Self::note_code(state, cell);
-        Self::push_bytes(state, serde_json::to_vec(cell).unwrap_or_default());
-    }
-
-    /// Keeps the digest of `cell`'s source when it is a code cell (for the host record).
-    fn note_code(state: &mut State, cell: &Value) {
-        if cell["cell_type"] == "code" {
-            let source = cell["source"].as_str().unwrap_or_default();
-            state.digests.code.push(ledger::source_digest(source));
+    /// Adds a cell's bytes to the current file's, waiting for the writer (the oldest waiting
+    /// are dropped past [`MAX_PENDING_BYTES`]).
+    fn push_bytes(&self, state: &mut State, bytes: Vec<u8>, code: Option<[u8; 32]>) {
+        state.bytes += bytes.len() + 2;
+        state.cells += 1;
+        state.pending_bytes += bytes.len();
+        let bytes: Arc<[u8]> = bytes.into();
+        if code.is_some() {
+            state.last_code = Some(bytes.clone());
+        }
+        state.pending.push_back(Pending {
+            part: state.part,
+            bytes,
+            code,
+        });
+        if self.0.dir.is_some() {
+            self.0.bound_pending(state);
         }
     }
 
-    fn push_bytes(state: &mut State, bytes: Vec<u8>) {
-        state.digests.cells.push(ledger::bytes_digest(&bytes));
-        state.bytes += bytes.len() + 2;
-        state.cells.push(bytes.into());
-        state.version += 1;
-    }
-
-    /// Adds `cell`, going on in a new file first if it would not fit in this one (the full
-    /// file is written first, in the caller's time: once per file).
+    /// Adds `cell`, going on in a new file first if it would not fit in this one.
     fn push_sized(&self, state: &mut State, cell: &Value) {
         let bytes = serde_json::to_vec(cell).unwrap_or_default();
-        if state.cells.len() > 1 && state.bytes + bytes.len() > self.0.max_file_bytes {
-            if state.on_disk < state.version {
-                let done = (
-                    state.part,
-                    state.cells.clone(),
-                    state.bytes,
-                    state.digests.clone(),
-                );
-                state.finished.push_back(done);
-            }
-            state.on_disk = state.version;
+        if state.cells > 1 && state.bytes + bytes.len() > self.0.max_file_bytes {
             let previous = self.0.file_name(state.part);
             self.start_part(state, Some(previous));
         }
-        Self::note_code(state, cell);
-        Self::push_bytes(state, bytes);
+        let code = (cell["cell_type"] == "code")
+            .then(|| ledger::raw_digest(cell["source"].as_str().unwrap_or_default().as_bytes()));
+        self.push_bytes(state, bytes, code);
     }
 
     /// Records a cell that ended (`ending`) after the approval decisions in `calls`, and
     /// writes the file.
-    pub(crate) fn finish(&self, record: CellRecord, ending: &Ending<'_>, calls: Vec<CallRecord>) {
+    pub(crate) fn finish(&self, record: CellRecord, ending: &Ending, calls: Vec<CallRecord>) {
         let mut state = self.lock();
         state.count += 1;
         let id = Self::next_id(&mut state);
@@ -468,16 +639,9 @@ impl Notebook {
         self.write(&mut state);
     }
 
-    fn assemble(&self, state: &State) -> Vec<u8> {
-        self.0.assemble(state.part, &state.cells, state.bytes)
-    }
-
-    /// Has the files written in the background (see [`Notebook`]).
+    /// Has the cells written in the background (see [`Notebook`]).
     fn write(&self, state: &mut State) {
-        if self.0.dir.is_none()
-            || state.writing
-            || (state.on_disk == state.version && state.finished.is_empty())
-        {
+        if self.0.dir.is_none() || state.writing || state.pending.is_empty() {
             return;
         }
         state.writing = true;
@@ -522,6 +686,10 @@ impl Shared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn disk(&self) -> MutexGuard<'_, Option<OpenFile>> {
+        self.disk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn file_name(&self, part: u32) -> String {
         let stem = format!("{}-{}", format::utc_for_file(self.started), self.tag);
         match part {
@@ -530,93 +698,293 @@ impl Shared {
         }
     }
 
-    fn assemble(&self, part: u32, cells: &[Arc<[u8]>], size: usize) -> Vec<u8> {
-        let tail = format::tail(&format::notebook_metadata(
+    /// The tail of file `part`: its metadata, as known now.
+    fn tail(&self, part: u32) -> Vec<u8> {
+        format::tail(&format::notebook_metadata(
             &self.tag,
             &format::utc(self.started),
             part,
             self.confinement.get(),
-        ));
-        let mut bytes = Vec::with_capacity(format::HEAD.len() + size + tail.len());
-        bytes.extend_from_slice(format::HEAD);
-        for (i, cell) in cells.iter().enumerate() {
-            if i > 0 {
-                bytes.extend_from_slice(b",\n");
-            }
-            bytes.extend_from_slice(cell);
-        }
-        bytes.extend_from_slice(&tail);
-        bytes
+        ))
     }
 
-    /// The background write: the files finished meanwhile, then the current file as it is,
-    /// again while cells end. One runs at a time, so a later version is never overwritten by
-    /// an earlier one; the disk is never written under the lock.
+    /// Drops the oldest waiting cells past [`MAX_PENDING_BYTES`] (one cell always stays), and
+    /// logs it once per burst.
+    fn bound_pending(&self, state: &mut State) {
+        let mut dropped = 0;
+        while state.pending_bytes > MAX_PENDING_BYTES && state.pending.len() > 1 {
+            if let Some(old) = state.pending.pop_front() {
+                state.pending_bytes -= old.bytes.len();
+                dropped += 1;
+            }
+        }
+        if dropped > 0 {
+            if state.lost == 0 {
+                tracing::warn!(
+                    session = %self.tag,
+                    "session notebook: cells are dropped unwritten: {} bytes of them wait for the file, the most a notebook holds in memory (last write error: {})",
+                    MAX_PENDING_BYTES,
+                    state.failing.as_deref().unwrap_or("none: the disk is behind")
+                );
+            }
+            state.lost += dropped;
+        }
+    }
+
+    /// The background write: appends the waiting cells to their files, again while cells
+    /// end. One runs at a time, and the disk is never written under `state`. A failed write
+    /// puts its cells back (the next cell tries again); a refused one drops them.
     fn write_until_current(&self) {
         loop {
-            let (part, cells, size, digests, version) = {
-                let mut state = self.lock();
-                if let Some((part, cells, size, digests)) = state.finished.pop_front() {
-                    (part, cells, size, digests, None)
-                } else if state.on_disk == state.version {
+            let since = self.lock().last_write.map(|t| t.elapsed());
+            if let Some(since) = since
+                && since < WRITE_INTERVAL
+            {
+                std::thread::sleep(WRITE_INTERVAL - since);
+            }
+            let mut disk = self.disk();
+            if !self.write_pending(&mut disk, true) {
+                return;
+            }
+        }
+    }
+
+    /// Appends the waiting cells to their files; whether there were any and they were
+    /// written. For the background `writer`, nothing left to write or a failure ends its run
+    /// (marked in the state, under the same lock as the look at what waits).
+    fn write_pending(&self, disk: &mut Option<OpenFile>, writer: bool) -> bool {
+        let batch = {
+            let mut state = self.lock();
+            if state.pending.is_empty() {
+                if writer {
                     state.writing = false;
                     self.written.notify_all();
-                    return;
-                } else {
-                    let current = (state.part, state.cells.clone(), state.bytes);
-                    let digests = state.digests.clone();
-                    (
-                        current.0,
-                        current.1,
-                        current.2,
-                        digests,
-                        Some(state.version),
-                    )
                 }
-            };
+                return false;
+            }
+            if state.lost > 0 {
+                tracing::warn!(session = %self.tag, "session notebook: {} cells were dropped unwritten", state.lost);
+                state.lost = 0;
+            }
+            state.pending_bytes = 0;
+            std::mem::take(&mut state.pending)
+        };
+        let failed = self.write_batch(disk, batch);
+        let mut state = self.lock();
+        state.last_write = Some(std::time::Instant::now());
+        let Some((mut rest, name, e)) = failed else {
+            state.failing = None;
+            return true;
+        };
+        let text = match e {
+            WriteError::Refused(why) => {
+                // Not recorded: the budget said why (and tells the session).
+                rest.clear();
+                format!("{why} (these cells are not recorded)")
+            }
+            WriteError::Io(e) => format!(
+                "{e} (the cells wait in memory, at most {MAX_PENDING_BYTES} bytes of them, and the next cell tries again)"
+            ),
+        };
+        while let Some(cell) = rest.pop_back() {
+            state.pending_bytes += cell.bytes.len();
+            state.pending.push_front(cell);
+        }
+        self.bound_pending(&mut state);
+        self.log_failure(&mut state, &name, text);
+        if writer {
+            state.writing = false;
+            self.written.notify_all();
+        }
+        false
+    }
+
+    /// Writes `batch` file by file; on failure, the cells not written, the file's name and
+    /// why.
+    fn write_batch(
+        &self,
+        disk: &mut Option<OpenFile>,
+        mut batch: VecDeque<Pending>,
+    ) -> Option<(VecDeque<Pending>, String, WriteError)> {
+        while let Some(part) = batch.front().map(|p| p.part) {
+            let n = batch.iter().take_while(|p| p.part == part).count();
+            let group: Vec<Pending> = batch.drain(..n).collect();
             let name = self.file_name(part);
-            let written = self
-                .write_bytes(&name, &self.assemble(part, &cells, size))
-                .and_then(|()| self.write_record(part, &name, digests));
-            let mut state = self.lock();
-            if let Some(version) = version
-                && state.part == part
-            {
-                state.on_disk = version;
+            if let Err(e) = self.write_group(disk, part, &name, &group) {
+                for cell in group.into_iter().rev() {
+                    batch.push_front(cell);
+                }
+                return Some((batch, name, e));
             }
-            self.record(&mut state, &name, written);
         }
+        None
     }
 
-    /// Logs a failed write (once per kind: recording goes on in memory, the next cell tries
-    /// again).
-    fn record(&self, state: &mut State, name: &str, written: std::io::Result<()>) {
-        match written {
-            Ok(()) => state.failing = None,
-            Err(e) => {
-                let text = e.to_string();
-                if state.failing.as_deref() != Some(text.as_str()) {
-                    tracing::warn!(
-                        "cannot write the session notebook {}: {text} (recording goes on in memory)",
-                        self.dir
-                            .as_deref()
-                            .unwrap_or(Path::new(""))
-                            .join(name)
-                            .display()
-                    );
-                    state.failing = Some(text);
+    /// Appends `cells` to file `name` (part `part`): in place, after the cells it holds (the
+    /// tail written again after them), in one write; or, for the part's first write and when
+    /// the file in the directory is no longer the one written (replaced or removed behind
+    /// ipybox), as a new file renamed into place, holding what was written of the part before
+    /// (copied through the open descriptor). Never through a link.
+    fn write_group(
+        &self,
+        disk: &mut Option<OpenFile>,
+        part: u32,
+        name: &str,
+        cells: &[Pending],
+    ) -> Result<(), WriteError> {
+        use std::os::unix::fs::FileExt;
+        let Some(dir) = self.open_dir()? else {
+            return Ok(());
+        };
+        let tail = self.tail(part);
+        // Looked at before the file is taken out of `disk`: an error leaves it there.
+        let in_place = match disk.as_ref().filter(|f| f.part == part) {
+            Some(f) => dir.holds(name, &f.file)?,
+            None => false,
+        };
+        // From here, every error puts it back: a later write must not start the file anew.
+        let before = disk.take_if(|f| f.part == part);
+        let body_end = before
+            .as_ref()
+            .map_or(format::HEAD.len() as u64, |f| f.body_end);
+        let mut bytes =
+            Vec::with_capacity(cells.iter().map(|c| c.bytes.len() + 2).sum::<usize>() + tail.len());
+        for (i, cell) in cells.iter().enumerate() {
+            if i > 0 || before.is_some() {
+                bytes.extend_from_slice(b",\n");
+            }
+            bytes.extend_from_slice(&cell.bytes);
+        }
+        let added = bytes.len() as u64;
+        bytes.extend_from_slice(&tail);
+        let len = body_end + bytes.len() as u64;
+        if let Some(budget) = &self.budget
+            && let Err(why) = budget.admit(&self.tag, name, len)
+        {
+            *disk = before;
+            return Err(WriteError::Refused(why));
+        }
+        let mode = if self.private { 0o600 } else { 0o644 };
+        let mut open = match before {
+            Some(mut f) if in_place => {
+                let written = f.file.write_all_at(&bytes, f.body_end).and_then(|()| {
+                    if len < f.len {
+                        f.file.set_len(len)
+                    } else {
+                        Ok(())
+                    }
+                });
+                if let Err(e) = written {
+                    // The cells before `body_end` are intact; the next write goes there again.
+                    f.len = f.len.max(len);
+                    *disk = Some(f);
+                    return Err(e.into());
+                }
+                f
+            }
+            before => {
+                let (tmp, mut file) = loop {
+                    let tmp = format!(".{name}.tmp-{:08x}", rand::random::<u32>());
+                    match dir.create_file_rw(&tmp, mode) {
+                        Ok(file) => break (tmp, file),
+                        // Something (a link, planted or left over) holds the name: another one.
+                        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                        Err(e) => {
+                            *disk = before;
+                            return Err(e.into());
+                        }
+                    }
+                };
+                let copied = match &before {
+                    Some(f) => {
+                        let mut from = std::io::Read::take(&f.file, f.body_end);
+                        std::io::Seek::rewind(&mut &f.file).and_then(|()| {
+                            std::io::copy(&mut from, &mut file).and_then(|n| {
+                                if n == f.body_end {
+                                    Ok(())
+                                } else {
+                                    Err(std::io::Error::other(format!(
+                                        "the notebook being written shrank to {n} bytes"
+                                    )))
+                                }
+                            })
+                        })
+                    }
+                    None => file.write_all(format::HEAD),
+                };
+                let done = copied
+                    .and_then(|()| file.write_all(&bytes))
+                    .and_then(|()| dir.rename(&tmp, name));
+                if let Err(e) = done {
+                    let _ = dir.remove_tree(&tmp);
+                    *disk = before;
+                    return Err(e.into());
+                }
+                match before {
+                    Some(mut f) => {
+                        f.file = file;
+                        f
+                    }
+                    None => {
+                        let mut body = Sha256::new();
+                        body.update(format::HEAD);
+                        OpenFile {
+                            part,
+                            file,
+                            body_end: format::HEAD.len() as u64,
+                            len: 0,
+                            digests: ledger::FileDigests::default(),
+                            body,
+                        }
+                    }
                 }
             }
+        };
+        open.body.update(&bytes[..added as usize]);
+        open.body_end += added;
+        open.len = len;
+        for cell in cells {
+            open.digests.cells.push(ledger::raw_digest(&cell.bytes));
+            if let Some(code) = cell.code {
+                open.digests.code.push(code);
+            }
+        }
+        if let Some(budget) = &self.budget {
+            budget.written(&self.tag, name);
+        }
+        // The cells are in the file: a record that cannot be written is logged, not retried
+        // with them.
+        let record = self.write_record(part, name, &open.digests);
+        *disk = Some(open);
+        if let Err(e) = record {
+            let mut state = self.lock();
+            self.log_failure(&mut state, name, e.to_string());
+        }
+        Ok(())
+    }
+
+    /// Logs a failed write (once per kind).
+    fn log_failure(&self, state: &mut State, name: &str, text: String) {
+        if state.failing.as_deref() != Some(text.as_str()) {
+            tracing::warn!(
+                "cannot write the session notebook {}: {text}",
+                self.dir
+                    .as_deref()
+                    .unwrap_or(Path::new(""))
+                    .join(name)
+                    .display()
+            );
+            state.failing = Some(text);
         }
     }
 
-    /// Rewrites the host's record of file `name` (part `part`, whose code cells' sources have
-    /// `digests`), when the host keeps records ([`ledger`]).
+    /// Rewrites the host's record of file `name` (part `part`, whose cells have `digests`),
+    /// when the host keeps records ([`ledger`]).
     fn write_record(
         &self,
         part: u32,
         name: &str,
-        digests: ledger::FileDigests,
+        digests: &ledger::FileDigests,
     ) -> std::io::Result<()> {
         let (Some(records), Some(dir)) = (self.records.get(), &self.dir) else {
             return Ok(());
@@ -636,8 +1004,8 @@ impl Shared {
             started: format::utc(self.started),
             part,
             confinement: self.confinement.get().cloned(),
-            code_cells: digests.code,
-            cells: digests.cells,
+            code_cells: ledger::FileDigests::hexes(&digests.code),
+            cells: ledger::FileDigests::hexes(&digests.cells),
         };
         ledger::write(records, &record).map_err(|e| {
             std::io::Error::new(
@@ -647,15 +1015,12 @@ impl Shared {
         })
     }
 
-    /// Replaces file `name` of the notebook directory with `bytes`, never through a link.
-    fn write_bytes(&self, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-        let Some(dir) = &self.dir else { return Ok(()) };
-        if let Some(budget) = &self.budget {
-            let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-            budget
-                .admit(&self.tag, name, size)
-                .map_err(std::io::Error::other)?;
-        }
+    /// The notebook directory, opened never through a link (created, private or not), with
+    /// its `.gitignore` made once; `None` when the notebook has no files.
+    fn open_dir(&self) -> std::io::Result<Option<crate::safe_fs::NoFollowDir>> {
+        let Some(dir) = &self.dir else {
+            return Ok(None);
+        };
         let dir = if self.private {
             crate::safe_fs::open_private_dir(dir)
         } else {
@@ -667,11 +1032,7 @@ impl Shared {
                 .gitignore_done
                 .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            match dir.create_new(
-                ".gitignore",
-                GITIGNORE,
-                if self.private { 0o600 } else { 0o644 },
-            ) {
+            match dir.create_new(".gitignore", GITIGNORE, 0o644) {
                 Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
                     self.gitignore_done
                         .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -683,11 +1044,7 @@ impl Shared {
                 _ => {}
             }
         }
-        dir.rewrite(name, bytes, if self.private { 0o600 } else { 0o644 })?;
-        if let Some(budget) = &self.budget {
-            budget.written(&self.tag, name);
-        }
-        Ok(())
+        Ok(Some(dir))
     }
 }
 
@@ -748,7 +1105,8 @@ mod tests {
                 .ends_with("-s_1.ipynb")
         );
         let on_disk = std::fs::read(&path).unwrap();
-        assert_eq!(on_disk, notebook.json());
+        assert_eq!(on_disk, notebook.read().unwrap());
+        assert_eq!(notebook.pending_bytes(), 0, "a written cell is not held");
         let nb = parse(&on_disk);
         let cells = nb["cells"].as_array().unwrap();
         let kinds: Vec<(&str, Value)> = cells
@@ -882,6 +1240,118 @@ mod tests {
         assert_eq!(record.session, "rec");
         let nb = parse(&std::fs::read(&path).unwrap());
         assert_eq!(nb["metadata"]["ipybox"]["confinement"]["kernel"], "local");
+    }
+
+    #[test]
+    fn a_written_cell_is_not_held_in_memory() {
+        let t = tempfile::tempdir().unwrap();
+        let big = "x".repeat(64 << 10);
+        let on_disk = Notebook::new(NotebookConfig::in_dir(t.path()).tag("disk"));
+        // The control: the same cells with no file to go to stay in memory.
+        let in_memory = Notebook::new(NotebookConfig::in_memory().tag("mem"));
+        for i in 0..40 {
+            run(&on_disk, &format!("print({i})"), &big);
+            run(&in_memory, &format!("print({i})"), &big);
+        }
+        assert_eq!(on_disk.pending_bytes(), 0);
+        assert!(
+            in_memory.pending_bytes() > 40 * big.len(),
+            "{}",
+            in_memory.pending_bytes()
+        );
+        // Both read the same cells: one from the file, one from memory.
+        let file = std::fs::read(on_disk.path().unwrap()).unwrap();
+        assert_eq!(file, on_disk.read().unwrap());
+        for bytes in [file, in_memory.read().unwrap()] {
+            let nb = parse(&bytes);
+            let cells = nb["cells"].as_array().unwrap();
+            assert_eq!(cells.len(), 41);
+            assert_eq!(cells[40]["source"], "print(39)");
+            assert_eq!(
+                cells[40]["outputs"][0]["text"].as_str().unwrap().len(),
+                big.len()
+            );
+        }
+        assert_eq!(on_disk.last_code_cell().unwrap()["source"], "print(39)");
+    }
+
+    #[test]
+    fn cells_are_appended_in_place_and_read_back_as_written() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let notebook = Notebook::new(NotebookConfig::in_dir(t.path()).tag("app"));
+        run(&notebook, "print(1)", "1\n");
+        let path = notebook.path().unwrap();
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        run(&notebook, "print(2)", "2\n");
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().ino(),
+            inode,
+            "appended in place"
+        );
+        assert_eq!(
+            parse(&notebook.read().unwrap())["cells"]
+                .as_array()
+                .unwrap()
+                .len(),
+            3
+        );
+        // The file removed behind ipybox: the next cell brings back a whole file (what was
+        // written, copied through the open descriptor, and the new cell).
+        std::fs::remove_file(&path).unwrap();
+        run(&notebook, "print(3)", "3\n");
+        let nb = parse(&std::fs::read(&path).unwrap());
+        let sources: Vec<&str> = nb["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["cell_type"] == "code")
+            .map(|c| c["source"].as_str().unwrap())
+            .collect();
+        assert_eq!(sources, ["print(1)", "print(2)", "print(3)"]);
+        // A cell changed on disk behind ipybox: not served; the control (unchanged) is.
+        let bytes = notebook.read().unwrap();
+        let edited = String::from_utf8(bytes).unwrap().replace("2\\n", "9\\n");
+        std::os::unix::fs::FileExt::write_all_at(
+            &std::fs::OpenOptions::new().write(true).open(&path).unwrap(),
+            edited.as_bytes(),
+            0,
+        )
+        .unwrap();
+        let e = notebook.read().unwrap_err().to_string();
+        assert!(e.contains("was changed behind ipybox"), "{e}");
+    }
+
+    #[test]
+    fn cells_wait_in_memory_while_the_file_cannot_be_written_within_a_bound() {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().join("nb");
+        // A file where the directory should be: no write can happen.
+        std::fs::write(&dir, "not a directory").unwrap();
+        let notebook = Notebook::new(NotebookConfig::in_dir(&dir).tag("full"));
+        let cell = "y".repeat(256 << 10);
+        for i in 0..8 {
+            run(&notebook, &format!("print({i})"), &cell);
+        }
+        // The control: under the bound, every cell waits.
+        let waiting = notebook.pending_bytes();
+        assert!(waiting > 8 * cell.len(), "{waiting}");
+        for i in 8..48 {
+            run(&notebook, &format!("print({i})"), &cell);
+        }
+        let waiting = notebook.pending_bytes();
+        assert!(
+            waiting <= MAX_PENDING_BYTES && waiting > MAX_PENDING_BYTES - 2 * cell.len(),
+            "{waiting}"
+        );
+        // The directory back: the waiting cells are written, the dropped ones are not.
+        std::fs::remove_file(&dir).unwrap();
+        run(&notebook, "print(48)", "");
+        assert_eq!(notebook.pending_bytes(), 0);
+        let nb = parse(&std::fs::read(notebook.path().unwrap()).unwrap());
+        let cells = nb["cells"].as_array().unwrap();
+        assert_eq!(cells.last().unwrap()["source"], "print(48)");
+        assert!(cells.len() < 40 && cells.len() > 20, "{}", cells.len());
     }
 
     #[test]

@@ -59,16 +59,68 @@ impl Status {
     }
 }
 
-/// How an execution ended, as the notebook needs to know it (the executor says).
+/// How an execution ended, as the notebook needs to know it (the executor says): owned, so
+/// that the cell can be recorded after its result went to the caller.
 #[derive(Debug)]
-pub(crate) enum Ending<'a> {
+pub(crate) enum Ending {
     Ok,
+    /// The code raised (`KeyboardInterrupt`: it was interrupted).
+    Raised {
+        ename: String,
+        evalue: String,
+        traceback: String,
+    },
+    /// Anything else: its status, whether the kernel was replaced after it, and the message the
+    /// caller got (what ran out, what was kept).
+    Other {
+        status: Status,
+        kernel_replaced: bool,
+        message: String,
+    },
+}
+
+impl Ending {
     /// The kernel's error (the code raised, timed out, or the kernel died).
-    Kernel(&'a KernelError),
+    pub(crate) fn kernel(e: &KernelError) -> Self {
+        let other = |status, kernel_replaced| Self::Other {
+            status,
+            kernel_replaced,
+            message: e.to_string(),
+        };
+        match e {
+            KernelError::Failed {
+                ename,
+                evalue,
+                traceback,
+                ..
+            } => Self::Raised {
+                ename: ename.clone(),
+                evalue: evalue.clone(),
+                traceback: traceback.clone(),
+            },
+            KernelError::Timeout { state_kept, .. } => other(Status::TimedOut, !state_kept),
+            KernelError::Died { .. } => other(Status::KernelDied, true),
+            _ => other(Status::Failed, false),
+        }
+    }
+
     /// Cancelled by its caller; the message the caller got.
-    Cancelled(String),
+    pub(crate) fn cancelled(message: String) -> Self {
+        Self::Other {
+            status: Status::Cancelled,
+            kernel_replaced: false,
+            message,
+        }
+    }
+
     /// Anything else; the message the caller got.
-    Other(String),
+    pub(crate) fn other(message: String) -> Self {
+        Self::Other {
+            status: Status::Failed,
+            kernel_replaced: false,
+            message,
+        }
+    }
 }
 
 /// What a cell's execution printed or displayed, in order.
@@ -210,19 +262,18 @@ impl CellRecord {
         mut self,
         id: &str,
         count: u32,
-        ending: &Ending<'_>,
+        ending: &Ending,
         calls: Vec<CallRecord>,
     ) -> Finished {
         let duration = self.clock.elapsed();
         let (status, kernel_replaced) = status(ending);
         match ending {
             Ending::Ok => {}
-            Ending::Kernel(KernelError::Failed {
+            Ending::Raised {
                 ename,
                 evalue,
                 traceback,
-                ..
-            }) => {
+            } => {
                 let traceback = self.keep(traceback).unwrap_or_default();
                 self.outputs.push(Output::Error {
                     ename: ename.clone(),
@@ -231,16 +282,10 @@ impl CellRecord {
                 });
             }
             // The message the caller got (what ran out, what was kept), always whole.
-            Ending::Kernel(e) => self.outputs.push(Output::Stream {
+            Ending::Other { message, .. } => self.outputs.push(Output::Stream {
                 name: "stderr",
-                text: format!("{e}\n"),
+                text: format!("{message}\n"),
             }),
-            Ending::Cancelled(message) | Ending::Other(message) => {
-                self.outputs.push(Output::Stream {
-                    name: "stderr",
-                    text: format!("{message}\n"),
-                })
-            }
         }
         let outputs = self.outputs.iter().map(|o| output_json(o, count)).collect();
         let mut metadata = json!({
@@ -285,17 +330,18 @@ impl CellRecord {
 }
 
 /// A cell's status, and whether its kernel was replaced after it.
-fn status(ending: &Ending<'_>) -> (Status, bool) {
+fn status(ending: &Ending) -> (Status, bool) {
     match ending {
         Ending::Ok => (Status::Ok, false),
-        Ending::Kernel(KernelError::Failed { ename, .. }) if ename == "KeyboardInterrupt" => {
+        Ending::Raised { ename, .. } if ename == "KeyboardInterrupt" => {
             (Status::Interrupted, false)
         }
-        Ending::Kernel(KernelError::Failed { .. }) => (Status::Error, false),
-        Ending::Kernel(KernelError::Timeout { state_kept, .. }) => (Status::TimedOut, !state_kept),
-        Ending::Kernel(KernelError::Died { .. }) => (Status::KernelDied, true),
-        Ending::Cancelled(_) => (Status::Cancelled, false),
-        Ending::Kernel(_) | Ending::Other(_) => (Status::Failed, false),
+        Ending::Raised { .. } => (Status::Error, false),
+        Ending::Other {
+            status,
+            kernel_replaced,
+            ..
+        } => (*status, *kernel_replaced),
     }
 }
 
@@ -402,7 +448,7 @@ mod tests {
             traceback: "Traceback\nValueError: bad".into(),
             output: String::new(),
         };
-        let done = cell.finish("c1", 1, &Ending::Kernel(&error), vec![]);
+        let done = cell.finish("c1", 1, &Ending::kernel(&error), vec![]);
         assert_eq!(done.status, Status::Error);
         assert_eq!(
             done.cell["outputs"],
@@ -455,7 +501,7 @@ mod tests {
             output: String::new(),
         };
         let done =
-            CellRecord::new("x", None, None).finish("c1", 1, &Ending::Kernel(&timeout), calls);
+            CellRecord::new("x", None, None).finish("c1", 1, &Ending::kernel(&timeout), calls);
         assert_eq!(done.status, Status::TimedOut);
         assert!(done.kernel_replaced);
         let meta = &done.cell["metadata"]["ipybox"];

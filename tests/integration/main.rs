@@ -66,6 +66,7 @@ mod mcp_client;
 mod mcp_modern;
 mod mcp_server;
 mod notebook;
+mod notebook_memory;
 mod notebook_secrets;
 #[cfg(target_os = "linux")]
 mod pid_reuse;
