@@ -58,7 +58,10 @@ async fn a_deep_tree_in_box_neither_crashes_the_service_nor_its_restart() {
     std::fs::create_dir(&base).unwrap();
     let base_s = base.display().to_string();
     let ws = tempfile::tempdir().unwrap();
-    let env = [("IPYBOX_TOKEN", TOKEN_A), ("XDG_RUNTIME_DIR", base_s.as_str())];
+    let env = [
+        ("IPYBOX_TOKEN", TOKEN_A),
+        ("XDG_RUNTIME_DIR", base_s.as_str()),
+    ];
     let flags = ["--warm-sessions", "0"];
     for killed in [false, true] {
         let mut service = Service::start(ws.path(), &env, &flags);
