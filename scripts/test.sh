@@ -9,6 +9,7 @@
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
 #   tests/python/mcp_approval_check.py  --approve ask and progress with the Python `mcp` client
 #   scripts/claude-e2e.sh    one whole Claude Code turn (claude -p) offline, a stand-in for the model
+#   scripts/seed-mcp-tests.sh the Python ipybox's own MCP-server tests against `ipybox` (defaults)
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh kernel::` for one module).
 # Plain `cargo test` skips tests whose components are missing (one line each); here nothing is
 # skipped: IPYBOX_TEST_STRICT=1 turns a missing component into a failure.
@@ -30,5 +31,6 @@ bash scripts/smoke-clients.sh
 bash scripts/conformance.sh          # the MCP conformance runner against `ipybox serve --http`
 target/test-env/venv/bin/python tests/python/mcp_approval_check.py target/debug/ipybox  # --approve ask, progress
 bash scripts/claude-e2e.sh           # claude -p with a stand-in Messages API: state, approvals by hook
+bash scripts/seed-mcp-tests.sh       # the seed's tests/integration/test_mcp_server.py, exact outputs
 # 2 test threads on 2 cores: each test starts real kernels and servers.
 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2
