@@ -10,7 +10,10 @@
 #      appends a line to a file: each call that runs is counted),
 #   4. calls fx's tool from a cell and then notes' tool, each an approval (`--approve ask`)
 #      answered by the `Elicitation` hook docs/plugins.md gives (taken from the page as it is):
-#      it accepts calls of `fx` and declines the rest.
+#      it accepts calls of `fx` and declines the rest;
+#   5. then, the conversation resumed (`claude -p --continue`: a new ipybox, an empty kernel),
+#      runs a cell with the session handle the first result named, and gets `answer` back
+#      (the stand-in paused 6 s in the first turn, so ipybox had checkpointed it).
 # Checks the exact tool_result texts Claude Code sent back to the stand-in (so, what a model
 # reads), that the accepted call ran once and the declined one not at all (the counter file), that
 # the hook was asked twice, that Claude Code ended the turn with the stand-in's last words, and
@@ -91,11 +94,13 @@ cat >"$work/plan.json" <<EOF
   {"tool": "ToolSearch", "input": {"query": "select:mcp__ipybox__execute_ipython_cell,mcp__ipybox__register_mcp_server", "max_results": 5}},
   {"tool": "mcp__ipybox__execute_ipython_cell", "input": {"code": "answer = 6 * 7\nprint('set answer')"}},
   {"tool": "mcp__ipybox__execute_ipython_cell", "input": {"code": "print(f'answer is {answer}')"}},
-  {"tool": "mcp__ipybox__register_mcp_server", "input": {"server_name": "fx", "server_params": $(server_params)}},
+  {"tool": "mcp__ipybox__register_mcp_server", "delay": 6, "input": {"server_name": "fx", "server_params": $(server_params)}},
   {"tool": "mcp__ipybox__register_mcp_server", "input": {"server_name": "notes", "server_params": $(server_params)}},
   {"tool": "mcp__ipybox__execute_ipython_cell", "input": {"code": "from mcptools.fx import record\nprint(record.run(record.Params(note='from fx')))"}},
   {"tool": "mcp__ipybox__execute_ipython_cell", "input": {"code": "from mcptools.notes import record as notes_record\nprint(notes_record.run(notes_record.Params(note='from notes')))"}},
-  {"text": "All done: stand-in end of turn."}
+  {"text": "All done: stand-in end of turn."},
+  {"tool": "mcp__ipybox__execute_ipython_cell", "input": {"code": "print(f'resumed: answer is {answer}')", "session": "{handle}"}},
+  {"text": "Resumed: stand-in end of turn."}
 ]
 EOF
 
@@ -117,6 +122,19 @@ start=$EPOCHREALTIME
 code=$?
 seconds=$(awk -v a="$start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
 echo "claude-e2e: claude -p exited $code after ${seconds}s"
+# The conversation resumed later (`claude -p --continue`): a new ipybox server, an empty kernel;
+# the model passes the handle of the first result and gets the first turn's state back (ipybox
+# checkpointed it while the model paused, the plan's "delay").
+(cd "$project" && env -u ANTHROPIC_AUTH_TOKEN -u CLAUDE_CODE_OAUTH_TOKEN -u CLAUDE_CONFIG_DIR \
+  -u XDG_CONFIG_HOME -u IPYBOX_PYTHON -u IPYBOX_BIN \
+  HOME="$home" PATH="$CLIENTS_NODE_BIN:$PATH" \
+  ANTHROPIC_BASE_URL="http://127.0.0.1:$(cat "$work/standin.port")" ANTHROPIC_API_KEY=sk-ant-standin-offline \
+  DISABLE_AUTOUPDATER=1 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 DISABLE_ERROR_REPORTING=1 \
+  timeout "$TIMEOUT" "$CLAUDE" -p --continue "Go on." --output-format stream-json --verbose \
+    --mcp-config "$work/mcp.json" --strict-mcp-config --allowedTools mcp__ipybox \
+    </dev/null >"$work/claude2.jsonl" 2>"$work/claude2.err")
+code2=$?
+echo "claude-e2e: claude -p --continue exited $code2"
 
 # Nothing of the run may outlive Claude Code: ipybox, its kernels and the counter servers (every
 # process whose command line, environment or working directory names this run's directory).
@@ -135,10 +153,10 @@ printf '%s' "$left" >"$work/leftovers.txt"
 
 # The checks read what Claude Code sent the stand-in (the main conversation's last request holds
 # every tool_use and its tool_result), its stream-json output, the hook's log and the counter file.
-python3 - "$work" "$code" "$project" <<'EOF'
+python3 - "$work" "$code" "$project" "$code2" <<'EOF'
 import glob, json, os, sys
 
-work, code, project = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+work, code, project, code2 = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 failures = 0
 
 
@@ -212,6 +230,18 @@ for i, (name, expect) in enumerate(want):
     else:
         check(f"tool_result: {name}", have[1:] if have else None, expect)
 
+# The resumed conversation (`claude -p --continue`, a new ipybox): the handle brought the first
+# turn's `answer` back; the result starts with what was restored.
+resumed = got[7] if len(got) > 7 else None
+check("claude -p --continue exits 0", code2, 0)
+def restored(result):
+    if not result or not isinstance(result[2], str):
+        return result
+    lines = result[2].split("\n")
+    taken = lines[0].startswith("[ipybox] This session's kernel was restored from a snapshot taken ")
+    return (result[1], taken, lines[1:2], lines[-1])
+check("tool_result: the resumed conversation passes the handle and reads answer (state restored)",
+      restored(resumed), (False, True, ["Came back (1): answer (int)."], "resumed: answer is 42"))
 with open(os.path.join(work, "counter.txt")) as f:
     check("counter server: the accepted call ran once, the declined one never", f.read(), "from fx\n")
 try:
@@ -236,6 +266,17 @@ with open(os.path.join(work, "claude.jsonl")) as f:
             final = {k: event.get(k) for k in ("subtype", "is_error", "result")}
 check("Claude Code ends the turn with the stand-in's last words", final,
       {"subtype": "success", "is_error": False, "result": "All done: stand-in end of turn."})
+final2 = None
+with open(os.path.join(work, "claude2.jsonl")) as f:
+    for line in f:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("type") == "result":
+            final2 = {k: event.get(k) for k in ("subtype", "is_error", "result")}
+check("Claude Code ends the resumed turn with the stand-in's last words", final2,
+      {"subtype": "success", "is_error": False, "result": "Resumed: stand-in end of turn."})
 print(f"claude-e2e: {checks - failures} passed, {failures} failed")
 sys.exit(1 if failures else 0)
 EOF

@@ -6,6 +6,10 @@ Usage: messages_standin.py PLAN.json LOG_DIR   (prints the port it listens on, t
 PLAN.json is a list of steps, one per answer of the main conversation:
   {"tool": "<tool name>", "input": {...}}     the model calls a tool (streamed as input_json_delta)
   {"text": "..."}                             the model answers in text and ends its turn
+A step may also say {"delay": SECONDS} (the model pauses that long before answering), and a
+tool's input may hold "{handle}": the first ipybox session handle (`ipybox-s1.stdio.…`) the
+conversation's messages name, as a model that read its transcript would pass it. A conversation
+continued with `claude -p --continue` carries the earlier turns, so its steps follow theirs.
 The n-th request of the main conversation (the one that offers tools) gets step n, where n is
 the number of assistant messages it already carries; after the last step it gets a text answer.
 Every other request (Claude Code's side requests: titles, summaries, quota probes) gets a short
@@ -13,7 +17,7 @@ text answer. Every request body is written to LOG_DIR/NNN.json, in arrival order
 
 Streaming SSE exactly as the API sends it: message_start, content_block_start/delta/stop,
 message_delta (stop_reason), message_stop. Standard library only; not a model, not a fake of
-ipybox: it decides nothing from what ipybox answers.
+ipybox: it decides nothing from what ipybox answers (but for copying the handle it names).
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _counter = itertools.count()
@@ -84,6 +90,24 @@ def _events(message_id: str, model: str, blocks: list[dict], stop_reason: str) -
     return events
 
 
+_HANDLE = re.compile(r"ipybox-s1\.stdio\.[A-Za-z0-9_-]+")
+
+
+def _with_handle(value, messages: list[dict]):
+    """``value`` with each ``{handle}`` replaced by the first ipybox session handle the
+    conversation's tool results name (what a model that read its transcript passes)."""
+    text = json.dumps(messages)
+    found = _HANDLE.search(text)
+    handle = found.group(0) if found else "<no handle in the conversation>"
+    if isinstance(value, str):
+        return value.replace("{handle}", handle)
+    if isinstance(value, dict):
+        return {k: _with_handle(v, messages) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_handle(v, messages) for v in value]
+    return value
+
+
 class Handler(BaseHTTPRequestHandler):
     plan: list[dict] = []
     log_dir = "."
@@ -127,8 +151,11 @@ class Handler(BaseHTTPRequestHandler):
         if main:
             step_index = sum(1 for m in request.get("messages", []) if m.get("role") == "assistant")
             step = self.plan[step_index] if step_index < len(self.plan) else {"text": "Done."}
+            # A model that pauses before its next step (ipybox checkpoints an idle session).
+            time.sleep(float(step.get("delay", 0)))
             if "tool" in step:
-                blocks = [{"type": "tool_use", "id": f"toolu_standin_{n:03d}", "name": step["tool"], "input": step["input"]}]
+                tool_input = _with_handle(step["input"], request.get("messages", []))
+                blocks = [{"type": "tool_use", "id": f"toolu_standin_{n:03d}", "name": step["tool"], "input": tool_input}]
                 stop = "tool_use"
             else:
                 blocks = [{"type": "text", "text": step["text"]}]
