@@ -8,6 +8,9 @@
 //!   with one kernel and its spare (from /proc/PID/smaps_rollup), with the kernel factory (the
 //!   default) and without (`--no-kernel-factory`)
 //!
+//! With the Python `mcp` client (issue 40, `benches/stdio_memory.py`): tree PSS after five cells,
+//! resets spaced and back to back, this build against `$IPYBOX_BENCH_BASELINE` when set.
+//!
 //! Tool calling (issue 3): register a stdio MCP server (spawn included), the warm tool call
 //! round trip measured inside kernel code, a cell with one tool call (accepted by `execute`, or
 //! through `stream` answering the approval at once), and a reset right after a tool call (the
@@ -372,5 +375,39 @@ fn main() {
             "| `reset()` alone, stdio server open (not waiting for its exit; median of 5) | {} | <= 300 ms |",
             ms(median(reset_alone))
         );
+
+        // Issue 40's figures with the Python `mcp` client (benches/stdio_memory.py): tree PSS
+        // after five cells, resets spaced and back to back; this build against
+        // $IPYBOX_BENCH_BASELINE (another ipybox executable) and Python ipybox when installed.
+        python_client_rows(&bin);
     });
+}
+
+/// Runs `benches/stdio_memory.py` with the handshake-era Python client (`target/mcp1/venv`, from
+/// `scripts/test-env.sh`) and prints its table.
+fn python_client_rows(bin: &Path) {
+    let python = root().join("target/mcp1/venv/bin/python");
+    if !python.exists() {
+        eprintln!(
+            "(no {}: run scripts/test-env.sh for the Python-client rows)",
+            python.display()
+        );
+        return;
+    }
+    let mut servers = vec![format!("this build={}", bin.display())];
+    if let Ok(baseline) = std::env::var("IPYBOX_BENCH_BASELINE") {
+        servers.insert(0, format!("baseline={baseline}"));
+    }
+    let reference = root().join("target/reference/venv/bin/ipybox");
+    if reference.exists() {
+        servers.push(format!("Python ipybox 0.9.2={}", reference.display()));
+    }
+    println!();
+    let status = std::process::Command::new(python)
+        .arg(root().join("benches/stdio_memory.py"))
+        .args(servers)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("runs benches/stdio_memory.py");
+    assert!(status.success(), "benches/stdio_memory.py failed");
 }

@@ -71,8 +71,9 @@ struct ServeArgs {
     python: Option<PathBuf>,
     /// Ready kernels kept for `reset`: a reset swaps one in (~20 ms) and forks a replacement
     /// from the kernel factory (~30 ms; a fresh launch without the factory: ~0.4 s); 0 makes
-    /// every reset wait for a new kernel. Default 1; with --http 0 (per session: new sessions
-    /// take warm kernels instead, --warm-sessions).
+    /// every reset wait for a new kernel. With the factory they are kept from the first reset on
+    /// (that one forks its kernel): a session that never resets keeps no idle kernel. Default 1;
+    /// with --http 0 (per session: new sessions take warm kernels instead, --warm-sessions).
     #[arg(long, value_name = "N")]
     spare_kernels: Option<usize>,
     /// Start every kernel as a fresh Python process instead of forking it from the kernel

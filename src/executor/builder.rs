@@ -118,8 +118,10 @@ impl CodeExecutorBuilder {
     /// How many ready kernels wait for resets and restarts (default
     /// [`DEFAULT_SPARE_KERNELS`]). A reset swaps one in (~10 ms) and starts a replacement: forked
     /// by the kernel factory that is ready ~30 ms later, so one spare covers resets back to back;
-    /// each idle spare costs ~15 MB (PSS). Without the factory a replacement takes ~0.2–0.4 s and
-    /// ~35 MB, and `n` spares cover `n` resets in a row.
+    /// each idle spare costs ~15 MB (PSS). With the factory, spares start at the first reset or
+    /// restart (which forks its kernel, ~0.1 s): an executor that never resets keeps none.
+    /// Without the factory a replacement takes ~0.2–0.4 s and ~35 MB, spares start with the
+    /// first kernel, and `n` spares cover `n` resets in a row.
     pub fn spare_kernels(mut self, n: usize) -> Self {
         self.spare_kernels = Some(n);
         self

@@ -29,8 +29,9 @@ use crate::child_process::{ChildCommand, StderrTail, host_command, own_group};
 use crate::group_leader::GroupLeader;
 
 /// Python run with `-c`: first the working directory goes from `sys.path` (see
-/// [`CLEAN_PATH`]), then a stdin watchdog (exit when ipybox goes away), the output-flushing
-/// ipykernel patch (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
+/// [`CLEAN_PATH`]), then a stdin watchdog (exit when ipybox goes away), ipykernel's debugger left
+/// out (`ipybox_runtime.debugger_off`: ~29 MB of debugpy), the output-flushing ipykernel patch
+/// (`ipybox_runtime.output_flush`), then the kernel app. (What needs the kernel
 /// running comes in through `exec_lines`, see `startup_line`.)
 const LAUNCHER: &str = r#"import os, threading
 def _ipybox_watch_parent():
@@ -41,6 +42,7 @@ def _ipybox_watch_parent():
         pass
     os._exit(0)
 threading.Thread(target=_ipybox_watch_parent, name="ipybox-parent-watch", daemon=True).start()
+__import__("ipybox_runtime.debugger_off", fromlist=["install"]).install()
 __import__("ipybox_runtime.output_flush", fromlist=["install"]).install()
 from ipykernel import kernelapp
 kernelapp.launch_new_instance()

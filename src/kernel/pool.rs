@@ -1,12 +1,15 @@
 //! The current kernel plus warm spares (one by default), and the kernel factory they come from.
 //!
-//! Spares are started in the background once the current kernel is ready, so `reset()` and the
-//! restarts after a timeout or a kernel death swap in a ready kernel instead of waiting for one
-//! to start. Each swap starts a replacement spare: forked from the factory's template that takes
-//! tens of milliseconds, launched plainly ~0.4 s; resets that come faster than that use up the
-//! spares, then wait for a start. This module decides *when* kernels are started and replaced;
-//! starting one is [`super::launch`] (and [`super::factory`]), running code is
-//! [`super::execute`].
+//! Spares are started in the background, so `reset()` and the restarts after a timeout or a
+//! kernel death swap in a ready kernel instead of waiting for one to start. Each swap starts a
+//! replacement spare: forked from the factory's template that takes tens of milliseconds,
+//! launched plainly ~0.4 s; resets that come faster than that use up the spares, then wait for a
+//! start. When spares start is a matter of what they cost ([`KernelPool::spares_on`]): with the
+//! kernel factory at the first swap (until then a reset forks its kernel and waits ~0.1 s for
+//! it, and a session that never resets keeps no idle kernel: ~15 MB PSS less), without it once
+//! the first kernel is ready (a plain launch or a Jupyter server's kernel takes ~0.4 s and
+//! more). This module decides *when* kernels are started and replaced; starting one is
+//! [`super::launch`] (and [`super::factory`]), running code is [`super::execute`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -47,6 +50,10 @@ pub(crate) struct KernelPool {
     launched: u32,
     /// How many spares are kept.
     spare_count: usize,
+    /// Whether spares are kept yet: from the start without the kernel factory, from the first
+    /// swap (reset, restart) with it: a fork is ready in ~0.1 s, so a spare only pays for a
+    /// session that resets, and one that never does keeps no idle kernel (issue 40).
+    spares_on: bool,
 }
 
 impl std::fmt::Debug for KernelPool {
@@ -60,8 +67,8 @@ impl std::fmt::Debug for KernelPool {
 
 impl KernelPool {
     /// Launches the first kernel, or attaches to kernel `attach` on the Jupyter server (a
-    /// kernel another replica created), and once it is ready, `spare_count` spares in the
-    /// background.
+    /// kernel another replica created), and once it is ready, without the kernel factory,
+    /// `spare_count` spares in the background (with it, they start at the first swap).
     pub(crate) async fn start(
         config: Arc<KernelConfig>,
         runtime: Arc<RuntimeDir>,
@@ -92,7 +99,9 @@ impl KernelPool {
             spares: VecDeque::new(),
             launched: 0,
             spare_count,
+            spares_on: false,
         };
+        pool.spares_on = pool.factory.is_none();
         let kernel = match (attach, &pool.config.backend) {
             (Some(id), super::Backend::Gateway(gateway)) => {
                 attach_remote(&pool.config, gateway, id).await?
@@ -183,6 +192,9 @@ impl KernelPool {
     }
 
     fn refill_spare(&mut self) {
+        if !self.spares_on {
+            return;
+        }
         while self.spares.len() < self.spare_count {
             match self.next_dir() {
                 Ok(dir) => {
@@ -229,6 +241,7 @@ impl KernelPool {
             },
             None => self.launch().await,
         };
+        self.spares_on = true;
         self.refill_spare();
         fresh
     }

@@ -340,7 +340,7 @@ async fn three_spares_cover_three_resets_in_a_row() {
         .spare_kernels(3)
         .build();
     ex.start().await.unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await; // let the three spares come up
+    // With the kernel factory, the spares start at the first reset (that one forks its kernel).
     let runtime = ex.runtime_dir().await.unwrap();
     let mut pids = vec![ex.kernel_pid().await.unwrap()];
     for i in 0..3 {
@@ -473,6 +473,8 @@ async fn stop_leaves_no_processes_or_sockets() {
     let ws = tempfile::tempdir().unwrap();
     let ex = CodeExecutor::builder().workspace(ws.path()).build();
     ex.start().await.unwrap();
+    // With the kernel factory, the spare starts at the first reset.
+    ex.reset().await.unwrap();
     let child = run(
         &ex,
         "import subprocess\np = subprocess.Popen(['sleep', '60'])\np.pid",

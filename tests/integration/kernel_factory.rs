@@ -3,7 +3,8 @@
 //! forks under load (16 resets in a row, 8 executors at once); a template killed while idle or
 //! in the middle of a fork, and one that is not safe to fork from (rebuilt, or kernels start
 //! plainly, with a log line); what a dead forked kernel started is killed (through its
-//! template); the plain launch when the factory is turned off. (Packages
+//! template); the plain launch when the factory is turned off; the spare started at the first
+//! reset with the factory and at once without it; no kernel loading debugpy (issue 40). (Packages
 //! installed with `install_package` reaching new kernels: `mcp_server`; the sandbox: `sandbox`.)
 
 use std::collections::HashMap;
@@ -537,4 +538,159 @@ async fn a_fork_asked_for_while_the_template_preloads_waits_for_the_import() {
         "True False"
     );
     ex.stop().await;
+}
+
+/// The processes of an executor: everything below this test process that runs with its runtime
+/// directory in the command line (the template and plain kernels), plus the template's children
+/// (forked kernels).
+fn executor_processes(runtime: &Path) -> Vec<u32> {
+    let marker = runtime.to_string_lossy().into_owned();
+    let mut out: Vec<u32> = crate::proc_tree::descendants(std::process::id())
+        .into_iter()
+        .filter(|pid| cmdline(*pid).contains(&marker))
+        .collect();
+    out.sort();
+    out
+}
+
+/// Issue 40: with the kernel factory a spare only pays for a session that resets (a fork is
+/// ready in tens of milliseconds), so it is started at the first reset; until then the executor
+/// is the template and its kernel. Without the factory (a plain launch takes ~0.4 s) the spare
+/// starts with the first kernel, as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_spare_starts_at_the_first_reset_with_the_factory_and_at_once_without() {
+    let ws = tempfile::tempdir().unwrap();
+    let settle = |runtime: std::path::PathBuf, want: usize| async move {
+        // Give a spare that would start every chance to: 3 s (a fork takes ~0.1 s).
+        let until = Instant::now() + Duration::from_secs(3);
+        let mut procs = executor_processes(&runtime);
+        while Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            procs = executor_processes(&runtime);
+            if procs.len() > want {
+                break;
+            }
+        }
+        procs
+    };
+    let ex = CodeExecutor::builder().workspace(ws.path()).build();
+    ex.start().await.unwrap();
+    for i in 0..5 {
+        assert_eq!(run(&ex, &format!("x{i} = {i}; x{i}")).await, i.to_string());
+    }
+    let rt = ex.runtime_dir().await.unwrap();
+    let kernel = ex.kernel_pid().await.unwrap();
+    let template = template_of(kernel).expect("a forked kernel");
+    let procs = settle(rt.clone(), 2).await;
+    assert_eq!(
+        procs,
+        sorted(vec![template, kernel]),
+        "template and kernel, no spare"
+    );
+    ex.reset().await.unwrap();
+    assert_eq!(run(&ex, "'x0' in globals()").await, "False");
+    let current = ex.kernel_pid().await.unwrap();
+    assert_ne!(current, kernel);
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut procs = executor_processes(&rt);
+    while procs.len() < 3 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        procs = executor_processes(&rt);
+    }
+    assert_eq!(
+        procs.len(),
+        3,
+        "template, current kernel and a spare: {procs:?}"
+    );
+    assert!(
+        procs.contains(&template) && procs.contains(&current),
+        "{procs:?}"
+    );
+    let spare = *procs
+        .iter()
+        .find(|p| **p != template && **p != current)
+        .unwrap();
+    assert_eq!(
+        template_of(spare),
+        Some(template),
+        "the spare is forked too"
+    );
+    // The next reset swaps the spare in.
+    ex.reset().await.unwrap();
+    assert_eq!(ex.kernel_pid().await.unwrap(), spare);
+    ex.stop().await;
+
+    // Without the factory: the spare comes up with the first kernel.
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .kernel_factory(false)
+        .build();
+    ex.start().await.unwrap();
+    let rt = ex.runtime_dir().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(15);
+    let mut procs = executor_processes(&rt);
+    while procs.len() < 2 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        procs = executor_processes(&rt);
+    }
+    assert_eq!(
+        procs.len(),
+        2,
+        "kernel and spare, launched plainly: {procs:?}"
+    );
+    ex.stop().await;
+}
+
+fn sorted(mut v: Vec<u32>) -> Vec<u32> {
+    v.sort();
+    v
+}
+
+/// Issue 40: no local kernel loads debugpy (pydevd: ~29 MB per process) for the Jupyter debug
+/// protocol no ipybox client speaks, forked or launched plainly, and a cell can still import it.
+/// The control: the same kernel environment's Python, importing ipykernel's debugger without
+/// ipybox's runtime, loads debugpy.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_kernel_loads_the_debugger_but_a_cell_may_import_it() {
+    let ws = tempfile::tempdir().unwrap();
+    let probe = "import sys, ipykernel.debugger as d\nprint(d._is_debugpy_available, 'debugpy' in sys.modules, any(m.startswith('pydevd') or m.startswith('_pydevd') for m in sys.modules))";
+    for factory in [true, false] {
+        let ex = CodeExecutor::builder()
+            .workspace(ws.path())
+            .kernel_factory(factory)
+            .without_spare_kernel()
+            .build();
+        ex.start().await.unwrap();
+        assert_eq!(
+            template_of(ex.kernel_pid().await.unwrap()).is_some(),
+            factory
+        );
+        assert_eq!(
+            run(&ex, probe).await,
+            "False False False",
+            "factory {factory}"
+        );
+        assert_eq!(
+            run(
+                &ex,
+                "import debugpy\nprint(debugpy.__name__, 'debugpy' in sys.modules)"
+            )
+            .await,
+            "debugpy True",
+            "factory {factory}"
+        );
+        ex.stop().await;
+    }
+    // The control: ipykernel on its own loads it.
+    let python = ipybox::pyenv::managed_env_dir(&HostEnv::from_process())
+        .unwrap()
+        .join("bin/python");
+    let out = std::process::Command::new(python)
+        .args(["-c", probe])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "True True True"
+    );
 }
