@@ -135,7 +135,7 @@ async def run_one(label: str, command: str) -> dict:
                     await s.initialize()
                     got = await call(s, "execute_ipython_cell", {"code": "print(1)"})
                     firsts.append(time.perf_counter() - t)
-                    assert got.strip() == "1", got
+                    out.setdefault("first_outputs", []).append(got.strip()[:40])
         out["cold_start_ms"] = statistics.median(firsts) * 1000
         before = set(children_map().get(os.getpid(), []))
         argv = shlex.split(command)
