@@ -560,19 +560,6 @@ fn executor_processes(runtime: &Path) -> Vec<u32> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_spare_starts_at_the_first_reset_with_the_factory_and_at_once_without() {
     let ws = tempfile::tempdir().unwrap();
-    let settle = |runtime: std::path::PathBuf, want: usize| async move {
-        // Give a spare that would start every chance to: 3 s (a fork takes ~0.1 s).
-        let until = Instant::now() + Duration::from_secs(3);
-        let mut procs = executor_processes(&runtime);
-        while Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            procs = executor_processes(&runtime);
-            if procs.len() > want {
-                break;
-            }
-        }
-        procs
-    };
     let ex = CodeExecutor::builder().workspace(ws.path()).build();
     ex.start().await.unwrap();
     for i in 0..5 {
@@ -581,7 +568,8 @@ async fn the_spare_starts_at_the_first_reset_with_the_factory_and_at_once_withou
     let rt = ex.runtime_dir().await.unwrap();
     let kernel = ex.kernel_pid().await.unwrap();
     let template = template_of(kernel).expect("a forked kernel");
-    let procs = settle(rt.clone(), 2).await;
+    // Give a spare that would start every chance to: 3 s (a fork takes ~0.1 s).
+    let procs = processes_beyond(&rt, 2, Duration::from_secs(3)).await;
     assert_eq!(
         procs,
         sorted(vec![template, kernel]),
@@ -591,12 +579,7 @@ async fn the_spare_starts_at_the_first_reset_with_the_factory_and_at_once_withou
     assert_eq!(run(&ex, "'x0' in globals()").await, "False");
     let current = ex.kernel_pid().await.unwrap();
     assert_ne!(current, kernel);
-    let until = Instant::now() + Duration::from_secs(15);
-    let mut procs = executor_processes(&rt);
-    while procs.len() < 3 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        procs = executor_processes(&rt);
-    }
+    let procs = processes_beyond(&rt, 2, Duration::from_secs(15)).await;
     assert_eq!(
         procs.len(),
         3,
@@ -627,18 +610,24 @@ async fn the_spare_starts_at_the_first_reset_with_the_factory_and_at_once_withou
         .build();
     ex.start().await.unwrap();
     let rt = ex.runtime_dir().await.unwrap();
-    let until = Instant::now() + Duration::from_secs(15);
-    let mut procs = executor_processes(&rt);
-    while procs.len() < 2 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        procs = executor_processes(&rt);
-    }
+    let procs = processes_beyond(&rt, 1, Duration::from_secs(15)).await;
     assert_eq!(
         procs.len(),
         2,
         "kernel and spare, launched plainly: {procs:?}"
     );
     ex.stop().await;
+}
+
+/// The executor's processes once there are more than `count`, or after `within`.
+async fn processes_beyond(runtime: &Path, count: usize, within: Duration) -> Vec<u32> {
+    let until = Instant::now() + within;
+    let mut procs = executor_processes(runtime);
+    while procs.len() <= count && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        procs = executor_processes(runtime);
+    }
+    procs
 }
 
 fn sorted(mut v: Vec<u32>) -> Vec<u32> {
