@@ -17,6 +17,9 @@
 //! stdio server is closed in the background; `reset()` alone, which must not wait for it).
 //! Needs `bash scripts/test-env.sh` (fixture servers).
 
+// This starts ipybox and the Python client, not host children of ipybox (clippy.toml).
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
