@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shlex
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -93,7 +93,7 @@ def roles(root: int) -> list[tuple[int, str]]:
         if "ipybox_runtime.factory" in cmd:
             out.append((p, "template"))
             out.extend((k, "kernel") for k in kids.get(p, []))
-        elif "ipykernel" in cmd or "kernel" in cmd:
+        elif "kernel" in cmd:
             out.append((p, "kernel"))
         else:
             out.append((p, "other"))
@@ -102,7 +102,7 @@ def roles(root: int) -> list[tuple[int, str]]:
     return out
 
 
-def server_pid(session_pid_hint: set[int], before: set[int]) -> int:
+def server_pid(before: set[int]) -> int:
     """The server: our child that was not there before the session started."""
     me = os.getpid()
     new = [p for p in children_map().get(me, []) if p not in before]
@@ -143,7 +143,7 @@ async def run_one(label: str, command: str) -> dict:
         async with stdio_client(params) as (r, w):
             async with ClientSession(r, w) as s:
                 await s.initialize()
-                root = server_pid(set(), before)
+                root = server_pid(before)
                 for i in range(5):
                     await call(s, "execute_ipython_cell", {"code": f"x{i} = list(range(1000)); print({i})"})
                 await asyncio.sleep(2.0)

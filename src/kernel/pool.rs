@@ -92,16 +92,15 @@ impl KernelPool {
         let mut pool = Self {
             config,
             runtime,
-            factory,
             current: None,
             current_pid: Arc::new(AtomicU32::new(0)),
             current_id: Arc::default(),
             spares: VecDeque::new(),
             launched: 0,
             spare_count,
-            spares_on: false,
+            spares_on: factory.is_none(),
+            factory,
         };
-        pool.spares_on = pool.factory.is_none();
         let kernel = match (attach, &pool.config.backend) {
             (Some(id), super::Backend::Gateway(gateway)) => {
                 attach_remote(&pool.config, gateway, id).await?
