@@ -81,8 +81,17 @@ pub enum ConfineError {
 pub const INSTALL_HINT: &str =
     "install bubblewrap (`apt-get install bubblewrap`, `dnf install bubblewrap`)";
 
-/// The bwrap executable: `explicit`, else `bwrap` on `PATH`.
+/// The bwrap executable: `explicit`, else `bwrap` on `PATH`. Linux only: elsewhere an error
+/// that says so (bubblewrap is made of Linux namespaces).
 pub fn find_bwrap(explicit: Option<&Path>, host: &HostEnv) -> Result<PathBuf, ConfineError> {
+    if !cfg!(target_os = "linux") {
+        return Err(ConfineError::Unavailable {
+            reason: "confinement uses bubblewrap (Linux namespaces), which is not on this platform"
+                .into(),
+            help: "run `ipybox serve --http --unconfined-sessions` (sessions then share the host's view)"
+                .into(),
+        });
+    }
     match explicit {
         Some(path) if path.is_file() => Ok(path.to_path_buf()),
         Some(path) => Err(ConfineError::Unavailable {

@@ -464,7 +464,8 @@ impl CodeExecutor {
     }
 
     /// Whether kernels come from the kernel factory: the builder's choice, else
-    /// `IPYBOX_KERNEL_FACTORY` (off for `0`, `off`, `false`, `no`), else on.
+    /// `IPYBOX_KERNEL_FACTORY` (off for `0`, `off`, `false`, `no`), else on Linux (elsewhere
+    /// off: the factory holds its kernels by pidfd, which only Linux has).
     fn factory_wanted(&self) -> bool {
         if let Some(on) = self.inner.builder.kernel_factory {
             return on;
@@ -474,7 +475,7 @@ impl CodeExecutor {
                 v.trim().to_ascii_lowercase().as_str(),
                 "0" | "off" | "false" | "no"
             ),
-            None => true,
+            None => cfg!(target_os = "linux"),
         }
     }
 

@@ -71,6 +71,8 @@ mod notebook_secrets;
 #[cfg(target_os = "linux")]
 mod pid_reuse;
 mod proc_tree;
+#[cfg(target_os = "linux")]
+mod release_artifacts;
 mod remote_kernels;
 #[cfg(target_os = "linux")]
 mod sandbox;
