@@ -266,17 +266,28 @@ fn wheel_is_manylinux2014() {
     assert!(said.contains(&want), "auditwheel show {name}: {said}");
 
     // The control: the same wheel with the dev binary (linked against this machine's glibc)
-    // added as a file of the package: auditwheel reads that too and names a newer tag.
+    // added as a file of the package: auditwheel reads that too and names a newer tag. It reads
+    // the files the wheel's RECORD lists (a file only in the zip is not looked at), so the copy
+    // is rewritten with the file and its RECORD row, as a wheel built with it would have.
     let scratch = tempfile::tempdir().expect("tempdir");
     let mixed = scratch.path().join(&name);
-    std::fs::copy(&wheel, &mixed).expect("copying the wheel");
-    let add = "import sys, zipfile
-with zipfile.ZipFile(sys.argv[1], 'a') as z:
-    z.write(sys.argv[2], 'ipybox/host_linked')
+    let add = "import base64, hashlib, sys, zipfile
+src, dst, elf = sys.argv[1:4]
+data = open(elf, 'rb').read()
+digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
+row = f'ipybox/host_linked,sha256={digest},{len(data)}\\n'.encode()
+with zipfile.ZipFile(src) as old, zipfile.ZipFile(dst, 'w') as new:
+    for info in old.infolist():
+        body = old.read(info)
+        if info.filename.endswith('.dist-info/RECORD'):
+            body = row + body
+        new.writestr(info, body)
+    new.writestr('ipybox/host_linked', data, zipfile.ZIP_STORED)
 ";
     let out = run(Command::new(&python)
         .arg("-c")
         .arg(add)
+        .arg(&wheel)
         .arg(&mixed)
         .arg(support::BIN));
     assert!(out.status.success(), "adding to the wheel: {}", text(&out));
