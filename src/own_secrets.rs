@@ -18,6 +18,7 @@
 pub(crate) const OWN_SECRETS: [&str; 2] = ["IPYBOX_TOKEN", "IPYBOX_SESSION_SECRET"];
 
 /// The flag whose values are secrets (`--token VALUE` or `--token=VALUE`).
+#[cfg(target_os = "linux")]
 const TOKEN_FLAG: &str = "--token";
 
 /// The secrets taken from the environment.
@@ -146,6 +147,7 @@ fn scrub_original(names: &[&str]) -> std::io::Result<()> {
 }
 
 /// The NUL-terminated strings of a block, with their offsets.
+#[cfg(any(target_os = "linux", test))]
 fn entries(block: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
     let mut offset = 0;
     block.split(|b| *b == 0).map(move |entry| {

@@ -256,6 +256,7 @@ pub(crate) struct WorkMount {
 
 impl WorkMount {
     /// Mounts it on `path` (an existing directory) if ipybox is root and `size` is not 0.
+    #[cfg(target_os = "linux")]
     pub(crate) fn mount(path: &std::path::Path, size: u64) -> std::io::Result<Option<WorkMount>> {
         // SAFETY: geteuid has no preconditions.
         if size == 0 || unsafe { libc::geteuid() } != 0 {
@@ -291,6 +292,13 @@ impl WorkMount {
         }))
     }
 
+    /// Off Linux nothing is mounted (as for a non-root ipybox; confined sessions, whose work
+    /// directories these are, are Linux only).
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn mount(_path: &std::path::Path, _size: u64) -> std::io::Result<Option<WorkMount>> {
+        Ok(None)
+    }
+
     /// Whether the work directory is (nearly) full: less than 64 KiB free.
     pub(crate) fn full(&self) -> Option<LimitHit> {
         let st = rustix::fs::statvfs(&self.path).ok()?;
@@ -302,6 +310,7 @@ impl WorkMount {
 /// Makes `dir` a shared mount (a bind mount of itself), so that mounts made below it later
 /// (work directories' tmpfs) propagate into the mount namespaces copied from it: the shared
 /// template's bubblewrap, and so the kernels it forks. As root only (else nothing is mounted).
+#[cfg(target_os = "linux")]
 pub(crate) fn share_mounts_below(dir: &std::path::Path) -> std::io::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -332,8 +341,15 @@ pub(crate) fn share_mounts_below(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Off Linux nothing is mounted.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn share_mounts_below(_dir: &std::path::Path) -> std::io::Result<()> {
+    Ok(())
+}
+
 /// Unmounts a work directory's tmpfs, if there is one on `path` (before its runtime directory
 /// is removed: at a session's end, at shutdown, and when a stale runtime directory is swept).
+#[cfg(target_os = "linux")]
 pub(crate) fn unmount_work(path: &std::path::Path) {
     // EINVAL (not a mount point) and ENOENT are the usual answers: nothing to do.
     if let Ok(target) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
@@ -342,6 +358,10 @@ pub(crate) fn unmount_work(path: &std::path::Path) {
         unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
     }
 }
+
+/// Off Linux no work directory is mounted: nothing to unmount.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn unmount_work(_path: &std::path::Path) {}
 
 #[cfg(test)]
 mod tests {
@@ -398,6 +418,7 @@ mod tests {
     /// A kernel may make a link where ipybox unmounts (`box/work`): the unmount does not
     /// follow it. The control: the same call without `UMOUNT_NOFOLLOW` unmounts what the link
     /// points to.
+    #[cfg(target_os = "linux")]
     #[test]
     fn unmounting_never_follows_a_link() {
         // SAFETY: geteuid has no preconditions.

@@ -39,7 +39,19 @@ pub mod egress_proxy;
 pub(crate) mod identity;
 mod layout;
 pub mod network;
+#[cfg(target_os = "linux")]
 pub(crate) mod seccomp;
+/// No seccomp off Linux, and no confinement either ([`find_bwrap`] says so before a kernel is
+/// confined): the filter's file cannot be written.
+#[cfg(not(target_os = "linux"))]
+pub(crate) mod seccomp {
+    pub(crate) fn write(_runtime_dir: &std::path::Path) -> std::io::Result<std::path::PathBuf> {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "seccomp filters are Linux only: confined kernels are not on this platform",
+        ))
+    }
+}
 pub mod uids;
 pub(crate) use layout::Layout;
 pub use layout::{ETC_SHOWN, SYSTEM_DIRS};

@@ -485,11 +485,12 @@ pub(super) fn spawn_kernel_command(
         ),
         None => (Vec::new(), None),
     };
-    #[cfg(target_os = "linux")]
     // SAFETY: prctl, write and setrlimit are async-signal-safe; runs in the child between fork
     // and exec.
     unsafe {
         cmd.pre_exec(move || {
+            // Linux only: the kernel dies with ipybox (elsewhere it exits when its stdin closes).
+            #[cfg(target_os = "linux")]
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             crate::confine::cgroup::join_in_child(&cgroup_procs)?;
             if let Some(r) = &rlimits {

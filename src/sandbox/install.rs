@@ -187,12 +187,12 @@ pub(crate) async fn run(
     })
 }
 
-#[cfg(test)]
+// Its one test is of the Linux policy (bubblewrap's).
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    #[cfg(target_os = "linux")]
     #[test]
     fn the_installer_writes_only_its_layer_and_reaches_only_the_index() {
         let host = HostEnv::from_vars(HashMap::from([
