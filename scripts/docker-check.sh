@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The ipybox image end to end: installs a container engine and the base image when missing
-# (scripts/docker-deps.sh), builds the image from the release binary (docker/build.sh), then
+# (scripts/docker-deps.sh), builds the image from a release binary (docker/build.sh), then
 # starts the MCP server in a container through the codeact-docker plugin's launcher and drives
 # it with a real MCP client (the Python `mcp` SDK, tests/python/mcp_server_check.py): tool list,
 # state across cells, registering an MCP server (the fixture over streamable HTTP on the host's
@@ -19,7 +19,11 @@ bash scripts/docker-deps.sh
 # shellcheck source=scripts/docker-engine.sh
 . scripts/docker-engine.sh
 
-if [ ! -x target/release/ipybox ] || [ -n "$(find src Cargo.toml Cargo.lock templates python -newer target/release/ipybox -print -quit)" ]; then
+# The binary: $IPYBOX_RELEASE_BINARY when set (scripts/test.sh passes the portable release binary
+# of scripts/build-release.sh, so the test command compiles one release build, not two), else
+# target/release/ipybox, rebuilt when older than the sources.
+binary=${IPYBOX_RELEASE_BINARY:-target/release/ipybox}
+if [ -z "${IPYBOX_RELEASE_BINARY:-}" ] && { [ ! -x "$binary" ] || [ -n "$(find src Cargo.toml Cargo.lock templates python -newer "$binary" -print -quit)" ]; }; then
   echo "docker-check: cargo build --release" >&2
   cargo build -q --release --locked --bin ipybox
 fi
@@ -29,7 +33,7 @@ for f in "${SSL_CERT_FILE:-}" /etc/ssl/certs/ca-certificates.crt; do
 done
 start=$(date +%s)
 echo "docker-check: building image $image" >&2
-bash docker/build.sh --binary target/release/ipybox "${ca[@]}" "$image" -- -q >/dev/null
+bash docker/build.sh --binary "$binary" "${ca[@]}" "$image" -- -q >/dev/null
 echo "docker-check: image built in $(( $(date +%s) - start )) s ($("$ENGINE" image inspect "$image" --format '{{.Size}}' | awk '{printf "%.0f MB", $1/1e6}'))"
 
 py="$root/target/test-env/venv/bin/python"

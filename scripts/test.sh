@@ -3,9 +3,10 @@
 # components — a real ipykernel, real MCP servers, real MCP clients, real srt + bubblewrap.
 #   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
 #   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
+#   scripts/build-wheel.sh   the ipybox-rs wheel, manylinux2014 (glibc 2.17, zig)
+#   scripts/build-release.sh the portable release binary (glibc 2.17, zig): release_artifacts, image
 #   scripts/docker-check.sh  the ipybox image (Docker, else podman) built and driven by an MCP client
 #   scripts/wheel-check.sh   the ipybox-rs wheel: the Python SDK suite, `uvx --from <wheel> ipybox`
-#   scripts/build-release.sh the portable release binary (glibc 2.17, zig), for release_artifacts
 #   scripts/plugin-check.sh  the Claude Code marketplace and its four plugins, ✔ Connected
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
 #   tests/python/mcp_approval_check.py  --approve ask and progress with the Python `mcp` client
@@ -23,14 +24,16 @@ bash scripts/sandbox-deps.sh
 export IPYBOX_SRT="$root/target/sandbox-deps/node_modules/.bin/srt"
 cargo build --bin ipybox
 "$root/target/debug/ipybox" setup     # provision the kernel environment once, before tests race
-bash scripts/docker-check.sh         # builds the image codeact-docker runs in plugin-check.sh
+# The release artifacts, built once (docs/releasing.md): the manylinux2014 wheel (zig), then the
+# glibc 2.17 binary, which reuses every dependency the wheel compiled and is the binary the image
+# below is built from (the one release build of the ipybox crate's dependencies here), and the
+# pinned tools; tests/integration/release_artifacts.rs checks all three.
 IPYBOX_WHEEL=$(bash scripts/build-wheel.sh | tail -1)   # manylinux2014, zig (docs/releasing.md)
 export IPYBOX_WHEEL                  # plugin-check.sh runs the launcher's uvx path with it
-# The release artifacts' checks (tests/integration/release_artifacts.rs) read these, built once
-# here: the pinned tools (actionlint, auditwheel) and the glibc 2.17 binary.
 IPYBOX_RELEASE_TOOLS=$(bash scripts/release-tools.sh | tail -1)
 IPYBOX_RELEASE_BINARY=$(bash scripts/build-release.sh | tail -1)
 export IPYBOX_RELEASE_TOOLS IPYBOX_RELEASE_BINARY
+bash scripts/docker-check.sh         # builds the image codeact-docker runs in plugin-check.sh
 bash scripts/wheel-check.sh
 IPYBOX_TEST_STRICT=1 bash scripts/plugin-check.sh
 bash scripts/smoke-clients.sh
