@@ -19,7 +19,8 @@
 //! -- density` runs that part alone.
 //!
 //! Then a thousand sessions, 100 active and the rest hibernated (issue 30); `cargo bench --bench
-//! http -- thousand` runs that part alone (about 10 minutes).
+//! http -- thousand` runs that part alone (about 10 minutes), `-- forty` the same with 40
+//! sessions, 10 of them woken (issue 40: a new and a restored session's PSS, about a minute).
 //!
 //! Needs `bash scripts/test-env.sh` (fixture server, Enterprise Gateway).
 
@@ -472,13 +473,12 @@ fn dir_bytes(dir: &Path) -> u64 {
 /// A thousand sessions (issue 30, docs/benchmarks.md): 1 000 sessions created (each defines a
 /// small namespace: a list and a function), those idle for `HIBERNATE_AFTER` s hibernated; then
 /// 100 of them woken and kept active while the other 900 sleep. Prints the service's PSS
-/// (ipybox's process tree) with no session, with every session hibernated and with 100 active;
-/// the snapshot disk per hibernated session; the first call to a hibernated session (it restores
-/// its kernel); and `print(1)` p50/p99 in the active sessions. `cargo bench --bench http --
-/// thousand` runs this part alone.
-async fn thousand(ws: &Path) {
-    const TOTAL: usize = 1000;
-    const ACTIVE: usize = 100;
+/// (ipybox's process tree) with no session, with every session new, with every session
+/// hibernated and with 100 active; the snapshot disk per hibernated session; the first call to a
+/// hibernated session (it restores its kernel); and `print(1)` p50/p99 in the active sessions.
+/// `cargo bench --bench http -- thousand` runs this part alone; `-- forty` the same with 40
+/// sessions, 10 of them woken (issue 40's new and restored session, in about a minute).
+async fn at_scale(ws: &Path, total: usize, woken: usize) {
     const HIBERNATE_AFTER: &str = "20";
     const SETUP: &str = "x = list(range(1000))\ndef f(n):\n    return n + 1";
     let snapshots = tempfile::tempdir().unwrap();
@@ -519,20 +519,22 @@ async fn thousand(ws: &Path) {
     let base = tree_pss_mb(pid);
     let disk_before = dir_bytes(snapshots.path());
     let created = Instant::now();
-    let mut handles = Vec::with_capacity(TOTAL);
-    while handles.len() < TOTAL {
-        let batch = (TOTAL - handles.len()).min(4);
+    let mut handles = Vec::with_capacity(total);
+    while handles.len() < total {
+        let batch = (total - handles.len()).min(4);
         let texts = futures::future::join_all((0..batch).map(|_| call(&c, SETUP, None))).await;
         handles.extend(texts.iter().map(|t| handle_in(t)));
     }
     let creation = created.elapsed();
-    idle(0.0, (TOTAL + 1) as f64).await;
+    // Every session new and open (each ran its first cell), before any hibernates.
+    let all_new = tree_pss_mb(pid);
+    idle(0.0, (total + 1) as f64).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let all_hibernated = tree_pss_mb(pid);
     let disk = dir_bytes(snapshots.path()).saturating_sub(disk_before);
     // Wake 100, 4 at a time: the first call of each restores its kernel.
     let mut wake = Vec::new();
-    for chunk in handles[..ACTIVE].chunks(4) {
+    for chunk in handles[..woken].chunks(4) {
         wake.extend(
             futures::future::join_all(chunk.iter().map(|h| {
                 let c = &c;
@@ -547,17 +549,20 @@ async fn thousand(ws: &Path) {
         );
     }
     wake.sort();
-    // Keep them active: 8 callers, round robin over the 100, for the window.
+    // Keep them active: 8 callers, round robin over the woken sessions, for the window; caller
+    // k calls sessions k, k + 8, ... (no session gets two calls at once).
     let started = Instant::now();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let times: Vec<Vec<Duration>> = futures::future::join_all((0..8).map(|_| {
-        let (c, next, handles) = (&c, &next, &handles);
+    let times: Vec<Vec<Duration>> = futures::future::join_all((0..8).map(|k| {
+        let (c, handles) = (&c, &handles);
         async move {
+            let mine: Vec<&String> = handles[..woken].iter().skip(k).step_by(8).collect();
             let mut times = Vec::new();
-            while started.elapsed() < WINDOW {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % ACTIVE;
+            for h in mine.iter().cycle() {
+                if started.elapsed() >= WINDOW {
+                    break;
+                }
                 let t = Instant::now();
-                call(c, PRINT, Some(&handles[i])).await;
+                call(c, PRINT, Some(h)).await;
                 times.push(t.elapsed());
             }
             times
@@ -570,25 +575,29 @@ async fn thousand(ws: &Path) {
     all.sort();
     let _ = (c.cancel().await, first);
     println!(
-        "\n## A thousand sessions: {TOTAL} created, {ACTIVE} active, the rest hibernated (`--hibernate-after {HIBERNATE_AFTER}`)\n\n| measure | value |\n|---|---|"
+        "\n## Sessions at scale: {total} created, {woken} active, the rest hibernated (`--hibernate-after {HIBERNATE_AFTER}`)\n\n| measure | value |\n|---|---|"
     );
     println!(
-        "| creating {TOTAL} sessions (4 at a time, each a first cell) | {:.0} s |",
+        "| creating {total} sessions (4 at a time, each a first cell) | {:.0} s |",
         creation.as_secs_f64()
     );
     println!("| the service, no session open (template, warm kernels) | {base:.0} MB PSS |");
     println!(
-        "| the service, {TOTAL} sessions hibernated | {all_hibernated:.0} MB PSS ({:.1} KB per hibernated session) |",
-        (all_hibernated - base) * 1024.0 / TOTAL as f64
+        "| the service, {total} new sessions open | {all_new:.0} MB PSS ({:.1} MB per new session) |",
+        (all_new - base) / total as f64
+    );
+    println!(
+        "| the service, {total} sessions hibernated | {all_hibernated:.0} MB PSS ({:.1} KB per hibernated session) |",
+        (all_hibernated - base) * 1024.0 / total as f64
     );
     println!(
         "| snapshot disk per hibernated session | {:.1} KB |",
-        disk as f64 / 1024.0 / TOTAL as f64
+        disk as f64 / 1024.0 / total as f64
     );
     println!(
-        "| the service, {ACTIVE} woken and active ({open} open) + {} hibernated | {active:.0} MB PSS ({:.1} MB per active session) |",
-        TOTAL - ACTIVE,
-        (active - all_hibernated) / ACTIVE as f64
+        "| the service, {woken} woken and active ({open} open) + {} hibernated | {active:.0} MB PSS ({:.1} MB per active session) |",
+        total - woken,
+        (active - all_hibernated) / woken as f64
     );
     println!(
         "| first call to a hibernated session (restores it), 4 at a time, p50 / p99 | {} / {} |",
@@ -596,7 +605,7 @@ async fn thousand(ws: &Path) {
         ms(percentile(&wake, 0.99))
     );
     println!(
-        "| `print(1)` in the {ACTIVE} active sessions, 8 callers, p50 / p99 | {} / {} ({:.0} calls/s) |",
+        "| `print(1)` in the {woken} active sessions, 8 callers, p50 / p99 | {} / {} ({:.0} calls/s) |",
         ms(percentile(&all, 0.5)),
         ms(percentile(&all, 0.99)),
         all.len() as f64 / WINDOW.as_secs_f64()
@@ -609,6 +618,7 @@ fn main() {
     let only_confinement = std::env::args().any(|a| a == "confinement");
     let only_density = std::env::args().any(|a| a == "density");
     let only_thousand = std::env::args().any(|a| a == "thousand");
+    let only_forty = std::env::args().any(|a| a == "forty");
     let only_tenants = std::env::args().any(|a| a == "tenants");
     common::run(|| async move {
         let ws = tempfile::tempdir().unwrap();
@@ -617,7 +627,11 @@ fn main() {
             return;
         }
         if only_thousand {
-            thousand(ws.path()).await;
+            at_scale(ws.path(), 1000, 100).await;
+            return;
+        }
+        if only_forty {
+            at_scale(ws.path(), 40, 10).await;
             return;
         }
         if only_density {
@@ -657,7 +671,7 @@ fn main() {
         }
         confinement(ws.path()).await;
         density(ws.path()).await;
-        thousand(ws.path()).await;
+        at_scale(ws.path(), 1000, 100).await;
 
         let eg = JupyterServer::start(Kind::EnterpriseGateway);
         println!(

@@ -8,13 +8,15 @@
 //! kernel factory at the first swap (until then a reset forks its kernel and waits ~0.1 s for
 //! it, and a session that never resets keeps no idle kernel: ~15 MB PSS less), without it once
 //! the first kernel is ready (a plain launch or a Jupyter server's kernel takes ~0.4 s and
-//! more). This module decides *when* kernels are started and replaced; starting one is
+//! more). While resets come faster than a forked kernel starts, one more spare is kept (see
+//! [`BURST_EXTRA`]): two kernels start side by side, so a reset waits about half a start.
+//! This module decides *when* kernels are started and replaced; starting one is
 //! [`super::launch`] (and [`super::factory`]), running code is [`super::execute`].
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -26,6 +28,16 @@ use super::launch::{attach_remote, launch};
 use super::runtime_dir::{KernelDirs, RuntimeDir};
 use super::{Backend, KernelConfig, KernelError};
 use crate::pause::TimeoutPause;
+
+/// Spares kept beyond the configured count while resets come faster than a kernel starts (a
+/// reset found its spare still starting), with the kernel factory only: forks share the
+/// template's pages and start side by side, so back-to-back resets wait about half a start
+/// (issue 40). Plain launches and Jupyter servers' kernels cost too much to start ahead.
+const BURST_EXTRA: usize = 1;
+
+/// A burst of resets is over when a reset finds every remaining spare ready, or when no swap
+/// came for this long: the extra spare is then stopped (at the next execution).
+const BURST_IDLE: Duration = Duration::from_secs(3);
 
 /// A kernel launching (or launched) in the background, and its process id once it exists.
 struct Spare {
@@ -54,6 +66,10 @@ pub(crate) struct KernelPool {
     /// swap (reset, restart) with it: a fork is ready in ~0.1 s, so a spare only pays for a
     /// session that resets, and one that never does keeps no idle kernel (issue 40).
     spares_on: bool,
+    /// Spares kept now beyond `spare_count` (0 or [`BURST_EXTRA`]).
+    extra: usize,
+    /// When the last swap took a kernel.
+    last_swap: Option<Instant>,
 }
 
 impl std::fmt::Debug for KernelPool {
@@ -100,6 +116,8 @@ impl KernelPool {
             spare_count,
             spares_on: factory.is_none(),
             factory,
+            extra: 0,
+            last_swap: None,
         };
         let kernel = match (attach, &pool.config.backend) {
             (Some(id), super::Backend::Gateway(gateway)) => {
@@ -194,7 +212,7 @@ impl KernelPool {
         if !self.spares_on {
             return;
         }
-        while self.spares.len() < self.spare_count {
+        while self.spares.len() < self.spare_count + self.extra {
             match self.next_dir() {
                 Ok(dir) => {
                     let config = self.config.clone();
@@ -222,6 +240,8 @@ impl KernelPool {
             Some(i) => self.spares.remove(i),
             None => self.spares.pop_front(),
         };
+        self.pace_spares(spare.is_some() && ready.is_none());
+        self.last_swap = Some(Instant::now());
         let fresh = match spare {
             Some(spare) => match spare.task.await {
                 Ok(Ok(kernel)) if kernel.exited().is_none() => Ok(kernel),
@@ -243,6 +263,30 @@ impl KernelPool {
         self.spares_on = true;
         self.refill_spare();
         fresh
+    }
+
+    /// Keeps one more spare while swaps come faster than kernels start (`waited`: this swap takes
+    /// a spare still starting), and stops it once they no longer do (every spare left is ready).
+    fn pace_spares(&mut self, waited: bool) {
+        if waited {
+            if self.factory.is_some() && self.spare_count > 0 {
+                self.extra = BURST_EXTRA;
+            }
+        } else if self.extra > 0 && self.spares.iter().all(|s| s.task.is_finished()) {
+            self.end_burst();
+        }
+    }
+
+    /// The extra spare of a burst goes: the newest spares beyond `spare_count` are stopped.
+    fn end_burst(&mut self) {
+        self.extra = 0;
+        while self.spares.len() > self.spare_count {
+            if let Some(spare) = self.spares.pop_back() {
+                // Dropped with its task (still starting) or the task's output (started): either
+                // way its process group is killed.
+                spare.task.abort();
+            }
+        }
     }
 
     /// Replaces the current kernel with a fresh one (state is lost).
@@ -289,6 +333,9 @@ impl KernelPool {
         text_cap: Option<usize>,
         hidden: bool,
     ) -> Result<ExecutionOutput, KernelError> {
+        if self.extra > 0 && self.last_swap.is_some_and(|t| t.elapsed() >= BURST_IDLE) {
+            self.end_burst();
+        }
         self.settle().await;
         if self.current.is_none() {
             // A previous replacement failed; try again now.

@@ -619,11 +619,96 @@ async fn the_spare_starts_at_the_first_reset_with_the_factory_and_at_once_withou
     ex.stop().await;
 }
 
+/// Issue 40: resets that come faster than a forked kernel starts keep a second spare, so two
+/// kernels start side by side; the burst ends when a reset finds every spare left ready, or after
+/// 3 s without a reset (at the next execution). Launched plainly, kernels keep one spare however
+/// fast resets come (the control: the same back-to-back resets add no spare there).
+#[tokio::test(flavor = "multi_thread")]
+async fn resets_faster_than_a_fork_keep_a_second_spare_until_they_stop() {
+    let ws = tempfile::tempdir().unwrap();
+    let ex = CodeExecutor::builder().workspace(ws.path()).build();
+    ex.start().await.unwrap();
+    let rt = ex.runtime_dir().await.unwrap();
+    // The first reset forks its kernel and starts the spare; the second comes while that spare
+    // is still starting (a fork takes ~0.1 s).
+    let mut old = vec![ex.kernel_pid().await.unwrap()];
+    ex.reset().await.unwrap();
+    old.push(ex.kernel_pid().await.unwrap());
+    ex.reset().await.unwrap();
+    let current = ex.kernel_pid().await.unwrap();
+    let template = template_of(current).expect("a forked kernel");
+    // Once the replaced kernels are gone: the template, the kernel and two spares.
+    let procs = settled(&rt, &old, 4).await;
+    assert_eq!(procs.len(), 4, "template, kernel and two spares: {procs:?}");
+    for pid in procs.iter().filter(|p| ![template, current].contains(p)) {
+        assert_eq!(template_of(*pid), Some(template), "a forked spare");
+    }
+    // Both spares ready: the next reset ends the burst and starts none.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    old.push(current);
+    ex.reset().await.unwrap();
+    assert_eq!(run(&ex, "1 + 1").await, "2");
+    let procs = settled(&rt, &old, 3).await;
+    assert_eq!(procs.len(), 3, "template, kernel and one spare: {procs:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(executor_processes(&rt), procs, "no spare came back");
+
+    // Another burst, then 3 s without a reset: the next execution stops the extra spare.
+    old.push(ex.kernel_pid().await.unwrap());
+    ex.reset().await.unwrap();
+    old.push(ex.kernel_pid().await.unwrap());
+    ex.reset().await.unwrap();
+    let procs = settled(&rt, &old, 4).await;
+    assert_eq!(procs.len(), 4, "two spares again: {procs:?}");
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    assert_eq!(executor_processes(&rt), procs, "kept until the next call");
+    assert_eq!(run(&ex, "2 + 2").await, "4");
+    let procs = settled(&rt, &old, 3).await;
+    assert_eq!(procs.len(), 3, "template, kernel and one spare: {procs:?}");
+    ex.stop().await;
+
+    // Launched plainly: one spare, however fast the resets.
+    let ex = CodeExecutor::builder()
+        .workspace(ws.path())
+        .kernel_factory(false)
+        .build();
+    ex.start().await.unwrap();
+    let rt = ex.runtime_dir().await.unwrap();
+    processes_beyond(&rt, 1, Duration::from_secs(15)).await;
+    let mut old = vec![ex.kernel_pid().await.unwrap()];
+    ex.reset().await.unwrap();
+    old.push(ex.kernel_pid().await.unwrap());
+    ex.reset().await.unwrap();
+    settled(&rt, &old, 2).await;
+    // Time for a second spare to start, if one were started (a plain launch takes ~0.4 s).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let procs = executor_processes(&rt);
+    assert_eq!(procs.len(), 2, "kernel and one spare: {procs:?}");
+    ex.stop().await;
+}
+
+/// The executor's processes once those in `gone` have ended and `count` run, or after 15 s.
+async fn settled(runtime: &Path, gone: &[u32], count: usize) -> Vec<u32> {
+    poll_processes(runtime, Duration::from_secs(15), |procs| {
+        procs.len() == count && !procs.iter().any(|p| gone.contains(p))
+    })
+    .await
+}
+
 /// The executor's processes once there are more than `count`, or after `within`.
 async fn processes_beyond(runtime: &Path, count: usize, within: Duration) -> Vec<u32> {
+    poll_processes(runtime, within, |procs| procs.len() > count).await
+}
+
+/// The executor's processes once `done` holds for them, or after `within`.
+async fn poll_processes(
+    runtime: &Path,
+    within: Duration,
+    done: impl Fn(&[u32]) -> bool,
+) -> Vec<u32> {
     let until = Instant::now() + within;
     let mut procs = executor_processes(runtime);
-    while procs.len() <= count && Instant::now() < until {
+    while !done(&procs) && Instant::now() < until {
         tokio::time::sleep(Duration::from_millis(100)).await;
         procs = executor_processes(runtime);
     }
