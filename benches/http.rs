@@ -532,7 +532,7 @@ async fn at_scale(ws: &Path, total: usize, woken: usize) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let all_hibernated = tree_pss_mb(pid);
     let disk = dir_bytes(snapshots.path()).saturating_sub(disk_before);
-    // Wake 100, 4 at a time: the first call of each restores its kernel.
+    // Wake `woken` of them, 4 at a time: the first call of each restores its kernel.
     let mut wake = Vec::new();
     for chunk in handles[..woken].chunks(4) {
         wake.extend(
