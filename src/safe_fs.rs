@@ -147,10 +147,23 @@ impl NoFollowDir {
     /// atomically: a new file is written beside it and renamed over it, so a reader sees the
     /// old or the new content, and a link at `name` is replaced, never followed.
     pub(crate) fn rewrite(&self, name: &str, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-        let tmp = loop {
+        self.rewrite_open(name, bytes, mode).map(drop)
+    }
+
+    /// [`Self::rewrite`], and the new file, open for writing at its end.
+    pub(crate) fn rewrite_open(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> std::io::Result<std::fs::File> {
+        let (tmp, file) = loop {
             let tmp = format!(".{name}.tmp-{:08x}", rand::random::<u32>());
-            match self.create_new(&tmp, bytes, mode) {
-                Ok(()) => break tmp,
+            let written = self
+                .create_file(&tmp, mode)
+                .and_then(|mut f| f.write_all(bytes).map(|()| f));
+            match written {
+                Ok(file) => break (tmp, file),
                 // Something (a link, planted or left over) holds the name: another one.
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
                 Err(e) => {
@@ -159,7 +172,7 @@ impl NoFollowDir {
                 }
             }
         };
-        self.rename(&tmp, name).inspect_err(|_| {
+        self.rename(&tmp, name).map(|()| file).inspect_err(|_| {
             let _ = self.remove_tree(&tmp);
         })
     }

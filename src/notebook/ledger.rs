@@ -6,12 +6,15 @@
 //!   (`metadata.ipybox.confinement`, for a person and for `ipybox replay` on another machine)
 //!   and into the host record.
 //! - The host record: per notebook file, `<data dir>/notebook-records/<key>.json` (0600 in a
-//!   0700 directory; `key` is the SHA-256 of the file's canonical path), rewritten with the
-//!   file: the file's path, the session, its confinement, the SHA-256 of each code cell's
-//!   source and of each cell as written (outputs and metadata, tool-call arguments included),
-//!   in order. ipybox's data directory is hidden from sandboxed kernels (and from the confined
-//!   kernels of the HTTP service), so what they leave behind cannot change it. Digests only:
-//!   no outputs, no arguments, no secrets.
+//!   0700 directory; `key` is the SHA-256 of the file's canonical path): the file's path, the
+//!   session, its confinement, the SHA-256 of each code cell's source and of each cell as
+//!   written (outputs and metadata, tool-call arguments included), in order. Format 2 (JSON
+//!   lines): a first line with the file, session and confinement, then a line per digest
+//!   (`{"c": …}` a cell's, `{"s": …}` a code cell's source), appended as the notebook grows:
+//!   a write costs what it adds, not the whole session so far (format 1, one JSON object
+//!   rewritten with every cell, is still read). ipybox's data directory is hidden from sandboxed
+//!   kernels (and from the confined kernels of the HTTP service), so what they leave behind
+//!   cannot change it. Digests only: no outputs, no arguments, no secrets.
 //! - [`compare`]: a notebook's code cells against the record: which differ from what ran, which
 //!   never ran (inserted), which ran and are gone (removed). `ipybox replay` refuses to run a
 //!   notebook that differs. [`check_cells`]: the file's cells, byte for byte, against what the
@@ -163,11 +166,27 @@ pub struct HostRecord {
     pub started: String,
     pub part: u32,
     pub confinement: Option<Confinement>,
-    /// SHA-256 of each code cell's source, in order.
+    /// SHA-256 of each code cell's source, in order (format 2: from its `s` lines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub code_cells: Vec<String>,
-    /// SHA-256 of each cell (markdown ones included) as the host serialized it, in order.
-    #[serde(default)]
+    /// SHA-256 of each cell (markdown ones included) as the host serialized it, in order
+    /// (format 2: from its `c` lines).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cells: Vec<String>,
+}
+
+/// The format [`create`] writes.
+pub(crate) const FORMAT: u32 = 2;
+
+/// A line of a format 2 record after the first: one digest.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Line {
+    /// A cell's ([`HostRecord::cells`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    c: Option<String>,
+    /// A code cell's source ([`HostRecord::code_cells`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    s: Option<String>,
 }
 
 /// The digests a record keeps of one file's cells, raw (32 bytes each: what the writer keeps
@@ -178,13 +197,6 @@ pub(crate) struct FileDigests {
     pub(crate) code: Vec<[u8; 32]>,
     /// Of each cell's serialized JSON ([`bytes_digest`]).
     pub(crate) cells: Vec<[u8; 32]>,
-}
-
-impl FileDigests {
-    /// Each digest of `list` in hex, as the record holds it.
-    pub(crate) fn hexes(list: &[[u8; 32]]) -> Vec<String> {
-        list.iter().map(|d| hex(d)).collect()
-    }
 }
 
 /// SHA-256 of `bytes`, raw.
@@ -266,17 +278,53 @@ pub fn source_digest(source: &str) -> String {
     hex(&Sha256::digest(source.as_bytes()))
 }
 
-/// Writes `record` into `records` (a private directory, created; never through a link).
-pub(crate) fn write(records: &Path, record: &HostRecord) -> std::io::Result<()> {
+/// Writes the record of `header`'s file into `records` (a private directory, created; never
+/// through a link), in format 2: `header`'s line (its own lists are not written) and a line per
+/// digest of `digests`, replacing any record of that file atomically. Returns the file, open
+/// for [`append`].
+pub(crate) fn create(
+    records: &Path,
+    header: &HostRecord,
+    digests: &FileDigests,
+) -> std::io::Result<std::fs::File> {
     let dir = crate::safe_fs::open_private_dir(records)?;
-    let path = record_path(records, &record.notebook);
+    let path = record_path(records, &header.notebook);
     let name = path
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or_default()
         .to_string();
-    let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-    dir.rewrite(&name, &bytes, 0o600)
+    let first = HostRecord {
+        format: FORMAT,
+        code_cells: Vec::new(),
+        cells: Vec::new(),
+        ..header.clone()
+    };
+    let mut bytes = serde_json::to_vec(&first).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    bytes.extend(lines(&digests.cells, &digests.code));
+    dir.rewrite_open(&name, &bytes, 0o600)
+}
+
+/// Appends a line per digest of `cells` and `code` to a record [`create`] returned.
+pub(crate) fn append(
+    file: &mut std::fs::File,
+    cells: &[[u8; 32]],
+    code: &[[u8; 32]],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    file.write_all(&lines(cells, code))
+}
+
+/// The lines of `cells`' and `code`'s digests.
+fn lines(cells: &[[u8; 32]], code: &[[u8; 32]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity((cells.len() + code.len()) * 73);
+    for (key, list) in [("c", cells), ("s", code)] {
+        for d in list {
+            out.extend_from_slice(format!("{{\"{key}\":\"{}\"}}\n", hex(d)).as_bytes());
+        }
+    }
+    out
 }
 
 /// The host's record of the notebook file at `notebook`, if there is one in `records`.
@@ -296,14 +344,42 @@ pub fn lookup(records: &Path, notebook: &Path) -> Result<Option<HostRecord>, Led
             });
         }
     };
-    let record: HostRecord =
-        serde_json::from_slice(&bytes).map_err(|source| LedgerError::Damaged {
-            notebook: notebook.to_path_buf(),
-            record: path.clone(),
-            source,
-        })?;
+    let record = parse(&bytes).map_err(|source| LedgerError::Damaged {
+        notebook: notebook.to_path_buf(),
+        record: path.clone(),
+        source,
+    })?;
     // A record of another file under the same key prefix: not this file's.
     Ok((record.notebook == canonical).then_some(record))
+}
+
+/// A record's bytes: one object (format 1) or its first line and a line per digest (format 2;
+/// a last line cut short, by a write that did not finish, is left out).
+fn parse(bytes: &[u8]) -> Result<HostRecord, serde_json::Error> {
+    let mut values = serde_json::Deserializer::from_slice(bytes).into_iter::<HostRecord>();
+    let mut record = match values.next() {
+        Some(first) => first?,
+        None => return serde_json::from_slice(bytes),
+    };
+    if record.format < FORMAT {
+        return match values.next() {
+            None => Ok(record),
+            Some(Err(e)) => Err(e),
+            Some(Ok(_)) => serde_json::from_slice(bytes),
+        };
+    }
+    let start = values.byte_offset();
+    for line in serde_json::Deserializer::from_slice(&bytes[start..]).into_iter::<Line>() {
+        match line {
+            Ok(Line { c, s }) => {
+                record.cells.extend(c);
+                record.code_cells.extend(s);
+            }
+            Err(e) if e.is_eof() => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(record)
 }
 
 /// How the code cells `sources` (a notebook's, in order) differ from the record's, one line
@@ -503,17 +579,28 @@ mod tests {
         let nb = t.path().join("a.ipynb");
         std::fs::write(&nb, "{}").unwrap();
         let records = t.path().join("records");
-        let record = HostRecord {
-            format: 1,
+        let mut record = HostRecord {
+            format: FORMAT,
             notebook: nb.canonicalize().unwrap(),
             session: "s".into(),
             started: "t".into(),
             part: 1,
             confinement: Some(Confinement::unsandboxed("local")),
-            code_cells: digests(&["1"]),
+            code_cells: vec![],
             cells: vec![],
         };
-        write(&records, &record).unwrap();
+        let code = raw_digest(b"1");
+        create(
+            &records,
+            &record,
+            &FileDigests {
+                code: vec![code],
+                cells: vec![],
+            },
+        )
+        .unwrap();
+        record.code_cells = vec![hex(&code)];
+        assert_eq!(record.code_cells, digests(&["1"]));
         assert_eq!(std::fs::metadata(&records).unwrap().mode() & 0o777, 0o700);
         let file = record_path(&records, &record.notebook);
         assert_eq!(std::fs::metadata(&file).unwrap().mode() & 0o777, 0o600);
@@ -525,5 +612,80 @@ mod tests {
         std::fs::write(&file, "{").unwrap();
         let e = lookup(&records, &nb).unwrap_err().to_string();
         assert!(e.contains("is damaged"), "{e}");
+    }
+
+    #[test]
+    fn a_record_grows_by_appending_and_old_ones_still_read() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let nb = t.path().join("a.ipynb");
+        std::fs::write(&nb, "{}").unwrap();
+        let records = t.path().join("records");
+        let header = HostRecord {
+            format: FORMAT,
+            notebook: nb.canonicalize().unwrap(),
+            session: "s".into(),
+            started: "t".into(),
+            part: 1,
+            confinement: None,
+            code_cells: vec![],
+            cells: vec![],
+        };
+        let d = |i: u32| raw_digest(&i.to_le_bytes());
+        let mut file = create(
+            &records,
+            &header,
+            &FileDigests {
+                code: vec![d(0)],
+                cells: vec![d(100)],
+            },
+        )
+        .unwrap();
+        let path = record_path(&records, &header.notebook);
+        let inode = std::fs::metadata(&path).unwrap().ino();
+        let len = std::fs::metadata(&path).unwrap().len();
+        // A cell more: its two lines appended to the same file, nothing written again.
+        append(&mut file, &[d(101)], &[d(1)]).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.ino(), inode);
+        assert_eq!(meta.len(), len + 2 * 73);
+        for i in 2..50 {
+            append(&mut file, &[d(100 + i)], &[d(i)]).unwrap();
+        }
+        let want = HostRecord {
+            code_cells: (0..50).map(|i| hex(&d(i))).collect(),
+            cells: (100..150).map(|i| hex(&d(i))).collect(),
+            ..header.clone()
+        };
+        assert_eq!(lookup(&records, &nb).unwrap().as_ref(), Some(&want));
+        // A last line cut short (a write that did not finish) is left out; a bad line in the
+        // middle is damage.
+        let whole = std::fs::read(&path).unwrap();
+        std::fs::write(&path, [&whole[..], b"{\"c\":\"ab"].concat()).unwrap();
+        assert_eq!(lookup(&records, &nb).unwrap().as_ref(), Some(&want));
+        std::fs::write(
+            &path,
+            [&whole[..], b"{\"c\":\"ab\n{\"c\":\"cd\"}\n"].concat(),
+        )
+        .unwrap();
+        let e = lookup(&records, &nb).unwrap_err().to_string();
+        assert!(e.contains("is damaged"), "{e}");
+        // Format 1 (one object, as ipybox wrote before format 2).
+        let old = serde_json::json!({
+            "format": 1,
+            "notebook": header.notebook,
+            "session": "s",
+            "started": "t",
+            "part": 1,
+            "confinement": null,
+            "code_cells": want.code_cells,
+            "cells": want.cells,
+        });
+        std::fs::write(&path, serde_json::to_vec(&old).unwrap()).unwrap();
+        let read = lookup(&records, &nb).unwrap().unwrap();
+        assert_eq!(
+            (read.format, &read.code_cells, &read.cells),
+            (1, &want.code_cells, &want.cells)
+        );
     }
 }

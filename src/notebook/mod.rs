@@ -281,8 +281,20 @@ struct OpenFile {
     len: u64,
     /// The digests of its cells, for the host record.
     digests: ledger::FileDigests,
+    /// The host record as written so far, when it is (see [`Shared::write_record`]).
+    record: Option<RecordFile>,
     /// SHA-256 over bytes `0..body_end` as written.
     body: Sha256,
+}
+
+/// A host record ([`ledger::create`]) open for appending, and what it holds.
+struct RecordFile {
+    file: std::fs::File,
+    /// How many of the file's cell and code digests it holds.
+    cells: usize,
+    code: usize,
+    /// Whether its first line has the session's confinement.
+    confined: bool,
 }
 
 impl std::fmt::Debug for OpenFile {
@@ -934,6 +946,7 @@ impl Shared {
                             body_end: format::HEAD.len() as u64,
                             len: 0,
                             digests: ledger::FileDigests::default(),
+                            record: None,
                             body,
                         }
                     }
@@ -954,7 +967,7 @@ impl Shared {
         }
         // The cells are in the file: a record that cannot be written is logged, not retried
         // with them.
-        let record = self.write_record(part, name, &open.digests);
+        let record = self.write_record(part, name, &mut open);
         *disk = Some(open);
         if let Err(e) = record {
             let mut state = self.lock();
@@ -978,17 +991,42 @@ impl Shared {
         }
     }
 
-    /// Rewrites the host's record of file `name` (part `part`, whose cells have `digests`),
-    /// when the host keeps records ([`ledger`]).
-    fn write_record(
-        &self,
-        part: u32,
-        name: &str,
-        digests: &ledger::FileDigests,
-    ) -> std::io::Result<()> {
+    /// Brings the host's record of file `name` (part `part`, open as `open`) up to `open`'s
+    /// digests, when the host keeps records ([`ledger`]): the new digests appended to the
+    /// record written before, or the whole record written anew (the file's first write, after
+    /// a record write failed, once the session's confinement is known).
+    fn write_record(&self, part: u32, name: &str, open: &mut OpenFile) -> std::io::Result<()> {
         let (Some(records), Some(dir)) = (self.records.get(), &self.dir) else {
             return Ok(());
         };
+        let confined = self.confinement.get().is_some();
+        let digests = &open.digests;
+        // A record removed or replaced since (no link left to the file held) is written anew.
+        let linked = |r: &RecordFile| {
+            r.file
+                .metadata()
+                .is_ok_and(|m| std::os::unix::fs::MetadataExt::nlink(&m) > 0)
+        };
+        if let Some(r) = open
+            .record
+            .as_mut()
+            .filter(|r| r.confined == confined && linked(r))
+        {
+            let appended = ledger::append(
+                &mut r.file,
+                &digests.cells[r.cells..],
+                &digests.code[r.code..],
+            );
+            if appended.is_ok() {
+                (r.cells, r.code) = (digests.cells.len(), digests.code.len());
+                return Ok(());
+            }
+            // Written again whole by the next write: nothing is appended after a line that
+            // may be cut short.
+            open.record = None;
+            return appended.map_err(|e| record_error(records, e));
+        }
+        open.record = None;
         let canonical = match self.canonical_dir.get() {
             Some(c) => c.clone(),
             None => {
@@ -996,23 +1034,25 @@ impl Shared {
                 self.canonical_dir.get_or_init(|| c).clone()
             }
         };
-        let notebook = canonical.join(name);
-        let record = ledger::HostRecord {
-            format: 1,
-            notebook,
+        let header = ledger::HostRecord {
+            format: ledger::FORMAT,
+            notebook: canonical.join(name),
             session: self.tag.clone(),
             started: format::utc(self.started),
             part,
             confinement: self.confinement.get().cloned(),
-            code_cells: ledger::FileDigests::hexes(&digests.code),
-            cells: ledger::FileDigests::hexes(&digests.cells),
+            code_cells: Vec::new(),
+            cells: Vec::new(),
         };
-        ledger::write(records, &record).map_err(|e| {
-            std::io::Error::new(
-                e.kind(),
-                format!("its host record in {}: {e}", records.display()),
-            )
-        })
+        let file =
+            ledger::create(records, &header, digests).map_err(|e| record_error(records, e))?;
+        open.record = Some(RecordFile {
+            file,
+            cells: digests.cells.len(),
+            code: digests.code.len(),
+            confined,
+        });
+        Ok(())
     }
 
     /// The notebook directory, opened never through a link (created, private or not), with
@@ -1066,6 +1106,14 @@ fn sanitize(tag: &str) -> String {
     } else {
         clean
     }
+}
+
+/// An error writing the host record in `records`, saying so.
+fn record_error(records: &Path, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(
+        e.kind(),
+        format!("its host record in {}: {e}", records.display()),
+    )
 }
 
 #[cfg(test)]
@@ -1203,8 +1251,13 @@ mod tests {
             Some(records.clone()),
         );
         run(&notebook, "print(1)", "1\n");
-        run(&notebook, "print(2)", "2\n");
         let path = notebook.path().unwrap();
+        let record_file = ledger::record_path(&records, &path.canonicalize().unwrap());
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let first = inode(&record_file);
+        run(&notebook, "print(2)", "2\n");
+        // The second cell's digests were appended to the record, not the record written anew.
+        assert_eq!(inode(&record_file), first);
         let record = ledger::lookup(&records, &path).unwrap().expect("a record");
         assert_eq!(
             record.code_cells,
@@ -1240,6 +1293,17 @@ mod tests {
         assert_eq!(record.session, "rec");
         let nb = parse(&std::fs::read(&path).unwrap());
         assert_eq!(nb["metadata"]["ipybox"]["confinement"]["kernel"], "local");
+        // A record removed meanwhile (a retention sweep) is written anew, whole, by the next
+        // cell.
+        std::fs::remove_file(&record_file).unwrap();
+        run(&notebook, "1 + 1", "2");
+        let again = ledger::lookup(&records, &path).unwrap().expect("a record");
+        assert_eq!(again.code_cells[..2], record.code_cells[..]);
+        assert_eq!(again.code_cells[2], ledger::source_digest("1 + 1"));
+        assert_eq!(
+            ledger::check_cells(&again.cells, &std::fs::read(&path).unwrap()),
+            ledger::CellsCheck::Same
+        );
     }
 
     #[test]

@@ -81,6 +81,10 @@ impl JupyterServer {
                     format!("--EnterpriseGatewayApp.auth_token={TOKEN}"),
                     "--EnterpriseGatewayApp.list_kernels=True".into(),
                     "--EnterpriseGatewayApp.unauthorized_users=set()".into(),
+                    // Its kernels' ports from a range below the ephemeral one (32768-60999):
+                    // a port picked with bind(0) is closed again before the kernel binds it,
+                    // and meanwhile another test's connection may take it as its source port.
+                    "--EnterpriseGatewayApp.port_range=20000..29999".into(),
                 ],
             ),
             Kind::JupyterServer => (

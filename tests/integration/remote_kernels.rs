@@ -286,7 +286,9 @@ async fn concurrent_executors_and_callers() {
             .kernel_gateway(server.url_with_token())
             .without_spare_kernel()
             .build();
-        ex.start().await.unwrap();
+        if let Err(e) = ex.start().await {
+            panic!("{e}\nserver log:\n{}", server.log());
+        }
         ex
     }))
     .await;
