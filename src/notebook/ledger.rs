@@ -153,6 +153,16 @@ pub enum LedgerError {
         #[source]
         source: serde_json::Error,
     },
+    #[error(
+        "the host's record of {} ({}) is in format {format}, newer than this ipybox reads ({FORMAT})\n  help: replay it with the ipybox that wrote it, or a newer one",
+        notebook.display(),
+        record.display()
+    )]
+    Newer {
+        notebook: PathBuf,
+        record: PathBuf,
+        format: u32,
+    },
 }
 
 /// The host's record of one notebook file (see the module docs).
@@ -178,14 +188,16 @@ pub struct HostRecord {
 /// The format [`create`] writes.
 pub(crate) const FORMAT: u32 = 2;
 
-/// A line of a format 2 record after the first: one digest.
-#[derive(Debug, Default, Serialize, Deserialize)]
+/// A line of a format 2 record after the first: one digest, either kind (a line with both,
+/// neither or another key is damage).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Line {
     /// A cell's ([`HostRecord::cells`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     c: Option<String>,
     /// A code cell's source ([`HostRecord::code_cells`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     s: Option<String>,
 }
 
@@ -306,6 +318,20 @@ pub(crate) fn create(
     dir.rewrite_open(&name, &bytes, 0o600)
 }
 
+/// Whether the record of `notebook` in `records` is still the file `file` (a record [`create`]
+/// returned): not removed, replaced or moved away since (its name looked at without following a
+/// link).
+pub(crate) fn holds(records: &Path, notebook: &Path, file: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(named), Ok(open)) = (
+        std::fs::symlink_metadata(record_path(records, notebook)),
+        file.metadata(),
+    ) else {
+        return false;
+    };
+    named.dev() == open.dev() && named.ino() == open.ino()
+}
+
 /// Appends a line per digest of `cells` and `code` to a record [`create`] returned.
 pub(crate) fn append(
     file: &mut std::fs::File,
@@ -349,6 +375,13 @@ pub fn lookup(records: &Path, notebook: &Path) -> Result<Option<HostRecord>, Led
         record: path.clone(),
         source,
     })?;
+    if record.format > FORMAT {
+        return Err(LedgerError::Newer {
+            notebook: notebook.to_path_buf(),
+            record: path,
+            format: record.format,
+        });
+    }
     // A record of another file under the same key prefix: not this file's.
     Ok((record.notebook == canonical).then_some(record))
 }
@@ -371,9 +404,18 @@ fn parse(bytes: &[u8]) -> Result<HostRecord, serde_json::Error> {
     let start = values.byte_offset();
     for line in serde_json::Deserializer::from_slice(&bytes[start..]).into_iter::<Line>() {
         match line {
-            Ok(Line { c, s }) => {
-                record.cells.extend(c);
-                record.code_cells.extend(s);
+            Ok(Line {
+                c: Some(c),
+                s: None,
+            }) => record.cells.push(c),
+            Ok(Line {
+                c: None,
+                s: Some(s),
+            }) => record.code_cells.push(s),
+            Ok(_) => {
+                return Err(serde::de::Error::custom(
+                    "a line with neither or both of `c` and `s`",
+                ));
             }
             Err(e) if e.is_eof() => break,
             Err(e) => return Err(e),
@@ -642,6 +684,7 @@ mod tests {
         )
         .unwrap();
         let path = record_path(&records, &header.notebook);
+        assert!(holds(&records, &header.notebook, &file));
         let inode = std::fs::metadata(&path).unwrap().ino();
         let len = std::fs::metadata(&path).unwrap().len();
         // A cell more: its two lines appended to the same file, nothing written again.
@@ -670,6 +713,29 @@ mod tests {
         .unwrap();
         let e = lookup(&records, &nb).unwrap_err().to_string();
         assert!(e.contains("is damaged"), "{e}");
+        for bad in [
+            &b"{}\n"[..],
+            b"{\"x\":\"ab\"}\n",
+            b"{\"c\":\"ab\",\"s\":\"cd\"}\n",
+        ] {
+            std::fs::write(&path, [&whole[..], bad].concat()).unwrap();
+            let e = lookup(&records, &nb).unwrap_err().to_string();
+            assert!(e.contains("is damaged"), "{e}");
+        }
+        // A newer format is not read as this one.
+        let newer =
+            String::from_utf8(whole.clone())
+                .unwrap()
+                .replacen("\"format\":2", "\"format\":3", 1);
+        std::fs::write(&path, newer).unwrap();
+        let e = lookup(&records, &nb).unwrap_err().to_string();
+        assert!(e.contains("in format 3, newer"), "{e}");
+        // The file `create` returned is the record, until it is removed or replaced.
+        std::fs::write(&path, &whole).unwrap();
+        assert!(holds(&records, &header.notebook, &file));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, &whole).unwrap();
+        assert!(!holds(&records, &header.notebook, &file));
         // Format 1 (one object, as ipybox wrote before format 2).
         let old = serde_json::json!({
             "format": 1,

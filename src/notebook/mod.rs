@@ -290,6 +290,9 @@ struct OpenFile {
 /// A host record ([`ledger::create`]) open for appending, and what it holds.
 struct RecordFile {
     file: std::fs::File,
+    /// The notebook file it is the record of (canonical: names the record, see
+    /// [`ledger::record_path`]).
+    notebook: PathBuf,
     /// How many of the file's cell and code digests it holds.
     cells: usize,
     code: usize,
@@ -1001,16 +1004,12 @@ impl Shared {
         };
         let confined = self.confinement.get().is_some();
         let digests = &open.digests;
-        // A record removed or replaced since (no link left to the file held) is written anew.
-        let linked = |r: &RecordFile| {
-            r.file
-                .metadata()
-                .is_ok_and(|m| std::os::unix::fs::MetadataExt::nlink(&m) > 0)
-        };
+        // A record removed, replaced or moved since (its name no longer the file held) is
+        // written anew.
         if let Some(r) = open
             .record
             .as_mut()
-            .filter(|r| r.confined == confined && linked(r))
+            .filter(|r| r.confined == confined && ledger::holds(records, &r.notebook, &r.file))
         {
             let appended = ledger::append(
                 &mut r.file,
@@ -1048,6 +1047,7 @@ impl Shared {
             ledger::create(records, &header, digests).map_err(|e| record_error(records, e))?;
         open.record = Some(RecordFile {
             file,
+            notebook: header.notebook,
             cells: digests.cells.len(),
             code: digests.code.len(),
             confined,
@@ -1186,10 +1186,15 @@ mod tests {
     #[test]
     fn past_the_size_limit_the_session_goes_on_in_a_new_file() {
         let t = tempfile::tempdir().unwrap();
+        let records = t.path().join("records");
         let notebook = Notebook::new(
-            NotebookConfig::in_dir(t.path())
+            NotebookConfig::in_dir(t.path().join("nb"))
                 .tag("big")
                 .max_file_bytes(2500),
+        );
+        notebook.set_confinement(
+            ledger::Confinement::unsandboxed("local"),
+            Some(records.clone()),
         );
         let first = notebook.path().unwrap();
         for i in 0..4 {
@@ -1215,6 +1220,20 @@ mod tests {
             first.file_name().unwrap().to_str().unwrap()
         );
         assert_eq!(new["cells"][1]["execution_count"], 3, "counts go on");
+        // Each file has its own host record, of its own cells.
+        for (path, part, code) in [(&first, 1, [0, 1]), (&now, 2, [2, 3])] {
+            let record = ledger::lookup(&records, path).unwrap().expect("a record");
+            assert_eq!(record.part, part);
+            let want: Vec<String> = code
+                .iter()
+                .map(|i| ledger::source_digest(&format!("print({i})")))
+                .collect();
+            assert_eq!(record.code_cells, want);
+            assert_eq!(
+                ledger::check_cells(&record.cells, &std::fs::read(path).unwrap()),
+                ledger::CellsCheck::Same
+            );
+        }
     }
 
     #[test]
