@@ -13,7 +13,9 @@
 #
 # The image's user gets your UID/GID, so files the kernel writes to the mounted workspace are
 # yours. The build runs with the host's network (`--network host`). With podman on hosts whose
-# defaults fail (crun, rlimits), the flags from scripts/docker-engine.sh are added.
+# defaults fail (crun, rlimits), the flags from scripts/docker-engine.sh are added. The image the
+# tag named before is removed once nothing else uses it; the build context is a temporary
+# directory, removed on exit.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 binary="" ca="" base="debian:bookworm-slim" tag="ipybox"
@@ -53,7 +55,12 @@ cp "$root/docker/Dockerfile" "$context/Dockerfile"
 cp "$binary" "$context/ipybox"
 if [ -n "$ca" ]; then cp "$ca" "$context/extra-ca.crt"; else : >"$context/extra-ca.crt"; fi
 
-exec "$ENGINE" build \
+# The image this build replaces under the same tag, if any: removed afterwards when nothing else
+# names it (no other tag, no container), so rebuilding does not leave an ~860 MB untagged image
+# behind each time.
+old_id=$("$ENGINE" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
+
+"$ENGINE" build \
   "${ENGINE_BUILD_ARGS[@]}" \
   --network host \
   --build-arg "BASE=$base" \
@@ -62,3 +69,10 @@ exec "$ENGINE" build \
   --tag "$tag" \
   "$@" \
   "$context"
+
+new_id=$("$ENGINE" image inspect --format '{{.Id}}' "$tag" 2>/dev/null || true)
+if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then
+  # `rmi` by ID refuses an image that still has a tag or a container; that refusal is fine.
+  "$ENGINE" rmi "$old_id" >/dev/null 2>&1 \
+    && echo "docker/build.sh: removed the image $tag replaced (${old_id:0:12})" >&2 || true
+fi

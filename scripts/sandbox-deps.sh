@@ -31,6 +31,6 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$SRT_PKG" ] && [ -x "$dir/node_modu
   exit 0
 fi
 echo "sandbox-deps: installing $SRT_PKG into $dir" >&2
-[ -f "$dir/package.json" ] || echo '{"private":true}' > "$dir/package.json"
-( cd "$dir" && npm install --no-audit --no-fund --silent "$SRT_PKG" )
+source "$root/scripts/npm-install.sh"
+npm_install "$dir" "$SRT_PKG"
 echo "$SRT_PKG" > "$stamp"

@@ -75,6 +75,6 @@ for server in kg eg js; do
 done
 
 echo "test-env: installing ${NPM_PKGS[*]}" >&2
-( cd "$dir" && [ -f package.json ] || echo '{"private":true}' > "$dir/package.json"
-  cd "$dir" && npm install --no-audit --no-fund --silent "${NPM_PKGS[@]}" )
+source "$root/scripts/npm-install.sh"
+npm_install "$dir" "${NPM_PKGS[@]}"
 echo "$want" > "$stamp"

@@ -290,15 +290,45 @@ pub fn source_digest(source: &str) -> String {
     hex(&Sha256::digest(source.as_bytes()))
 }
 
+/// A record [`create`] wrote, open for appending: the file, its name, and the records
+/// directory it was created in (held open, looked into without following a link).
+pub(crate) struct OpenRecord {
+    dir: crate::safe_fs::NoFollowDir,
+    name: String,
+    file: std::fs::File,
+}
+
+impl OpenRecord {
+    /// Whether the record's name is still this file: not removed, replaced or moved away since.
+    pub(crate) fn holds(&self) -> bool {
+        self.dir.holds(&self.name, &self.file).unwrap_or(false)
+    }
+
+    /// Makes every later append fail, as a full disk or a failing device would: the record is
+    /// held open read-only from now on (the same file, so it still [`holds`](Self::holds)).
+    #[cfg(test)]
+    pub(crate) fn fail_appends(&mut self) {
+        use std::os::fd::AsRawFd;
+        self.file =
+            std::fs::File::open(format!("/proc/self/fd/{}", self.file.as_raw_fd())).unwrap();
+    }
+
+    /// Appends a line per digest of `cells` and `code`.
+    pub(crate) fn append(&mut self, cells: &[[u8; 32]], code: &[[u8; 32]]) -> std::io::Result<()> {
+        use std::io::Write;
+        self.file.write_all(&lines(cells, code))
+    }
+}
+
 /// Writes the record of `header`'s file into `records` (a private directory, created; never
 /// through a link), in format 2: `header`'s line (its own lists are not written) and a line per
-/// digest of `digests`, replacing any record of that file atomically. Returns the file, open
-/// for [`append`].
+/// digest of `digests`, replacing any record of that file atomically. Returns it open for
+/// [`OpenRecord::append`].
 pub(crate) fn create(
     records: &Path,
     header: &HostRecord,
     digests: &FileDigests,
-) -> std::io::Result<std::fs::File> {
+) -> std::io::Result<OpenRecord> {
     let dir = crate::safe_fs::open_private_dir(records)?;
     let path = record_path(records, &header.notebook);
     let name = path
@@ -315,43 +345,25 @@ pub(crate) fn create(
     let mut bytes = serde_json::to_vec(&first).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
     bytes.extend(lines(&digests.cells, &digests.code));
-    dir.rewrite_open(&name, &bytes, 0o600)
+    let file = dir.rewrite_open(&name, &bytes, 0o600)?;
+    Ok(OpenRecord { dir, name, file })
 }
 
-/// Whether the record of `notebook` in `records` is still the file `file` (a record [`create`]
-/// returned): not removed, replaced or moved away since (its name looked at without following a
-/// link).
-pub(crate) fn holds(records: &Path, notebook: &Path, file: &std::fs::File) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let (Ok(named), Ok(open)) = (
-        std::fs::symlink_metadata(record_path(records, notebook)),
-        file.metadata(),
-    ) else {
-        return false;
-    };
-    named.dev() == open.dev() && named.ino() == open.ino()
-}
-
-/// Appends a line per digest of `cells` and `code` to a record [`create`] returned.
-pub(crate) fn append(
-    file: &mut std::fs::File,
-    cells: &[[u8; 32]],
-    code: &[[u8; 32]],
-) -> std::io::Result<()> {
-    use std::io::Write;
-    file.write_all(&lines(cells, code))
-}
-
-/// The lines of `cells`' and `code`'s digests.
+/// The lines of `cells`' and `code`'s digests: `{"c":"<hex>"}` and `{"s":"<hex>"}`.
 fn lines(cells: &[[u8; 32]], code: &[[u8; 32]]) -> Vec<u8> {
-    let mut out = Vec::with_capacity((cells.len() + code.len()) * 73);
-    for (key, list) in [("c", cells), ("s", code)] {
+    let mut out = Vec::with_capacity((cells.len() + code.len()) * LINE_BYTES);
+    for (key, list) in [(b'c', cells), (b's', code)] {
         for d in list {
-            out.extend_from_slice(format!("{{\"{key}\":\"{}\"}}\n", hex(d)).as_bytes());
+            out.extend_from_slice(&[b'{', b'"', key, b'"', b':', b'"']);
+            push_hex(&mut out, d);
+            out.extend_from_slice(b"\"}\n");
         }
     }
     out
 }
+
+/// The length of a digest's line in a format 2 record.
+const LINE_BYTES: usize = 73;
 
 /// The host's record of the notebook file at `notebook`, if there is one in `records`.
 pub fn lookup(records: &Path, notebook: &Path) -> Result<Option<HostRecord>, LedgerError> {
@@ -541,13 +553,17 @@ fn align(a: &[String], b: &[String]) -> Vec<Op> {
 }
 
 fn hex(bytes: &[u8]) -> String {
+    let mut text = Vec::with_capacity(bytes.len() * 2);
+    push_hex(&mut text, bytes);
+    String::from_utf8(text).unwrap_or_default()
+}
+
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(bytes.len() * 2);
     for b in bytes {
-        text.push(DIGITS[usize::from(b >> 4)] as char);
-        text.push(DIGITS[usize::from(b & 0xf)] as char);
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 0xf)]);
     }
-    text
 }
 
 #[cfg(test)]
@@ -674,7 +690,7 @@ mod tests {
             cells: vec![],
         };
         let d = |i: u32| raw_digest(&i.to_le_bytes());
-        let mut file = create(
+        let mut record = create(
             &records,
             &header,
             &FileDigests {
@@ -684,16 +700,16 @@ mod tests {
         )
         .unwrap();
         let path = record_path(&records, &header.notebook);
-        assert!(holds(&records, &header.notebook, &file));
+        assert!(record.holds());
         let inode = std::fs::metadata(&path).unwrap().ino();
         let len = std::fs::metadata(&path).unwrap().len();
         // A cell more: its two lines appended to the same file, nothing written again.
-        append(&mut file, &[d(101)], &[d(1)]).unwrap();
+        record.append(&[d(101)], &[d(1)]).unwrap();
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.ino(), inode);
-        assert_eq!(meta.len(), len + 2 * 73);
+        assert_eq!(meta.len(), len + 2 * LINE_BYTES as u64);
         for i in 2..50 {
-            append(&mut file, &[d(100 + i)], &[d(i)]).unwrap();
+            record.append(&[d(100 + i)], &[d(i)]).unwrap();
         }
         let want = HostRecord {
             code_cells: (0..50).map(|i| hex(&d(i))).collect(),
@@ -732,10 +748,10 @@ mod tests {
         assert!(e.contains("in format 3, newer"), "{e}");
         // The file `create` returned is the record, until it is removed or replaced.
         std::fs::write(&path, &whole).unwrap();
-        assert!(holds(&records, &header.notebook, &file));
+        assert!(record.holds());
         std::fs::remove_file(&path).unwrap();
         std::fs::write(&path, &whole).unwrap();
-        assert!(!holds(&records, &header.notebook, &file));
+        assert!(!record.holds());
         // Format 1 (one object, as ipybox wrote before format 2).
         let old = serde_json::json!({
             "format": 1,

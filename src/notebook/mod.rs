@@ -289,15 +289,10 @@ struct OpenFile {
 
 /// A host record ([`ledger::create`]) open for appending, and what it holds.
 struct RecordFile {
-    file: std::fs::File,
-    /// The notebook file it is the record of (canonical: names the record, see
-    /// [`ledger::record_path`]).
-    notebook: PathBuf,
+    record: ledger::OpenRecord,
     /// How many of the file's cell and code digests it holds.
     cells: usize,
     code: usize,
-    /// Whether its first line has the session's confinement.
-    confined: bool,
 }
 
 impl std::fmt::Debug for OpenFile {
@@ -995,27 +990,21 @@ impl Shared {
     }
 
     /// Brings the host's record of file `name` (part `part`, open as `open`) up to `open`'s
-    /// digests, when the host keeps records ([`ledger`]): the new digests appended to the
+    /// digests, when the host keeps records ([`ledger`]; the session's confinement is set
+    /// with them, so the record's first line always has it): the new digests appended to the
     /// record written before, or the whole record written anew (the file's first write, after
-    /// a record write failed, once the session's confinement is known).
+    /// a record write failed, or when the record was removed or replaced meanwhile).
     fn write_record(&self, part: u32, name: &str, open: &mut OpenFile) -> std::io::Result<()> {
         let (Some(records), Some(dir)) = (self.records.get(), &self.dir) else {
             return Ok(());
         };
-        let confined = self.confinement.get().is_some();
         let digests = &open.digests;
         // A record removed, replaced or moved since (its name no longer the file held) is
         // written anew.
-        if let Some(r) = open
-            .record
-            .as_mut()
-            .filter(|r| r.confined == confined && ledger::holds(records, &r.notebook, &r.file))
-        {
-            let appended = ledger::append(
-                &mut r.file,
-                &digests.cells[r.cells..],
-                &digests.code[r.code..],
-            );
+        if let Some(r) = open.record.as_mut().filter(|r| r.record.holds()) {
+            let appended = r
+                .record
+                .append(&digests.cells[r.cells..], &digests.code[r.code..]);
             if appended.is_ok() {
                 (r.cells, r.code) = (digests.cells.len(), digests.code.len());
                 return Ok(());
@@ -1043,14 +1032,12 @@ impl Shared {
             code_cells: Vec::new(),
             cells: Vec::new(),
         };
-        let file =
+        let record =
             ledger::create(records, &header, digests).map_err(|e| record_error(records, e))?;
         open.record = Some(RecordFile {
-            file,
-            notebook: header.notebook,
+            record,
             cells: digests.cells.len(),
             code: digests.code.len(),
-            confined,
         });
         Ok(())
     }
@@ -1323,6 +1310,59 @@ mod tests {
             ledger::check_cells(&again.cells, &std::fs::read(&path).unwrap()),
             ledger::CellsCheck::Same
         );
+    }
+
+    #[test]
+    fn a_record_whose_append_failed_is_written_anew_by_the_next_cell() {
+        let t = tempfile::tempdir().unwrap();
+        let records = t.path().join("records");
+        let notebook = Notebook::new(NotebookConfig::in_dir(t.path().join("nb")).tag("full"));
+        notebook.set_confinement(
+            ledger::Confinement::unsandboxed("local"),
+            Some(records.clone()),
+        );
+        run(&notebook, "print(1)", "1\n");
+        let path = notebook.path().unwrap();
+        let record_file = ledger::record_path(&records, &path.canonicalize().unwrap());
+        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let first = inode(&record_file);
+        let digests = |n: usize| -> Vec<String> {
+            (1..=n)
+                .map(|i| ledger::source_digest(&format!("print({i})")))
+                .collect()
+        };
+        let fail_appends = || {
+            let mut disk = notebook.0.disk();
+            let open = disk.as_mut().expect("the file is open");
+            open.record
+                .as_mut()
+                .expect("a record")
+                .record
+                .fail_appends();
+        };
+        // The append of cell 2 fails (logged): the cell is in the notebook, the record still
+        // holds one cell, nothing half-written.
+        fail_appends();
+        run(&notebook, "print(2)", "2\n");
+        let record = ledger::lookup(&records, &path).unwrap().expect("a record");
+        assert_eq!(record.code_cells, digests(1));
+        assert_eq!(inode(&record_file), first);
+        // The next cell's write does not append again after a failure: the record is written
+        // anew, whole, and matches the file.
+        run(&notebook, "print(3)", "3\n");
+        let record = ledger::lookup(&records, &path).unwrap().expect("a record");
+        assert_eq!(record.code_cells, digests(3));
+        assert_ne!(inode(&record_file), first);
+        assert_eq!(
+            ledger::check_cells(&record.cells, &std::fs::read(&path).unwrap()),
+            ledger::CellsCheck::Same
+        );
+        // And appends again from there.
+        let rewritten = inode(&record_file);
+        run(&notebook, "print(4)", "4\n");
+        assert_eq!(inode(&record_file), rewritten);
+        let record = ledger::lookup(&records, &path).unwrap().expect("a record");
+        assert_eq!(record.code_cells, digests(4));
     }
 
     #[test]
