@@ -1247,11 +1247,11 @@ mod tests {
         assert_eq!(notebook.last_code_cell().unwrap()["source"], "print(2)");
     }
 
-    #[test]
-    fn the_host_keeps_a_record_of_each_file() {
-        let t = tempfile::tempdir().unwrap();
-        let records = t.path().join("records");
-        let notebook = Notebook::new(NotebookConfig::in_dir(t.path().join("nb")).tag("rec"));
+    /// A notebook in `dir` whose host keeps records (in `dir/records`), after a first cell
+    /// `print(1)`: the notebook, the records directory, the file, and its record.
+    fn recorded(dir: &Path, tag: &str) -> (Notebook, PathBuf, PathBuf, PathBuf) {
+        let records = dir.join("records");
+        let notebook = Notebook::new(NotebookConfig::in_dir(dir.join("nb")).tag(tag));
         notebook.set_confinement(
             ledger::Confinement::unsandboxed("local"),
             Some(records.clone()),
@@ -1259,7 +1259,17 @@ mod tests {
         run(&notebook, "print(1)", "1\n");
         let path = notebook.path().unwrap();
         let record_file = ledger::record_path(&records, &path.canonicalize().unwrap());
-        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        (notebook, records, path, record_file)
+    }
+
+    fn inode(path: &Path) -> u64 {
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap())
+    }
+
+    #[test]
+    fn the_host_keeps_a_record_of_each_file() {
+        let t = tempfile::tempdir().unwrap();
+        let (notebook, records, path, record_file) = recorded(t.path(), "rec");
         let first = inode(&record_file);
         run(&notebook, "print(2)", "2\n");
         // The second cell's digests were appended to the record, not the record written anew.
@@ -1315,16 +1325,7 @@ mod tests {
     #[test]
     fn a_record_whose_append_failed_is_written_anew_by_the_next_cell() {
         let t = tempfile::tempdir().unwrap();
-        let records = t.path().join("records");
-        let notebook = Notebook::new(NotebookConfig::in_dir(t.path().join("nb")).tag("full"));
-        notebook.set_confinement(
-            ledger::Confinement::unsandboxed("local"),
-            Some(records.clone()),
-        );
-        run(&notebook, "print(1)", "1\n");
-        let path = notebook.path().unwrap();
-        let record_file = ledger::record_path(&records, &path.canonicalize().unwrap());
-        let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+        let (notebook, records, path, record_file) = recorded(t.path(), "full");
         let first = inode(&record_file);
         let digests = |n: usize| -> Vec<String> {
             (1..=n)
