@@ -261,8 +261,8 @@ impl hyper::body::Body for Tracked {
 
 /// Raises this process's open-file limit to its maximum (each connection is a file
 /// descriptor) and returns what `max_connections` can be with it: room is left for kernels
-/// (about 16 descriptors per session, and the notebook's host record it keeps open) and
-/// ipybox's own files.
+/// (about 16 descriptors per session, and the notebook's host record it keeps open with its
+/// directory) and ipybox's own files.
 fn fit_connections(max_connections: usize, max_sessions: usize) -> usize {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let mut limit = getrlimit(Resource::Nofile);
@@ -278,7 +278,7 @@ fn fit_connections(max_connections: usize, max_sessions: usize) -> usize {
     let Some(files) = limit.current else {
         return max_connections;
     };
-    let reserve = 256 + 17 * max_sessions;
+    let reserve = 256 + 18 * max_sessions;
     let room = usize::try_from(files)
         .unwrap_or(usize::MAX)
         .saturating_sub(reserve)
