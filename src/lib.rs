@@ -23,6 +23,7 @@ pub(crate) mod safe_fs;
 pub mod sandbox;
 pub mod snapshot;
 pub mod tools;
+pub mod workspace_trust;
 
 pub use executor::CodeExecutor;
 

@@ -15,6 +15,7 @@ mod metrics;
 mod own_secrets;
 mod replay;
 mod terminal_approval;
+mod trust_command;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -523,6 +524,23 @@ enum Command {
         /// Check this interpreter instead of the managed environment.
         #[arg(long, env = "IPYBOX_PYTHON")]
         python: Option<PathBuf>,
+    },
+    /// Accept code a sandboxed kernel wrote in the workspace (saved code actions in gentools/,
+    /// output parsers in mcpparse/, any module), so that unsandboxed kernels import it.
+    ///
+    /// Shows each file under the paths that unsandboxed kernels refuse (written while a
+    /// sandboxed kernel could write there) whole, then asks. Accepted is the content as shown:
+    /// a later change is refused again (docs/sandbox.md).
+    Trust {
+        /// Files or directories (searched whole) in the workspace.
+        #[arg(required = true, value_name = "PATH")]
+        paths: Vec<PathBuf>,
+        /// Accept without asking.
+        #[arg(long, short = 'y', conflicts_with = "list")]
+        yes: bool,
+        /// Only list what unsandboxed kernels refuse; accept nothing.
+        #[arg(long)]
+        list: bool,
     },
 }
 
@@ -1286,6 +1304,14 @@ async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Resu
                     .map(|d| d.join(ipybox::notebook::ledger::RECORDS_DIR)),
             };
             replay::run(replay, builder).await
+        }
+        Command::Trust { paths, yes, list } => {
+            let mode = match (yes, list) {
+                (true, _) => trust_command::Mode::Yes,
+                (_, true) => trust_command::Mode::List,
+                _ => trust_command::Mode::Ask,
+            };
+            trust_command::run(&paths, mode)
         }
         Command::Setup { python } => {
             let host = HostEnv::from_process();

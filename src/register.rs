@@ -155,8 +155,17 @@ pub async fn generate_mcp_sources_with(
     timeout: Duration,
     style: ApiStyle,
 ) -> Result<Vec<String>, RegisterError> {
-    let modules = generate_only(server_name, server_params, root_dir, env, timeout, style).await?;
     let data_dir = crate::host_env::HostEnv::from_vars(env.clone()).data_dir();
+    let modules = generate_only(
+        server_name,
+        server_params,
+        root_dir,
+        env,
+        timeout,
+        style,
+        data_dir.as_deref(),
+    )
+    .await?;
     record(server_name, server_params, root_dir, data_dir.as_deref())?;
     Ok(modules)
 }
@@ -182,7 +191,9 @@ fn record(
 }
 
 /// Lists the tools and generates the package, without recording the registration (the
-/// executor records it in its own registry).
+/// executor records it in its own registry). What it wrote is recorded as generated in the
+/// trust ledger of `data_dir` ([`crate::workspace_trust`]): a trusted kernel imports it even
+/// when it was written while a sandboxed kernel ran.
 pub(crate) async fn generate_only(
     server_name: &str,
     server_params: &Value,
@@ -190,6 +201,7 @@ pub(crate) async fn generate_only(
     env: &HashMap<String, String>,
     timeout: Duration,
     style: ApiStyle,
+    data_dir: Option<&Path>,
 ) -> Result<Vec<String>, RegisterError> {
     // Fail on a bad server name before spawning anything (rendering no tools checks the name).
     apigen::render_package(server_name, server_params, &[], style)?;
@@ -212,15 +224,26 @@ pub(crate) async fn generate_only(
     let root = root_dir.to_path_buf();
     let name = server_name.to_string();
     let written = server_params.clone();
-    tokio::task::spawn_blocking(move || {
-        apigen::generate_package(&name, &written, &specs, &root, style)
+    let (modules, files) = tokio::task::spawn_blocking(move || {
+        apigen::generate_package_files(&name, &written, &specs, &root, style)
     })
     .await
     .map_err(|e| ApigenError::Io {
         path: root_dir.to_path_buf(),
         source: std::io::Error::other(e),
-    })?
-    .map_err(RegisterError::from)
+    })??;
+    if let Some(data_dir) = data_dir {
+        // `root_dir` was just written without following a link: its canonical form is what a
+        // kernel's import finds.
+        let root = root_dir.canonicalize().map_err(RegisterError::Record)?;
+        let files: Vec<(PathBuf, Vec<u8>)> = files
+            .into_iter()
+            .map(|(rel, src)| (root.join(rel), src.into_bytes()))
+            .collect();
+        let ledger = crate::workspace_trust::Ledger::in_data_dir(data_dir);
+        crate::workspace_trust::record_generated(&ledger, &files).map_err(RegisterError::Record)?;
+    }
+    Ok(modules)
 }
 
 /// The params are written to the generated `__init__.py` as given. Values of headers and env

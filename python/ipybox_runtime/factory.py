@@ -115,6 +115,7 @@ PRELOAD = (
     "ipybox_runtime.output_flush",
     "ipybox_runtime.working_dir",
     "ipybox_runtime.shell_guard",
+    "ipybox_runtime.workspace_trust",
 )
 
 # Imported by the template at its first fork request that needs them, not at start (a template

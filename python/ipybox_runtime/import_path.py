@@ -16,6 +16,10 @@ The site layer (``IPYBOX_SITE_LAYER``, set by the host for sandboxed kernels onl
 sandboxed installer, read-only to the kernel, never in the workspace) is added as a site
 directory (its ``.pth`` files run, here, inside the sandbox) in front of the kernel environment's
 ``site-packages``, so that a version installed there wins over the environment's.
+
+A trusted kernel (the host sets ``IPYBOX_TRUST_LEDGER`` for local kernels that are neither
+sandboxed nor confined) also gets ``workspace_trust``'s finder: what a sandboxed kernel wrote in
+the workspace is not imported here until a person accepts it.
 """
 
 import os
@@ -26,6 +30,11 @@ def install(dirs: list) -> None:
     """Drops ``''`` (the working directory) from ``sys.path``, adds the site layer if the host
     named one, and appends ``dirs`` in order."""
     sys.path[:] = [p for p in sys.path if p]
+    ledger = os.environ.get("IPYBOX_TRUST_LEDGER")
+    if ledger:
+        from ipybox_runtime import workspace_trust
+
+        workspace_trust.install(ledger)
     _add_site_layer(os.environ.get("IPYBOX_SITE_LAYER"))
     for d in dirs:
         if d not in sys.path:

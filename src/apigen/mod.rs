@@ -139,14 +139,14 @@ pub fn render_package(
 /// in the given `style`; returns the module names in tool order.
 ///
 /// The package is written to a temporary directory inside `root_dir` and swapped in, so a
-/// failed run leaves any previous package untouched. `root_dir` is created if missing and gets
-/// an `__init__.py` if it has none. `server_params` are written as given (no secrets should be
+/// failed run leaves any previous package untouched. `root_dir` is created if missing and its
+/// `__init__.py` is written anew. `server_params` are written as given (no secrets should be
 /// in them; `${VAR}` placeholders stay as written).
 ///
 /// Nothing below `root_dir`'s parent is followed if it is a symbolic link: `root_dir` or the
 /// server's folder being a link is an error, files are created new (never through a link), and
 /// the previous package is removed without following links in it. (`root_dir` is usually
-/// `<workspace>/mcptools`, which code in a sandboxed kernel can rewrite.)
+/// `<workspace>/mcptools`, which a sandboxed kernel cannot write, but an older ipybox's could.)
 pub fn generate_package(
     server_name: &str,
     server_params: &serde_json::Value,
@@ -154,22 +154,38 @@ pub fn generate_package(
     root_dir: &Path,
     style: ApiStyle,
 ) -> Result<Vec<String>, ApigenError> {
+    generate_package_files(server_name, server_params, tools, root_dir, style)
+        .map(|(modules, _)| modules)
+}
+
+/// What [`generate_package_files`] wrote: paths relative to its `root_dir`, and contents.
+pub type GeneratedFiles = Vec<(PathBuf, String)>;
+
+/// [`generate_package`], also returning what it wrote: each file's path relative to
+/// `root_dir` (`<server_name>/<module>.py` and `__init__.py`) and its
+/// content, for the host's record of generated code (`crate::workspace_trust`).
+pub fn generate_package_files(
+    server_name: &str,
+    server_params: &serde_json::Value,
+    tools: &[ToolSpec],
+    root_dir: &Path,
+    style: ApiStyle,
+) -> Result<(Vec<String>, GeneratedFiles), ApigenError> {
     let RenderedPackage { files, modules } =
         render_package(server_name, server_params, tools, style)?;
+    let mut generated: Vec<(PathBuf, String)> = files
+        .iter()
+        .map(|(name, src)| (Path::new(server_name).join(name), src.clone()))
+        .collect();
     let root = NoFollowDir::open(root_dir, Some(0o755)).map_err(io_err(root_dir))?;
+    // The package root's `__init__.py` is generated too: written anew each time (atomically; a
+    // link in its place is replaced, never followed), so registering again also undoes what
+    // anyone else wrote there.
     let root_init = root_dir.join("__init__.py");
-    if root
-        .kind("__init__.py")
-        .map_err(io_err(&root_init))?
-        .is_none()
-    {
-        match root.create_new("__init__.py", render::render_root_init()?.as_bytes(), 0o644) {
-            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-                return Err(io_err(&root_init)(e));
-            }
-            _ => {}
-        }
-    }
+    let init = render::render_root_init()?;
+    root.rewrite("__init__.py", init.as_bytes(), 0o644)
+        .map_err(io_err(&root_init))?;
+    generated.push(("__init__.py".into(), init));
     let target = root_dir.join(server_name);
     if let Some(kind) = root.kind(server_name).map_err(io_err(&target))?
         && kind != Kind::Dir
@@ -219,5 +235,5 @@ pub fn generate_package(
             root_dir.join(&old).display()
         );
     }
-    Ok(modules)
+    Ok((modules, generated))
 }

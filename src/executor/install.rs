@@ -61,6 +61,7 @@ impl CodeExecutor {
             &self.tool_env(),
             timeout,
             ApiStyle::Sync,
+            self.host_env().data_dir().as_deref(),
         )
         .await?;
         let registry = self

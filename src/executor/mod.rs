@@ -32,6 +32,7 @@ mod lifecycle;
 mod run;
 mod snapshots;
 mod start;
+mod trust;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -78,6 +79,9 @@ struct Running {
     /// The session's own uid (`--session-uids`), handed back after the kernels (fields drop in
     /// order: `pool` first).
     _uid: Option<crate::confine::uids::UidLease>,
+    /// A sandboxed executor's window in the workspace trust ledger: closed when dropped, after
+    /// the pool (its kernels) is gone.
+    _trust_window: Option<crate::workspace_trust::Window>,
 }
 
 struct Inner {

@@ -162,6 +162,8 @@ impl CodeExecutor {
         config.env = b.kernel_env.clone();
         // Only the sandbox sets it (below): no other kernel imports a sandboxed install.
         config.env.remove(pyenv::install::SITE_LAYER_ENV);
+        // Only ipybox gives a trusted kernel the trust ledger (`workspace_trust` below).
+        config.env.remove(crate::workspace_trust::LEDGER_ENV);
         let mut snapshot_channel = None;
         let confinement = match (&gateway, &sandbox_policy, &b.sandbox, &bwrap) {
             (Some(gateway), ..) => KernelConfinement::Remote {
@@ -173,6 +175,12 @@ impl CodeExecutor {
             (None, _, _, Some(_)) => KernelConfinement::Confined,
             _ => KernelConfinement::Unconfined,
         };
+        let trust_window = self.workspace_trust(
+            &confinement,
+            &workspace,
+            sandbox_policy.as_ref().map(|(policy, _)| policy),
+            &mut config.env,
+        )?;
         match gateway {
             None => {
                 // Remote kernels get the runtime in their bootstrap cell instead.
@@ -231,6 +239,12 @@ impl CodeExecutor {
             let mut options = options.clone();
             if let Some(dir) = self.inner.notebook.as_ref().and_then(|n| n.dir()) {
                 options.record_dirs.push(dir.to_path_buf());
+            }
+            // The generated API is the host's too: a trusted kernel imports it later.
+            if !options.isolate_workspace {
+                options
+                    .record_dirs
+                    .push(workspace.join(crate::workspace_trust::GENERATED_DIR));
             }
             let options = &options;
             let python = config.python.clone();
@@ -406,6 +420,7 @@ impl CodeExecutor {
             session,
             _egress: egress,
             _uid: uid,
+            _trust_window: trust_window,
         });
         // Started again after a stop: a new kernel for the cells that follow.
         if let Some(notebook) = &self.inner.notebook {

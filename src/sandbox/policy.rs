@@ -386,8 +386,8 @@ pub struct SandboxPaths {
     /// The effective settings file srt reads (not readable: it may hold the host's upstream
     /// proxy with its credentials, `network.parentProxy`).
     pub settings_file: Option<PathBuf>,
-    /// Directories the host keeps its records in (the session notebook's): never writable by
-    /// the kernel, whatever the policy says. They must exist before srt starts (bubblewrap
+    /// Directories the host keeps its records in (the session notebook's) or its generated code
+    /// (the workspace's `mcptools/`): never writable by the kernel, whatever the policy says. They must exist before srt starts (bubblewrap
     /// binds them read-only; a mount point cannot be renamed or replaced from inside).
     pub record_dirs: Vec<PathBuf>,
     /// Host paths never readable by the kernel, whatever the policy says (the HTTP service's

@@ -317,7 +317,7 @@ pub(crate) fn human_bytes(n: u64) -> String {
 }
 
 /// `YYYY-MM-DD HH:MM UTC` for seconds since the Unix epoch.
-pub(crate) fn utc(secs: u64) -> String {
+pub fn utc(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     // Howard Hinnant's civil_from_days.

@@ -99,3 +99,4 @@ mod tool_reach;
 mod tool_socket;
 mod ts_client;
 mod workspace_startup;
+mod workspace_trust;
