@@ -742,22 +742,39 @@ async fn links_in_the_workspace_redirect_nothing() {
     };
     let before = listing();
     let o_s = o.display().to_string();
-    for (plant, what) in [
+    // The sandboxed kernel cannot plant them: `mcptools/` is read-only to it (issue 50).
+    assert_eq!(
+        run(
+            &ex,
+            &format!(
+                "import os, errno\ntry:\n    os.symlink({o_s:?}, 'mcptools/fx2')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])"
+            )
+        )
+        .await,
+        "EROFS"
+    );
+    // Planted from outside the sandbox, as an older ipybox's sandboxed kernel could: the host
+    // still writes and deletes nothing through them.
+    let mcptools = ws.join("mcptools");
+    let plants: [(&dyn Fn(), &str); 2] = [
         (
-            format!(
-                "import shutil, os\nshutil.rmtree('mcptools')\nos.symlink({o_s:?}, 'mcptools')"
-            ),
+            &|| {
+                std::fs::remove_dir_all(&mcptools).unwrap();
+                std::os::unix::fs::symlink(o, &mcptools).unwrap();
+            },
             "mcptools",
         ),
         (
-            format!(
-                "import os\nos.remove('mcptools')\nos.mkdir('mcptools')\nos.symlink({:?}, 'mcptools/fx')",
-                format!("{o_s}/fx")
-            ),
+            &|| {
+                std::fs::remove_file(&mcptools).unwrap();
+                std::fs::create_dir(&mcptools).unwrap();
+                std::os::unix::fs::symlink(o.join("fx"), mcptools.join("fx")).unwrap();
+            },
             "mcptools/fx",
         ),
-    ] {
-        run(&ex, &plant).await;
+    ];
+    for (plant, what) in plants {
+        plant();
         let err = ex
             .register_mcp_server("fx", &fixture_stdio_params("stdio"))
             .await
@@ -773,7 +790,7 @@ async fn links_in_the_workspace_redirect_nothing() {
             "{what}: the host wrote or deleted through the link"
         );
     }
-    run(&ex, "import os\nos.remove('mcptools/fx')").await;
+    std::fs::remove_file(mcptools.join("fx")).unwrap();
     ex.register_mcp_server("fx", &fixture_stdio_params("stdio"))
         .await
         .expect("registration works again");
