@@ -42,7 +42,12 @@ struct Cli {
     /// --log-level or IPYBOX_LOG say; for debugging a protocol exchange only.
     #[arg(long, global = true)]
     log_content: bool,
-    #[command(flatten)]
+    /// The MCP server's flags. Given before a subcommand, a flag is that subcommand's
+    /// (`ipybox --sandbox exec` is `ipybox exec --sandbox`), or an error when it has none.
+    #[command(
+        flatten,
+        next_help_heading = "MCP server options (also `ipybox serve`'s; before another subcommand: that subcommand's)"
+    )]
     serve: ServeArgs,
     #[command(subcommand)]
     command: Option<Command>,
@@ -441,6 +446,14 @@ enum Command {
         /// terminal; without a terminal calls are rejected).
         #[arg(long, short = 'y')]
         yes: bool,
+        /// Run the kernel in a sandbox (Anthropic's sandbox-runtime `srt`), as `ipybox serve
+        /// --sandbox` does: it writes only the workspace, reaches no network (docs/sandbox.md).
+        #[arg(long)]
+        sandbox: bool,
+        /// srt settings file for --sandbox (relative paths are taken from the workspace; a
+        /// missing file means the default policy).
+        #[arg(long, requires = "sandbox")]
+        sandbox_config: Option<PathBuf>,
         #[command(flatten)]
         shell: ShellArgs,
         #[command(flatten)]
@@ -461,7 +474,9 @@ enum Command {
     ///
     /// A session recorded in a sandbox replays in the sandbox, under the recorded policy
     /// (--unsandboxed runs it on the host). A notebook whose code cells differ from the host's
-    /// record of what ran is refused before anything runs (docs/notebook.md).
+    /// record of what ran is refused before anything runs; one without a host record replays in
+    /// the sandbox under the default policy (or --sandbox-config), whatever its metadata says
+    /// (docs/notebook.md).
     Replay {
         /// Notebooks to replay, in order (a long session goes on in `NAME-2.ipynb`, ...).
         #[arg(required = true, value_name = "NOTEBOOK")]
@@ -491,8 +506,8 @@ enum Command {
         #[arg(long, conflicts_with = "unsandboxed")]
         sandbox_config: Option<PathBuf>,
         /// Replay a session recorded in a sandbox (or in the HTTP service's confinement, or on a
-        /// Jupyter server) on this host, unconfined: its cells run as you. Only for a notebook
-        /// whose every cell you trust.
+        /// Jupyter server), or a notebook without a host record, on this host, unconfined: its
+        /// cells run as you. Only for a notebook whose every cell you trust.
         #[arg(long)]
         unsandboxed: bool,
         #[command(flatten)]
@@ -554,6 +569,93 @@ pub(crate) fn init_logging(level: &str) {
 
 const SUCCESS: u8 = 0;
 const FAILURE: u8 = 1;
+/// A command line clap or [`flags_before_subcommand`] refuses (clap's own status for it).
+const USAGE: u8 = 2;
+
+/// `ipybox [FLAGS] SUBCOMMAND ...`: the flags given before a subcommand (the MCP server's,
+/// which `ipybox --help` lists at the top) are moved after it, where the subcommand parses them
+/// as its own (`ipybox --sandbox exec -c CODE` is `ipybox exec --sandbox -c CODE`); one the
+/// subcommand does not have is an error that says where it goes. None is dropped (issue 50).
+/// `--log-level` and `--log-content` apply everywhere and stay. A command line this does not
+/// follow (an unknown flag, `--help`) is left to clap as given.
+fn flags_before_subcommand(
+    args: Vec<std::ffi::OsString>,
+) -> Result<Vec<std::ffi::OsString>, String> {
+    use clap::CommandFactory;
+    let mut cli = Cli::command();
+    cli.build();
+    let mut global = Vec::new();
+    // Each flag given before the subcommand: its long name and its tokens.
+    let mut leading: Vec<(String, Vec<std::ffi::OsString>)> = Vec::new();
+    let mut at = 1;
+    while let Some(token) = args.get(at).and_then(|t| t.to_str()) {
+        let Some(long) = token.strip_prefix("--").filter(|l| !l.is_empty()) else {
+            let Some(sub) = cli.find_subcommand(token) else {
+                return Ok(args);
+            };
+            if leading.is_empty() || sub.get_name() == "help" {
+                return Ok(args);
+            }
+            let missing: Vec<&str> = leading
+                .iter()
+                .map(|(name, _)| name.as_str())
+                .filter(|name| !sub.get_arguments().any(|a| a.get_long() == Some(*name)))
+                .collect();
+            if let Some(name) = missing.first() {
+                return Err(misplaced(&cli, name, sub.get_name()));
+            }
+            let mut placed = vec![args[0].clone()];
+            placed.extend(global);
+            placed.push(args[at].clone());
+            placed.extend(leading.into_iter().flat_map(|(_, tokens)| tokens));
+            placed.extend(args[at + 1..].iter().cloned());
+            return Ok(placed);
+        };
+        let (name, inline) = match long.split_once('=') {
+            Some((name, _)) => (name, true),
+            None => (long, false),
+        };
+        let Some(arg) = cli.get_arguments().find(|a| a.get_long() == Some(name)) else {
+            return Ok(args);
+        };
+        if matches!(
+            arg.get_action(),
+            clap::ArgAction::Help
+                | clap::ArgAction::HelpShort
+                | clap::ArgAction::HelpLong
+                | clap::ArgAction::Version
+        ) {
+            return Ok(args);
+        }
+        let mut tokens = vec![args[at].clone()];
+        if !inline && arg.get_action().takes_values() {
+            tokens.extend(args.get(at + 1).cloned());
+            at += 1;
+        }
+        at += 1;
+        if arg.is_global_set() {
+            global.extend(tokens);
+        } else {
+            leading.push((name.to_string(), tokens));
+        }
+    }
+    Ok(args)
+}
+
+/// The error for `--NAME` given before `SUB`, which has no such flag: which commands have it.
+fn misplaced(cli: &clap::Command, name: &str, sub: &str) -> String {
+    let owners: Vec<&str> = cli
+        .get_subcommands()
+        .filter(|c| c.get_arguments().any(|a| a.get_long() == Some(name)))
+        .map(|c| c.get_name())
+        .collect();
+    let listed: Vec<String> = owners.iter().map(|c| format!("`ipybox {c}`")).collect();
+    let example = owners.first().copied().unwrap_or("serve");
+    format!(
+        "`--{name}` is given before `{sub}`, which has no such flag (a flag before a subcommand is the subcommand's)\n  help: `--{name}` is a flag of {} and of `ipybox` without a subcommand (the MCP server on stdio): put it after the subcommand it is for, e.g. `ipybox {example} --{name} …`",
+        listed.join(", ")
+    )
+}
 
 fn main() -> ExitCode {
     ExitCode::from(cli_main(std::env::args_os()))
@@ -567,6 +669,14 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let args = match flags_before_subcommand(args) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return USAGE;
+        }
+    };
     let cli = Cli::parse_from(args);
     let default_level = match cli.command {
         None | Some(Command::Serve { .. }) => "info",
@@ -602,31 +712,10 @@ where
         Some(Command::Serve { http, .. }) => http.http.is_none(),
         Some(_) => false,
     };
-    // `ipybox --sandbox replay NB` sandboxes the replay as `ipybox replay --sandbox NB` does
-    // (the flag given before the subcommand is never dropped silently).
-    let mut command = cli.command;
-    if let Some(Command::Replay {
-        sandbox,
-        sandbox_config,
-        ..
-    }) = &mut command
-        && cli.serve.sandbox
-    {
-        *sandbox = true;
-        if sandbox_config.is_none() {
-            *sandbox_config = cli.serve.sandbox_config.clone();
-        }
-    }
-    let result = match command {
-        Some(Command::Serve {
-            serve: mut args,
-            http,
-        }) => {
-            // `ipybox --workspace W serve ...` (the container image's entrypoint puts
-            // `--workspace` first): the workspace given before `serve` counts.
-            if args.workspace == std::path::Path::new(".") {
-                args.workspace = cli.serve.workspace;
-            }
+    // (A flag given before a subcommand was moved after it: `cli.serve` holds only defaults
+    // then.)
+    let result = match cli.command {
+        Some(Command::Serve { serve: args, http }) => {
             runtime.block_on(serve(*args, Some(*http), secrets))
         }
         Some(command) => runtime.block_on(run(command, secrets)),
@@ -1371,6 +1460,8 @@ async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Resu
             python,
             timeout,
             yes,
+            sandbox,
+            sandbox_config,
             shell,
             gateway,
             code,
@@ -1380,6 +1471,11 @@ async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Resu
             if let Some(t) = timeout.filter(|t| !(t.is_finite() && *t > 0.0)) {
                 anyhow::bail!("invalid --timeout {t}\n  help: pass a positive number of seconds");
             }
+            if sandbox && gateway.kernel_gateway.is_some() {
+                anyhow::bail!(
+                    "--sandbox wraps local kernel processes; it cannot apply to kernels on a Jupyter server (--kernel-gateway)\n  help: use one of the two (isolate remote kernels on the server side, e.g. one pod per kernel)"
+                );
+            }
             let mut builder = shell.apply(
                 CodeExecutor::builder()
                     .workspace(workspace)
@@ -1388,7 +1484,19 @@ async fn run(command: Command, secrets: own_secrets::OwnSecrets) -> anyhow::Resu
                     .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT),
             );
             builder = gateway.apply(builder, python);
+            if sandbox {
+                builder = builder.sandbox(ipybox::sandbox::SandboxOptions {
+                    config_file: sandbox_config,
+                    ..Default::default()
+                });
+            }
             let executor = builder.build();
+            // Before anything runs: no sandbox here is a refusal, never a kernel on the host.
+            if let Err(e) = executor.check_sandbox().await {
+                anyhow::bail!(
+                    "cannot run the code in the sandbox: {e}\n  help: make the sandbox available here (docs/sandbox.md, Requirements), or leave out --sandbox to run the code on this host, unsandboxed"
+                );
+            }
             executor.start().await.map_err(|e| match e {
                 ExecutorError::PythonEnv(e) => with_cli_help(e),
                 other => anyhow::Error::new(other),

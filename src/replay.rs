@@ -13,8 +13,10 @@
 //! recorded confinement (a session recorded with `--sandbox` replays sandboxed, with the
 //! recorded policy, and says so), or fails when the sandbox cannot run here. Only
 //! `--unsandboxed` runs such a session on the host. A notebook without a host record (from
-//! another machine, a copy) replays under the confinement its metadata names, with a warning
-//! that its cells cannot be checked.
+//! another machine, a copy, or one a sandboxed kernel wrote into the workspace) never chooses
+//! its own confinement: whatever its metadata says, it replays in the sandbox under the default
+//! policy (or `--sandbox-config`), or not at all; `--unsandboxed` runs it on the host and says
+//! so before the first cell (issue 50).
 //!
 //! Not here: reading notebooks, host records and comparing outputs (the library), terminal
 //! prompts ([`super::terminal_approval`]).
@@ -96,10 +98,11 @@ fn warn_edited(path: &std::path::Path, json: &serde_json::Value, check: ledger::
 
 /// How the recording was confined, as [`check_notebooks`] found it.
 struct Recorded {
-    /// The most confined of the notebooks' confinements, if any says.
+    /// The most confined of the confinements the host's records name, if any.
     confinement: Option<Confinement>,
-    /// Whether it comes from a host record (else from a notebook's metadata: unchecked).
-    from_record: bool,
+    /// The notebooks without a host record: they replay in the sandbox under the default policy
+    /// (or `--sandbox-config`), whatever their metadata says, unless `--unsandboxed`.
+    unrecorded: Vec<PathBuf>,
 }
 
 /// Why nothing may run: the lines to print, and the help.
@@ -113,7 +116,7 @@ fn check_notebooks(
 ) -> anyhow::Result<Result<Recorded, Refusal>> {
     let mut refused = Vec::new();
     let mut policies_differ = false;
-    let mut unchecked = false;
+    let mut unrecorded = Vec::new();
     let mut sandboxed: Option<(Confinement, &PathBuf)> = None;
     let mut plain = None;
     for (path, bytes, json, entries) in notebooks {
@@ -150,12 +153,22 @@ fn check_notebooks(
                 record.confinement.clone()
             }
             None => {
+                // Its metadata is whatever wrote the file said, a sandboxed kernel included:
+                // named, never applied.
+                let claim = match &in_metadata {
+                    Some(c) if c.sandbox => ", and the confinement its metadata names (a sandbox, under the policy written there) is not trusted".to_string(),
+                    Some(c) => format!(
+                        ", and the confinement its metadata names ({}) is not trusted",
+                        c.describe()
+                    ),
+                    None => String::new(),
+                };
                 eprintln!(
-                    "ipybox replay: no host record of {} (a copy, or a notebook from another machine): its cells cannot be checked against what ran",
+                    "ipybox replay: no host record of {} (a copy, a notebook from another machine, or one a kernel wrote): its cells cannot be checked against what ran{claim}",
                     path.display()
                 );
-                unchecked = true;
-                in_metadata
+                unrecorded.push(path.clone());
+                None
             }
         };
         match confinement {
@@ -178,6 +191,24 @@ fn check_notebooks(
             None => {}
         }
     }
+    // A notebook without a record replays under the default policy: with a recorded one that
+    // differs, no one policy is both (the person chooses it).
+    let default_digest =
+        Confinement::sandboxed(&SandboxPolicy::default_policy(), None).policy_sha256;
+    if let (Some(without), Some((recorded, at))) = (unrecorded.first(), &sandboxed)
+        && recorded.policy_sha256 != default_digest
+        && matches!(
+            replay.confinement,
+            Confine::Recorded | Confine::Sandbox(None)
+        )
+    {
+        policies_differ = true;
+        refused.push(format!(
+            "{} was recorded in a sandbox with another policy than the default one {} replays under (it has no host record)",
+            at.display(),
+            without.display()
+        ));
+    }
     if !refused.is_empty() {
         let help = if policies_differ && refused.len() == 1 {
             "pass --sandbox-config FILE to replay them under one policy of your choice"
@@ -188,7 +219,7 @@ fn check_notebooks(
     }
     Ok(Ok(Recorded {
         confinement: sandboxed.map(|(c, _)| c).or(plain),
-        from_record: !unchecked,
+        unrecorded,
     }))
 }
 
@@ -203,8 +234,8 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         let json: serde_json::Value = serde_json::from_slice(&bytes)?;
         notebooks.push((path.clone(), bytes, json, parsed));
     }
-    let (recorded, from_record) = match check_notebooks(&replay, &notebooks)? {
-        Ok(r) => (r.confinement, r.from_record),
+    let (recorded, unrecorded) = match check_notebooks(&replay, &notebooks)? {
+        Ok(r) => (r.confinement, r.unrecorded),
         Err((lines, help)) => {
             for line in lines {
                 eprintln!("ipybox replay: {line}");
@@ -238,11 +269,21 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
             "confined" => "the HTTP service's per-session confinement",
             _ => "a kernel on a Jupyter server",
         });
+    let unrecorded_names = unrecorded
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
     let sandbox = match &replay.confinement {
         Confine::Unsandboxed => {
             if let Some(how) = was_sandboxed.then_some("a sandbox").or(confined_otherwise) {
                 eprintln!(
                     "ipybox replay: the session was recorded in {how}; --unsandboxed replays it WITHOUT that confinement: its cells run on this host, unconfined"
+                );
+            }
+            if !unrecorded.is_empty() {
+                eprintln!(
+                    "ipybox replay: warning: no host record shows how {unrecorded_names} was confined; --unsandboxed replays it WITHOUT the sandbox: its cells run on this host, unconfined, as you"
                 );
             }
             None
@@ -262,7 +303,9 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
                         ..SandboxOptions::default()
                     })
                 }
-                None if matches!(replay.confinement, Confine::Sandbox(None)) => {
+                None if matches!(replay.confinement, Confine::Sandbox(None))
+                    || !unrecorded.is_empty() =>
+                {
                     Some(SandboxOptions {
                         policy: Some(SandboxPolicy::default_policy()),
                         ..SandboxOptions::default()
@@ -297,11 +340,7 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         let what = match (&options.config_file, &recorded) {
             (Some(file), _) => format!("the policy of {}", file.display()),
             (None, Some(c)) if c.sandbox => {
-                let mut s = String::from(if from_record {
-                    "the recorded policy"
-                } else {
-                    "the policy in the notebook's metadata, unchecked"
-                });
+                let mut s = String::from("the recorded policy");
                 if !c.left_out.is_empty() {
                     s.push_str(&format!(
                         " (not recorded, so not applied: {})",
@@ -312,10 +351,14 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
             }
             _ => "the default policy".into(),
         };
-        let why = if was_sandboxed && matches!(replay.confinement, Confine::Recorded) {
-            "as it was recorded"
+        let why = if !matches!(replay.confinement, Confine::Recorded) {
+            "as asked".to_string()
+        } else if !unrecorded.is_empty() {
+            format!(
+                "as {unrecorded_names} has no host record: a notebook without one replays in the sandbox, whatever its metadata says (only --unsandboxed runs it on this host)"
+            )
         } else {
-            "as asked"
+            "as it was recorded".to_string()
         };
         eprintln!("ipybox replay: replaying in the sandbox (srt, {what}), {why}");
         builder = builder.sandbox(options);

@@ -47,6 +47,7 @@ mod apigen_corpus;
 mod apigen_snapshots;
 mod approval_prompts;
 mod cli_exec;
+mod cli_flags;
 mod codeact_example;
 mod hardening;
 #[cfg(target_os = "linux")]

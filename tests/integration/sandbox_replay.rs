@@ -358,21 +358,21 @@ async fn a_sandboxed_cell_cannot_forge_the_notebook() {
     );
 
     // The forged file copied elsewhere has no host record: its cells are not checked (said),
-    // it replays in the sandbox its metadata names (the inserted cell is denied) and, asked to
-    // run unsandboxed, the inserted cell writes the probe: the forgery is real code.
+    // it replays in the sandbox under the default policy (the inserted cell is denied) and,
+    // asked to run unsandboxed, the inserted cell writes the probe: the forgery is real code.
     let copy = probe.path().join("copy.ipynb");
     std::fs::write(&copy, serde_json::to_vec(&forged).unwrap()).unwrap();
     let (status, stdout, stderr) = replay(&ws, &copy, &[]);
     assert_eq!(status, Some(0), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(&format!(
-            "ipybox replay: no host record of {} (a copy, or a notebook from another machine): its cells cannot be checked against what ran",
+            "ipybox replay: no host record of {} (a copy, a notebook from another machine, or one a kernel wrote): its cells cannot be checked against what ran, and the confinement its metadata names (a sandbox, under the policy written there) is not trusted\n",
             copy.display()
         )),
         "{stderr}"
     );
     assert!(
-        stderr.contains("ipybox replay: replaying in the sandbox (srt, the policy in the notebook's metadata, unchecked), as it was recorded\n"),
+        stderr.contains(&format!("ipybox replay: replaying in the sandbox (srt, the default policy), as {} has no host record: a notebook without one replays in the sandbox, whatever its metadata says (only --unsandboxed runs it on this host)\n", copy.display())),
         "{stderr}"
     );
     assert!(stdout.ends_with("denied EROFS\n"), "{stdout}\n{stderr}");
@@ -454,12 +454,13 @@ async fn a_nested_notebook_directory_cannot_be_moved_away() {
     assert!(plain.join("moved/nb2/x").is_file());
 }
 
-/// A recording of the HTTP service's confined kernels (per-session bubblewrap, which a replay
-/// cannot apply) is not replayed unconfined by default: refused, nothing run; `--unsandboxed`
-/// runs it (the control: its cell writes the probe file).
+/// A notebook with no host record that says it was recorded in the HTTP service's confined
+/// kernels (per-session bubblewrap, which a replay cannot apply) does not choose its
+/// confinement either: it replays in the sandbox (the cell's write denied), never unconfined by
+/// default; `--unsandboxed` runs it (the control: its cell writes the probe file).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_confined_recording_needs_a_flag_to_replay_unconfined() {
-    require!(TestEnv);
+async fn an_unrecorded_confined_notebook_replays_in_the_sandbox() {
+    require!(SandboxDeps);
     let probe = Probe::new("replay-confined");
     let file = probe.path().join("written-on-the-host");
     let nb = probe.path().join("confined.ipynb");
@@ -469,20 +470,162 @@ async fn a_confined_recording_needs_a_flag_to_replay_unconfined() {
         "cells": [{"cell_type": "code", "execution_count": 1, "id": "a", "metadata": {}, "outputs": [], "source": write_probe(&file)}],
     });
     std::fs::write(&nb, serde_json::to_vec(&notebook).unwrap()).unwrap();
-    let (status, stdout, stderr) = replay(probe.path(), &nb, &[]);
-    assert_eq!(status, Some(1), "{stdout}\n{stderr}");
-    assert_eq!(stdout, "");
-    assert!(
-        stderr.contains("error: the session was recorded in the HTTP service's per-session confinement, which a replay on this host cannot apply: its cells would run less confined\n  help: pass --sandbox"),
-        "{stderr}"
-    );
-    assert!(!file.exists());
-    let (status, stdout, stderr) = replay(probe.path(), &nb, &["--unsandboxed"]);
+    // (A workspace of its own: the sandbox lets the kernel write the workspace.)
+    let (_keep, ws) = workspace();
+    let (status, stdout, stderr) = replay(&ws, &nb, &[]);
     assert_eq!(status, Some(0), "{stdout}\n{stderr}");
     assert!(
-        stderr.contains("ipybox replay: the session was recorded in the HTTP service's per-session confinement; --unsandboxed replays it WITHOUT that confinement"),
+        stderr.contains("its metadata names (no sandbox (a confined kernel)) is not trusted\n")
+            && stderr
+                .contains("ipybox replay: replaying in the sandbox (srt, the default policy), as "),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "denied EROFS\n");
+    assert!(!file.exists());
+    let (status, stdout, stderr) = replay(&ws, &nb, &["--unsandboxed"]);
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("ipybox replay: warning: no host record shows how {} was confined; --unsandboxed replays it WITHOUT the sandbox: its cells run on this host, unconfined, as you\n", nb.display())),
         "{stderr}"
     );
     assert_eq!(stdout, "wrote\n");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
+}
+
+/// `ipybox exec --sandbox --workspace WS -c CODE`: exit status, stdout, stderr.
+fn exec_sandboxed(ws: &Path, code: &str) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(BIN)
+        .args(["exec", "--sandbox", "--workspace"])
+        .arg(ws)
+        .args(["-c", code])
+        .env("IPYBOX_SRT", srt())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Issue 50 (2): a notebook without a host record never chooses its own confinement. A
+/// sandboxed cell (`ipybox exec --sandbox`) writes two notebooks into the workspace, each with
+/// one cell that writes a file outside it: `review/unsandboxed.ipynb`, whose metadata says it
+/// ran unsandboxed (`{"sandbox": false, "kernel": "local"}`), and `review/wide.ipynb`, whose
+/// metadata says it ran in a sandbox whose policy lets the kernel write that file's directory.
+/// `ipybox replay` of each, with `--yes` and without, replays in the sandbox under the default
+/// policy and says why (the cell's write denied, the file absent); with srt missing it refuses,
+/// nothing run. The controls: `--unsandboxed` says before the first cell that the cells run on
+/// the host and then writes the file; and the same cell recorded by a trusted (unsandboxed)
+/// session, which the host has a record of, replays on the host and writes it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_notebook_without_a_host_record_does_not_choose_its_confinement() {
+    require!(SandboxDeps);
+    let probe = Probe::new("replay-unrecorded");
+    let file = probe.path().join("written-on-the-host");
+    let attack = write_probe(&file);
+    let wide_policy = json!({
+        "filesystem": {"allowWrite": [".", probe.path()], "denyRead": [], "denyWrite": []},
+        "network": {"allowedDomains": [], "deniedDomains": []},
+    });
+    let forge = format!(
+        r#"import json, os
+attack = {attack}
+def notebook(confinement):
+    return {{"nbformat": 4, "nbformat_minor": 5,
+            "metadata": {{"ipybox": {{"session": "forged", "confinement": confinement}}}},
+            "cells": [{{"cell_type": "code", "execution_count": 1, "id": "a", "metadata": {{}}, "outputs": [], "source": attack}}]}}
+os.makedirs("review", exist_ok=True)
+with open("review/unsandboxed.ipynb", "w") as f:
+    json.dump(notebook({{"sandbox": False, "kernel": "local"}}), f)
+with open("review/wide.ipynb", "w") as f:
+    json.dump(notebook({{"sandbox": True, "kernel": "sandbox", "policy": json.loads({policy}), "policy_sha256": "0" * 64}}), f)
+print("forged")"#,
+        attack = serde_json::to_string(&attack).unwrap(),
+        policy = serde_json::to_string(&wide_policy.to_string()).unwrap(),
+    );
+    let (_keep, ws) = workspace();
+    let (status, stdout, stderr) = exec_sandboxed(&ws, &forge);
+    assert_eq!((status, stdout.as_str()), (Some(0), "forged\n"), "{stderr}");
+    // The sandboxed cell itself could not write the file.
+    let (status, stdout, stderr) = exec_sandboxed(&ws, &attack);
+    assert_eq!(
+        (status, stdout.as_str()),
+        (Some(0), "denied EROFS\n"),
+        "{stderr}"
+    );
+    assert!(!file.exists());
+
+    let forged = [
+        (
+            ws.join("review/unsandboxed.ipynb"),
+            "no sandbox (a local kernel)",
+        ),
+        (
+            ws.join("review/wide.ipynb"),
+            "a sandbox, under the policy written there",
+        ),
+    ];
+    for (nb, claim) in &forged {
+        assert!(nb.is_file(), "the sandboxed kernel wrote {}", nb.display());
+        for extra in [&[][..], &["--asking"][..]] {
+            let (status, stdout, stderr) = replay(&ws, nb, extra);
+            assert_eq!(status, Some(0), "{extra:?}: {stdout}\n{stderr}");
+            assert!(
+                stderr.contains(&format!(
+                    "ipybox replay: no host record of {} (a copy, a notebook from another machine, or one a kernel wrote): its cells cannot be checked against what ran, and the confinement its metadata names ({claim}) is not trusted\nipybox replay: replaying in the sandbox (srt, the default policy), as {} has no host record: a notebook without one replays in the sandbox, whatever its metadata says (only --unsandboxed runs it on this host)\nipybox replay: cell 1/1: ",
+                    nb.display(),
+                    nb.display()
+                )),
+                "{extra:?}: {stderr}"
+            );
+            assert_eq!(stdout, "denied EROFS\n", "{extra:?}: {stderr}");
+            assert!(
+                !file.exists(),
+                "{extra:?}: {} ran on the host",
+                nb.display()
+            );
+        }
+        // No sandbox here: refused, nothing run.
+        let (status, stdout, stderr) =
+            replay_with_srt(&ws, nb, &[], &probe.path().join("no-srt-here"));
+        assert_eq!(status, Some(1), "{stdout}\n{stderr}");
+        assert_eq!(stdout, "", "{stderr}");
+        assert!(
+            stderr.contains("error: cannot replay in the sandbox: sandbox unavailable: ")
+                && stderr.contains("pass --unsandboxed to run it on this host, unconfined"),
+            "{stderr}"
+        );
+        assert!(!file.exists());
+
+        // The control: asked to, it runs on the host, and says so before the first cell.
+        let (status, stdout, stderr) = replay(&ws, nb, &["--unsandboxed"]);
+        assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "ipybox replay: warning: no host record shows how {} was confined; --unsandboxed replays it WITHOUT the sandbox: its cells run on this host, unconfined, as you\nipybox replay: cell 1/1: ",
+                nb.display()
+            )),
+            "{stderr}"
+        );
+        assert_eq!(stdout, "wrote\n", "{stderr}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
+        std::fs::remove_file(&file).unwrap();
+    }
+
+    // The control: the same cell run by a trusted session (the user's own unsandboxed kernel),
+    // which the host recorded, replays on the host by default and writes the file.
+    let (_keep2, plain_ws) = workspace();
+    let s = server(&plain_ws, false).await;
+    assert_eq!(cell(&s, &attack).await, "wrote");
+    s.close().await;
+    std::fs::remove_file(&file).unwrap();
+    let trusted = notebook_with(&plain_ws, 1).await;
+    let (status, stdout, stderr) = replay(&plain_ws, &trusted, &[]);
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("no host record"), "{stderr}");
+    assert!(!stderr.contains("sandbox"), "{stderr}");
+    assert_eq!(stdout, "wrote\n", "{stderr}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
 }
