@@ -45,6 +45,7 @@ const SHARED: &[(&str, &[&str])] = &[
     ),
     ("apigen", &[]),
     ("setup", &["python"]),
+    ("trust", &[]),
 ];
 
 /// Flags that apply to every command (clap `global`), and help.
@@ -114,6 +115,8 @@ fn command_line(sub: &str, ws: &Path, marker: &Path) -> Vec<String> {
     match sub {
         // The server runs no code of its own before a client asks; nothing to mark.
         "serve" => vec!["serve".into(), "--workspace".into(), ws_s],
+        // `trust` runs no code at all (it lists and records); nothing to mark either.
+        "trust" => vec!["trust".into(), "--list".into(), ws_s],
         "exec" => vec![
             "exec".into(),
             "--workspace".into(),
@@ -278,7 +281,7 @@ fn every_flag_before_every_subcommand_is_applied_or_refused() {
 
     // The controls: each command line alone does run, on the host (the marker is written; the
     // apigen and setup lines then fail, their command not being an MCP server or a Python).
-    for sub in subs.iter().filter(|s| *s != "serve") {
+    for sub in subs.iter().filter(|s| *s != "serve" && *s != "trust") {
         let rest = command_line(sub, &ws, &marker);
         let (status, stdout, stderr) = text(&ipybox().args(&rest).output().unwrap());
         assert_eq!(

@@ -109,11 +109,24 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
     plant.push_str("print(sorted(n for n in os.listdir('.') if not n.startswith('.')))");
     assert_eq!(
         run(&ex, &plant).await,
-        "probe denied\n['ipybox_runtime', 'ipython_config.py', 'ipython_kernel_config.py', 'marks', 'planted_ok.py', 'pydantic.py', 'sitecustomize.py']"
+        "probe denied\n['ipybox_runtime', 'ipython_config.py', 'ipython_kernel_config.py', 'marks', 'mcptools', 'planted_ok.py', 'pydantic.py', 'sitecustomize.py']"
     );
     ex.stop().await;
     assert!(!probe.join("from-sandbox").exists());
     let check = check_code(&ws);
+    // The module the sandboxed kernel wrote is imported by unsandboxed kernels once a person
+    // accepted it (docs/sandbox.md, "Code in the workspace"; refused before: workspace_trust).
+    let out = Command::new(BIN)
+        .args(["trust", "--yes"])
+        .arg(ws.join("planted_ok.py"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("accepted 1 file(s)"),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // 2. Later kernels of the workspace: none of the hooks runs, the workspace still imports.
     for factory in [true, false] {
