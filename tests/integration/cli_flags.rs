@@ -461,47 +461,43 @@ async fn sandbox_before_serve_sandboxes_the_server() {
         );
     }
 
-    let session = |args: Vec<String>| {
+    // One cell through `ipybox ARGS` as an MCP server.
+    let cell_through = |args: Vec<String>| {
         let srt_s = srt_s.clone();
+        let code = code.clone();
         async move {
             let mut env = serde_json::Map::new();
             env.insert("IPYBOX_SRT".into(), srt_s.into());
             let params = serde_json::json!({"command": BIN, "args": args, "env": env});
             let params = ipybox::tools::ServerParams::parse(&params).unwrap();
-            ipybox::tools::McpSession::connect(
+            let s = ipybox::tools::McpSession::connect(
                 &params,
                 &process_env(),
                 std::time::Duration::from_secs(60),
             )
             .await
-            .expect("ipybox MCP server starts")
+            .expect("ipybox MCP server starts");
+            let out = ok_text(
+                &s,
+                "execute_ipython_cell",
+                serde_json::json!({ "code": code }),
+            )
+            .await;
+            s.close().await;
+            out
         }
     };
-    let s = session(vec![
+    let out = cell_through(vec![
         "--sandbox".into(),
         "serve".into(),
         "--workspace".into(),
         ws_s.clone(),
     ])
     .await;
-    let out = ok_text(
-        &s,
-        "execute_ipython_cell",
-        serde_json::json!({"code": code}),
-    )
-    .await;
-    s.close().await;
     assert_eq!(out, "denied EROFS");
     assert!(!file.exists());
 
-    let s = session(vec!["serve".into(), "--workspace".into(), ws_s.clone()]).await;
-    let out = ok_text(
-        &s,
-        "execute_ipython_cell",
-        serde_json::json!({"code": code}),
-    )
-    .await;
-    s.close().await;
+    let out = cell_through(vec!["serve".into(), "--workspace".into(), ws_s.clone()]).await;
     assert_eq!(out, "wrote");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
 }
