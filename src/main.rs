@@ -291,6 +291,27 @@ struct HttpArgs {
     /// At most this many kernel sessions at once; one more is refused (nothing is evicted).
     #[arg(long, value_name = "N", default_value_t = 32, requires = "http")]
     max_sessions: usize,
+    /// At most this many kernel sessions at once per token (tenant); `auto`: --max-sessions
+    /// shared out evenly when there are several tokens (rounded up), no own limit with one;
+    /// `off`: none.
+    #[arg(
+        long,
+        value_name = "N|auto|off",
+        default_value = "auto",
+        requires = "http"
+    )]
+    max_sessions_per_token: String,
+    /// Memory all confined sessions may use together: each session's --session-memory is
+    /// reserved in full when it opens, and a session that would not fit is refused (no
+    /// overcommit: docs/http.md); the service's cgroup is bounded by it too. Bytes or 16G;
+    /// `auto`: 90% of this machine's memory; `off`: not bounded.
+    #[arg(
+        long,
+        value_name = "BYTES|auto|off",
+        default_value = "auto",
+        requires = "http"
+    )]
+    service_memory: String,
     /// At most this many calls in progress per session; more are refused at once.
     #[arg(long, value_name = "N", default_value_t = 4, requires = "http")]
     max_concurrent_calls: usize,
@@ -917,6 +938,18 @@ async fn serve(
         }
         Some(http) => {
             let confined = !gateway && !args.sandbox && !http.unconfined_sessions;
+            // What all confined sessions may use together (reserved in full at admission).
+            let memory = if confined {
+                http::admission::memory_budget(
+                    &http.service_memory,
+                    http.session_memory,
+                    http.max_sessions,
+                    http.warm_sessions,
+                )
+                .map_err(anyhow::Error::msg)?
+            } else {
+                None
+            };
             // What tenants (tokens) sharing local kernels would still share, if anything
             // (several tokens are refused then, unless --trust-tenants).
             let mut tenant_gap = (!gateway).then(|| {
@@ -954,6 +987,7 @@ async fn serve(
                         cpus: Some(http.session_cpus).filter(|c| *c > 0.0),
                         work_size: http.session_work_size,
                     },
+                    memory.map(|b| b.total),
                 )));
                 // SAFETY: geteuid has no preconditions.
                 let euid = unsafe { libc::geteuid() };
@@ -1003,7 +1037,7 @@ async fn serve(
                     )
                 })?),
             };
-            let mut options = http_options(http, secrets, gateway, confined).await?;
+            let mut options = http_options(http, secrets, gateway, confined, memory).await?;
             options.tenant_gap = tenant_gap;
             // Tenants that do not trust each other share no MCP server process (a server's
             // state, e.g. server-memory's graph, would be every tenant's).
@@ -1041,6 +1075,7 @@ async fn http_options(
     secrets: own_secrets::OwnSecrets,
     gateway: bool,
     confined: bool,
+    memory: Option<ipybox::confine::service::MemoryBudget>,
 ) -> anyhow::Result<http::HttpOptions> {
     let spec = args.http.unwrap_or_default();
     let addr = tokio::net::lookup_host(spec.as_str())
@@ -1149,6 +1184,12 @@ async fn http_options(
             }
         },
     };
+    let per_token = http::admission::per_token(
+        &args.max_sessions_per_token,
+        args.max_sessions,
+        tokens.count(),
+    )
+    .map_err(anyhow::Error::msg)?;
     Ok(http::HttpOptions {
         addr,
         tokens,
@@ -1162,6 +1203,8 @@ async fn http_options(
         sessions: http::sessions::SessionConfig {
             idle_timeout,
             max_sessions: args.max_sessions,
+            max_per_token: per_token,
+            memory,
             max_concurrent_calls: Some(args.max_concurrent_calls),
             replica,
             gateway,

@@ -192,6 +192,23 @@ impl CgroupRoot {
         )
     }
 
+    /// Bounds the memory of the service's cgroup as a whole (all its sessions): the backstop
+    /// of the budget admission reserves sessions from ([`super::service`]).
+    pub fn limit_memory(&self, bytes: u64) -> Result<(), CgroupError> {
+        let (controller, file) = if self.v2 {
+            ("", "memory.max")
+        } else {
+            ("memory", "memory.limit_in_bytes")
+        };
+        let Some((_, dir)) = self.dirs.iter().find(|(c, _)| *c == controller) else {
+            return Err(CgroupError(
+                "no memory controller for the service's cgroup".into(),
+            ));
+        };
+        let path = dir.join(file);
+        write_file(&path, &bytes.to_string()).map_err(|e| io_err(&path, "write", e))
+    }
+
     /// A new session's cgroup with `limits` set.
     pub fn create_session(&self, limits: &SessionLimits) -> Result<SessionCgroup, CgroupError> {
         let name = format!("s-{}", uuid::Uuid::new_v4().simple());

@@ -159,10 +159,22 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// Finds how to enforce `limits` here, and logs it.
-    pub fn new(limits: SessionLimits) -> Limiter {
+    /// Finds how to enforce `limits` here, and logs it; with a `service_memory` budget, the
+    /// service's cgroup as a whole is bounded by it too.
+    pub fn new(limits: SessionLimits, service_memory: Option<u64>) -> Limiter {
         let cgroups = match super::cgroup::CgroupRoot::detect() {
             Ok(root) => {
+                if let Some(total) = service_memory {
+                    match root.limit_memory(total) {
+                        Ok(()) => tracing::info!(
+                            "all sessions together: at most {} of memory (--service-memory; the service's cgroup)",
+                            format_bytes(total)
+                        ),
+                        Err(e) => tracing::warn!(
+                            "{e}: the service's memory is bounded by admission only (--service-memory)"
+                        ),
+                    }
+                }
                 tracing::info!(
                     "session limits: a cgroup per session, {}: at most {} processes and threads (--session-max-procs), {} of memory (--session-memory), CPU {} (--session-cpus); work directory {} (--session-work-size)",
                     root.describe(),

@@ -41,6 +41,7 @@ mod layout;
 pub mod network;
 #[cfg(target_os = "linux")]
 pub(crate) mod seccomp;
+pub mod service;
 /// No seccomp off Linux, and no confinement either ([`find_bwrap`] says so before a kernel is
 /// confined): the filter's file cannot be written.
 #[cfg(not(target_os = "linux"))]

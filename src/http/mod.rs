@@ -13,6 +13,7 @@
 //!
 //! Not here: the tools ([`super::mcp_server`]), handles ([`handle`]).
 
+pub(crate) mod admission;
 pub(crate) mod auth;
 pub(crate) mod connections;
 pub(crate) mod handle;

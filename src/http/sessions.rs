@@ -48,6 +48,10 @@ const CLOSED_KEPT: usize = 100_000;
 pub(crate) struct SessionConfig {
     pub(crate) idle_timeout: Duration,
     pub(crate) max_sessions: usize,
+    /// `--max-sessions-per-token` (`None`: no limit of its own).
+    pub(crate) max_per_token: Option<usize>,
+    /// `--service-memory` for confined sessions with a memory limit (`None`: not bounded).
+    pub(crate) memory: Option<ipybox::confine::service::MemoryBudget>,
     pub(crate) max_concurrent_calls: Option<usize>,
     /// This replica's name in local-kernel handles.
     pub(crate) replica: String,
@@ -324,11 +328,6 @@ impl Registry {
         self.closed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// How many sessions are open.
-    pub(crate) fn len(&self) -> usize {
-        self.open().len()
-    }
-
     /// Starts one warm executor in the background.
     fn refill_warm(self: &Arc<Self>) {
         if self.config.warm_sessions == 0 || self.closing() {
@@ -366,35 +365,43 @@ impl Registry {
         self.closing.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    fn refuse_more(&self) -> Result<(), String> {
-        self.refuse_with(self.len())
+    fn refuse_more(&self, caller: &Caller) -> Result<(), String> {
+        self.refuse_with(&self.open(), caller)
     }
 
-    /// Whether one more session may open while `open` are open (the error counts as a refusal).
-    fn refuse_with(&self, open: usize) -> Result<(), String> {
+    /// Whether one more session of `caller` may open while `open` are open (the error counts
+    /// as a refusal): shutdown, then the service's, the memory budget's and the token's limits
+    /// ([`super::admission`]).
+    fn refuse_with(
+        &self,
+        open: &HashMap<[u8; 16], Arc<KernelSession>>,
+        caller: &Caller,
+    ) -> Result<(), String> {
         if self.closing() {
             return Err("ipybox is shutting down: no new sessions\n  help: retry in a moment (against another replica, if there is one)".into());
         }
-        if open >= self.config.max_sessions {
-            metrics::session_refused();
-            let freed = match self.sleep.as_ref().and_then(|s| s.after) {
-                Some(after) => format!("sessions idle for {} s are hibernated", secs_text(after)),
-                None => format!(
-                    "sessions idle for {} s are closed",
-                    secs_text(self.config.idle_timeout)
-                ),
-            };
-            return Err(format!(
-                "too many sessions: this ipybox already runs the maximum of {} kernel sessions (--max-sessions)\n  help: retry later ({freed}), end a handshake-era MCP session you no longer need, or ask the operator for a higher --max-sessions",
-                self.config.max_sessions,
-            ));
+        let freed = match self.sleep.as_ref().and_then(|s| s.after) {
+            Some(after) => format!("sessions idle for {} s are hibernated", secs_text(after)),
+            None => format!(
+                "sessions idle for {} s are closed",
+                secs_text(self.config.idle_timeout)
+            ),
+        };
+        let admission = super::admission::Admission {
+            max_sessions: self.config.max_sessions,
+            max_per_token: self.config.max_per_token,
+            memory: self.config.memory,
+            warm: self.config.warm_sessions,
+        };
+        match super::admission::refusal(admission, open, caller, &freed) {
+            Some(why) => Err(why),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// A new session of `caller`.
     async fn mint(self: &Arc<Self>, caller: &Caller) -> Result<Arc<KernelSession>, String> {
-        self.refuse_more()?;
+        self.refuse_more(caller)?;
         let warm = if self.config.warm_sessions > 0 {
             self.warm.lock().await.try_recv().ok()
         } else {
@@ -423,7 +430,7 @@ impl Registry {
         {
             // Checked again under the lock: other sessions may have opened meanwhile.
             let mut open = self.open();
-            if let Err(why) = self.refuse_with(open.len()) {
+            if let Err(why) = self.refuse_with(&open, caller) {
                 drop(open);
                 let executor = session.executor.clone();
                 tokio::spawn(async move { executor.stop().await });
@@ -450,7 +457,7 @@ impl Registry {
             return Err("this session never got a kernel (its first start failed), so there is nothing to continue\n  help: call without `session` to start a new session".into());
         }
         if replacing.is_none() {
-            self.refuse_more()?;
+            self.refuse_more(caller)?;
         }
         let executor = self.factory.executor(&handle.id, Some(kernel_id));
         let mut session = KernelSession::new(
@@ -473,7 +480,7 @@ impl Registry {
                     return Ok(current.clone());
                 }
                 // A session more: the limit and shutdown are checked again under the lock.
-                (None, None) => self.refuse_with(open.len())?,
+                (None, None) => self.refuse_with(&open, caller)?,
                 _ => {}
             }
             open.insert(handle.id, session.clone());

@@ -39,7 +39,15 @@ async fn sessions_share_one_stdio_server_process() {
     let service = Service::start(
         ws.path(),
         &[("IPYBOX_TOKEN", TOKEN_A)],
-        &["--max-sessions", "40", "--warm-sessions", "2"],
+        // 34 sessions with the warm ones: 256 MiB each fit the default --service-memory.
+        &[
+            "--max-sessions",
+            "40",
+            "--warm-sessions",
+            "2",
+            "--session-memory",
+            "256M",
+        ],
     );
     let client = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
     let mut handles = Vec::new();

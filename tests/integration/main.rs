@@ -87,6 +87,7 @@ mod seed_outputs;
 mod shell_approval;
 mod snapshot;
 mod stdio_resume;
+mod tenant_admission;
 mod tenant_chain;
 mod tenant_cleanup;
 mod tenant_identity;

@@ -602,7 +602,7 @@ impl Registry {
         if record.owner != owner_digest(caller) {
             return Err(super::super::handle::Invalid::NotYours.message());
         }
-        self.refuse_more()?;
+        self.refuse_more(caller)?;
         let started = Instant::now();
         // Its notebook counts against its owner's quota from the restore's first write on.
         let fate = self.factory.notebook_fate(&id, caller);
@@ -697,7 +697,7 @@ impl Registry {
         }
         {
             let mut open = self.open();
-            if let Err(why) = self.refuse_with(open.len()) {
+            if let Err(why) = self.refuse_with(&open, caller) {
                 drop(open);
                 let executor = session.executor.clone();
                 tokio::spawn(async move { executor.stop().await });
