@@ -39,7 +39,7 @@ IPYBOX_TEST_STRICT=1 bash scripts/plugin-check.sh
 bash scripts/smoke-clients.sh
 bash scripts/conformance.sh          # the MCP conformance runner against `ipybox serve --http`
 target/test-env/venv/bin/python tests/python/mcp_approval_check.py target/debug/ipybox  # --approve ask, progress
-bash scripts/claude-e2e.sh           # claude -p with a stand-in Messages API: state, approvals by hook
+bash scripts/claude-e2e.sh           # claude -p with a stand-in Messages API: state, approvals by hook, codeact save/use (+ sandbox, trust)
 bash scripts/seed-mcp-tests.sh       # the seed's tests/integration/test_mcp_server.py, exact outputs
 # 2 test threads on 2 cores: each test starts real kernels and servers.
 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2

@@ -3,7 +3,11 @@ whole Claude Code session (`claude -p`) runs offline against ipybox.
 
 Usage: messages_standin.py PLAN.json LOG_DIR   (prints the port it listens on, then serves)
 
-PLAN.json is a list of steps, one per answer of the main conversation:
+PLAN.json is a list of steps, one per answer of the main conversation, or an object whose keys
+are prompts (what `claude -p PROMPT` was given) and whose values are such lists: each
+conversation then plays the plan of its prompt (the text of its first user message; a
+conversation continued with `--continue` keeps its first prompt, so its plan), and several
+conversations, one after the other or side by side, can share one stand-in. Steps:
   {"tool": "<tool name>", "input": {...}}     the model calls a tool (streamed as input_json_delta)
   {"text": "..."}                             the model answers in text and ends its turn
 A step may also say {"delay": SECONDS} (the model pauses that long before answering), and a
@@ -11,7 +15,8 @@ tool's input may hold "{handle}": the first ipybox session handle (`ipybox-s1.st
 conversation's messages name, as a model that read its transcript would pass it. A conversation
 continued with `claude -p --continue` carries the earlier turns, so its steps follow theirs.
 The n-th request of the main conversation (the one that offers tools) gets step n, where n is
-the number of assistant messages it already carries; after the last step it gets a text answer.
+the number of assistant messages it already carries; after the last step it gets a text answer
+(and a conversation whose prompt no plan names gets one that says so).
 Every other request (Claude Code's side requests: titles, summaries, quota probes) gets a short
 text answer. Every request body is written to LOG_DIR/NNN.json, in arrival order.
 
@@ -108,8 +113,31 @@ def _with_handle(value, messages: list[dict]):
     return value
 
 
+def _texts(content) -> list[str]:
+    """The text of a message's content: the string, or each text block's."""
+    if isinstance(content, str):
+        return [content]
+    return [b.get("text", "") for b in content or [] if isinstance(b, dict) and b.get("type") == "text"]
+
+
+def _plan_of(plans, messages: list[dict]) -> list[dict]:
+    """The steps of the plan whose prompt the conversation's first user message holds: a text
+    block equal to it (Claude Code adds blocks of its own around the prompt), else the one plan
+    whose prompt occurs in that message."""
+    if isinstance(plans, list):
+        return plans
+    first = next((m for m in messages if m.get("role") == "user"), {})
+    texts = [t.strip() for t in _texts(first.get("content"))]
+    exact = [k for k in plans if k.strip() in texts]
+    inside = [k for k in plans if any(k in t for t in texts)]
+    chosen = exact if len(exact) == 1 else inside
+    if len(chosen) != 1:
+        return [{"text": f"stand-in: no plan (or more than one: {chosen}) for the prompt {texts!r}"}]
+    return plans[chosen[0]]
+
+
 class Handler(BaseHTTPRequestHandler):
-    plan: list[dict] = []
+    plan: list[dict] | dict[str, list[dict]] = []
     log_dir = "."
     protocol_version = "HTTP/1.1"
 
@@ -149,8 +177,10 @@ class Handler(BaseHTTPRequestHandler):
         blocks: list[dict]
         stop = "end_turn"
         if main:
-            step_index = sum(1 for m in request.get("messages", []) if m.get("role") == "assistant")
-            step = self.plan[step_index] if step_index < len(self.plan) else {"text": "Done."}
+            messages = request.get("messages", [])
+            plan = _plan_of(self.plan, messages)
+            step_index = sum(1 for m in messages if m.get("role") == "assistant")
+            step = plan[step_index] if step_index < len(plan) else {"text": "Done."}
             # A model that pauses before its next step (ipybox checkpoints an idle session).
             time.sleep(float(step.get("delay", 0)))
             if "tool" in step:

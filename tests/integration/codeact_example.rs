@@ -2,8 +2,8 @@
 //! `ipybox` MCP server binary with the real memory and everything MCP servers.
 //!
 //! The steps come from the page itself: every fenced block after an `<!-- example:KIND ARG -->`
-//! comment is a step (`register NAME` server params, `cell` code, `file PATH` / `append PATH`
-//! written into the workspace as an agent's file tool would, `reset`), an `output` block is the
+//! comment is a step (`register NAME` server params, `cell` code, `file PATH` written into the
+//! workspace as an agent's file tool would, `reset`), an `output` block is the
 //! exact text the previous step must return, and a `generated PATH` block is the exact content
 //! of a generated file. So the page cannot drift from what ipybox does. After a deliberate
 //! change (e.g. to the generated-code templates), `CODEACT_EXAMPLE_BLESS=1 cargo test --test
@@ -24,7 +24,6 @@ enum Action {
     Register(String),
     Cell,
     File(String),
-    Append(String),
     Generated(String),
     Reset,
     Output,
@@ -63,7 +62,6 @@ fn parse_page(text: &str) -> Vec<Step> {
             ("register", Some(name)) => Action::Register(name),
             ("cell", None) => Action::Cell,
             ("file", Some(path)) => Action::File(path),
-            ("append", Some(path)) => Action::Append(path),
             ("generated", Some(path)) => Action::Generated(path),
             ("reset", None) => Action::Reset,
             ("output", None) => Action::Output,
@@ -153,7 +151,6 @@ async fn worked_example_runs_as_documented(era: crate::mcp_eras::Era) {
         Action::Register("everything".into()),
         Action::Generated("mcptools/everything/get_sum.py".into()),
         Action::File("mcpparse/everything/get_sum.py".into()),
-        Action::Append("mcptools/everything/get_sum.py".into()),
         Action::File("gentools/knowledge/remember/api.py".into()),
         Action::File("gentools/knowledge/remember/impl.py".into()),
         Action::Reset,
@@ -208,15 +205,6 @@ async fn worked_example_runs_as_documented(era: crate::mcp_eras::Era) {
                 std::fs::write(&file, &step.body).unwrap();
                 last = None;
             }
-            Action::Append(path) => {
-                use std::io::Write;
-                let mut file = std::fs::OpenOptions::new()
-                    .append(true)
-                    .open(ws.path().join(path))
-                    .unwrap_or_else(|e| panic!("{path} must exist before appending: {e}"));
-                file.write_all(step.body.as_bytes()).unwrap();
-                last = None;
-            }
             Action::Generated(path) => {
                 let actual = std::fs::read_to_string(ws.path().join(path))
                     .unwrap_or_else(|e| panic!("{path} was not generated: {e}"));
@@ -247,18 +235,30 @@ async fn worked_example_runs_as_documented(era: crate::mcp_eras::Era) {
     }
     session.close().await;
 
-    // The files the page shows are the files in the workspace.
+    // The files the page shows are the files in the workspace: the agent's as written, the
+    // generated ones still exactly as generated (the parser lives in mcpparse/, nothing is
+    // appended to a generated module: a sandboxed kernel cannot write mcptools/).
     for step in &steps {
-        if let Action::File(path) = &step.action {
+        if let Action::File(path) | Action::Generated(path) = &step.action {
             assert_eq!(
                 std::fs::read_to_string(ws.path().join(path)).unwrap(),
-                step.body
+                step.body,
+                "{path} at the end of the example"
             );
         }
     }
     let module = std::fs::read_to_string(ws.path().join("mcptools/everything/get_sum.py")).unwrap();
-    assert!(module.ends_with("    return parse(run(params))\n"));
-    assert_eq!(module.matches("def run_parsed(").count(), 1);
+    assert!(!module.contains("run_parsed"), "{module}");
+    assert!(!module.contains("ParseResult"), "{module}");
+    let parser = std::fs::read_to_string(ws.path().join("mcpparse/everything/get_sum.py")).unwrap();
+    for def in [
+        "class ParseResult(BaseModel):",
+        "def parse(text: str) -> ParseResult:",
+        "def run_parsed(params: Params) -> ParseResult:",
+        "from mcptools.everything.get_sum import Params, run",
+    ] {
+        assert_eq!(parser.matches(def).count(), 1, "{def} in:\n{parser}");
+    }
     let graph = std::fs::read_to_string(&memory_file).expect("the memory server wrote its file");
     assert!(graph.contains("\"fraud-check\""), "graph file: {graph}");
     assert!(graph.contains("p99 latency 120 ms"), "graph file: {graph}");
