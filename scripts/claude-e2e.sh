@@ -443,17 +443,14 @@ for name, prompt, what, results_want, last in flows:
           {"subtype": "success", "is_error": False, "result": last})
 
 # An unsandboxed conversation in the sandboxed conversations' workspace: the import is refused,
-# naming the file, the sandboxed kernel's window and `ipybox trust`. The error is shown with
-# IPython's whole traceback (the frames of ipybox_runtime/workspace_trust.py, in the kernel's
-# runtime directory, between the cell's line and the error): checked are its head (the cell's
-# line) and, exactly, its error and help lines (the policy's digest and the window's times vary:
-# they are replaced by placeholders).
+# naming the file, the sandboxed kernel's window and `ipybox trust`. The error is shown short,
+# as a refused tool call is (the cell's frame, then the error and help lines): checked exactly,
+# with the policy's digest and the window's times (which vary) replaced by placeholders.
 api = os.path.join(sandboxed, "gentools/demo/double/api.py")
 refused = (True, [
-    "---------------------------------------------------------------------------",
-    "UntrustedModuleError                      Traceback (most recent call last)",
-    "Cell In[1], line 1",
-    "----> 1 from gentools.demo.double.api import double",
+    "Traceback (most recent call last):",
+    "  Cell In[1], line 1",
+    "    from gentools.demo.double.api import double",
 ], f"UntrustedModuleError: {api} may have been written by a sandboxed kernel (--sandbox, policy sha256:<digest>) "
     "(running <UTC> to <UTC>), and this kernel is not sandboxed: it is not imported until a person accepts it\n"
     f"  help: read it, then run `ipybox trust {api}` (or `ipybox trust DIR` for a whole directory); "
@@ -461,7 +458,7 @@ refused = (True, [
 
 
 def refusal(result):
-    """(is_error, the traceback's first four lines, its last error line on, placeholders in)."""
+    """(is_error, the traceback's lines before the error, the error line on, placeholders in)."""
     e, text = result
     if not isinstance(text, str) or "\nUntrustedModuleError: " not in text:
         return result
@@ -469,7 +466,7 @@ def refusal(result):
     tail = "UntrustedModuleError: " + tail
     tail = re.sub(r"policy sha256:[0-9a-f]{12}\)", "policy sha256:<digest>)", tail)
     tail = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", "<UTC>", tail)
-    return (e, head.split("\n")[:4], with_note(tail))
+    return (e, head.split("\n"), with_note(tail))
 
 
 check("unsandboxed3: claude -p exits 0", codes.get("unsandboxed3"), "0")

@@ -68,8 +68,9 @@ def install_short_tracebacks() -> None:
     global _short_tracebacks
     if not _short_tracebacks:
         from . import tracebacks
+        from .workspace_trust import UntrustedModuleError
 
-        _short_tracebacks = tracebacks.install(ToolRunnerError)
+        _short_tracebacks = tracebacks.install((ToolRunnerError, UntrustedModuleError))
 
 
 # Error kinds on the wire -> the exception raised in the kernel (kept in step with ErrorKind in

@@ -1,6 +1,8 @@
 """Short errors for failed tool calls: a ``ToolRunnerError`` (rejected, declined, timed out,
 refused, or the tool's own error) that reaches the top of a cell is shown as the frames of the
-user's own code and the error, not IPython's ~25 lines of ipybox's plumbing.
+user's own code and the error, not IPython's ~25 lines of ipybox's plumbing; and so is an
+``UntrustedModuleError`` (a workspace module a sandboxed kernel wrote, refused by a trusted
+kernel's import: ``workspace_trust``).
 
 Installed into the running IPython shell as its custom exception handler
 (``InteractiveShell.set_custom_exc``) the first time a tool is called or a tool module is
@@ -115,8 +117,8 @@ def _handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: 
     return stb
 
 
-def install(error_class: type) -> bool:
-    """Makes the running IPython shell show ``error_class`` (and subclasses) short; returns
+def install(error_classes: tuple) -> bool:
+    """Makes the running IPython shell show ``error_classes`` (and subclasses) short; returns
     whether it is installed (False outside IPython, or when another handler is there)."""
     try:
         from IPython import get_ipython
@@ -126,9 +128,9 @@ def install(error_class: type) -> bool:
     if shell is None or not hasattr(shell, "set_custom_exc"):
         return False
     current = tuple(getattr(shell, "custom_exceptions", ()) or ())
-    if current == (error_class,):
+    if current == error_classes:
         return True
     if current:
         return False  # someone else's handler: kept
-    shell.set_custom_exc((error_class,), _handler)
+    shell.set_custom_exc(error_classes, _handler)
     return True

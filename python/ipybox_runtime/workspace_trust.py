@@ -126,6 +126,13 @@ def _suspect(ledger: _Ledger, path: str, opened: os.stat_result) -> Any:
 
 
 def _refusal(path: str, w: dict) -> UntrustedModuleError:
+    try:
+        # Shown short, as a refused tool call is: the user's frames and the message.
+        from ipybox_runtime import install_short_tracebacks
+
+        install_short_tracebacks()
+    except Exception:
+        pass
     generated = f"{os.sep}mcptools{os.sep}" in path
     regen = (
         "; for a generated module under mcptools/, registering its server again writes it anew"

@@ -140,14 +140,25 @@ pub struct Untrusted {
     pub window: WindowRecord,
 }
 
-/// The files under `path` (itself if a file; links not followed into directories) that a
-/// trusted kernel would refuse to import now: written or linked during a window over them, and
-/// neither generated nor accepted with their current content.
+/// What Python imports a module from: sources, bytecode, extension modules.
+const MODULE_SUFFIXES: &[&str] = &[".py", ".pyw", ".pyc", ".so"];
+
+/// The module files under `path` (itself, whatever its name, if not a directory; links not
+/// followed into directories) that a trusted kernel would refuse to import now: written or
+/// linked during a window over them, and neither generated nor accepted with their current
+/// content. Other files (data a cell wrote) are no code a kernel imports: not listed.
 pub fn untrusted_under(state: &LedgerState, path: &Path) -> std::io::Result<Vec<Untrusted>> {
     let mut found = Vec::new();
     let mut stack = vec![path.to_path_buf()];
     while let Some(p) = stack.pop() {
         let meta = std::fs::symlink_metadata(&p)?;
+        let module = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| MODULE_SUFFIXES.iter().any(|s| n.ends_with(s)));
+        if p != path && !meta.is_dir() && !module {
+            continue;
+        }
         if meta.is_dir() {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(&p)?
                 .filter_map(|e| e.ok().map(|e| e.path()))
@@ -246,6 +257,7 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let window = Window::open(&ledger, vec![ws.clone()], "a sandboxed kernel").unwrap();
         std::fs::write(ws.join("during.py"), "x = 2\n").unwrap();
+        std::fs::write(ws.join("data.csv"), "a,b\n").unwrap();
         std::os::unix::fs::symlink(ws.join("before.py"), ws.join("link.py")).unwrap();
         drop(window);
         let state = ledger.read().unwrap();
@@ -263,7 +275,9 @@ mod tests {
             .into_iter()
             .map(|u| u.path)
             .collect();
+        // data.csv is no module: not listed, unless asked for by name.
         assert_eq!(listed, [ws.join("during.py"), ws.join("link.py")]);
+        assert_eq!(untrusted_under(&state, &ws.join("data.csv")).unwrap().len(), 1);
         accept(&ledger, &during).unwrap();
         let state = ledger.read().unwrap();
         assert!(check_file(&state, &ws.join("during.py")).unwrap().is_none());
