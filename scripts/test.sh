@@ -12,6 +12,9 @@
 #   tests/python/mcp_approval_check.py  --approve ask and progress with the Python `mcp` client
 #   scripts/claude-e2e.sh    one whole Claude Code turn (claude -p) offline, a stand-in for the model
 #   scripts/seed-mcp-tests.sh the Python ipybox's own MCP-server tests against `ipybox` (defaults)
+#   scripts/unlucky-machine.sh before the cargo tests: process ids past 99 999 (seven digits where
+#                            pid_max allows), iniconfig & co. in the kernel environment the tests
+#                            would find, a 38-byte runtime base (XDG_RUNTIME_DIR)
 # Extra arguments go to `cargo test` (e.g. `bash scripts/test.sh kernel::` for one module).
 # Plain `cargo test` skips tests whose components are missing (one line each); here nothing is
 # skipped: IPYBOX_TEST_STRICT=1 turns a missing component into a failure.
@@ -41,5 +44,11 @@ bash scripts/conformance.sh          # the MCP conformance runner against `ipybo
 target/test-env/venv/bin/python tests/python/mcp_approval_check.py target/debug/ipybox  # --approve ask, progress
 bash scripts/claude-e2e.sh           # claude -p with a stand-in Messages API: state, approvals by hook, codeact save/use (+ sandbox, trust)
 bash scripts/seed-mcp-tests.sh       # the seed's tests/integration/test_mcp_server.py, exact outputs
+# The suite runs as an unlucky machine would (issue 49): long process ids, a kernel environment
+# that already holds common packages, a long runtime base. Once, after everything above.
+source scripts/unlucky-machine.sh
+unlucky_pids
+unlucky_kernel_env "$root/target/debug/ipybox"
+unlucky_runtime_base /var/tmp
 # 2 test threads on 2 cores: each test starts real kernels and servers.
 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2

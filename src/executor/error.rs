@@ -40,6 +40,9 @@ pub enum ExecutorError {
     /// keeps its state.
     #[error("the execution was cancelled")]
     Cancelled,
+    /// The runtime directory's Unix socket paths would be too long (its base is).
+    #[error(transparent)]
+    SocketPath(#[from] crate::kernel::SocketPathTooLong),
     /// The workspace or runtime directory could not be prepared.
     #[error("cannot prepare {path}: {source}\n  help: choose a writable directory")]
     Io {

@@ -13,7 +13,7 @@ use super::{CodeExecutor, DEFAULT_SPARE_KERNELS, ExecutorError, Live, Running};
 use crate::confine::ConfineError;
 use crate::kernel::gateway::Gateway;
 use crate::kernel::gateway::ledger::Ledger;
-use crate::kernel::runtime_dir::RuntimeDir;
+use crate::kernel::runtime_dir::{CreateError, RuntimeDir, Sockets};
 use crate::kernel::{
     Backend, KernelConfig, KernelError, KernelPool, SharedFactoryError, SharedFork,
     SharedKernelFactory, ShellApproval,
@@ -118,13 +118,21 @@ impl CodeExecutor {
             }
             _ => None,
         };
+        let sockets = if b.sandbox.is_some() {
+            Sockets::Sandboxed
+        } else {
+            Sockets::Own
+        };
         let runtime = match &shared {
-            Some(shared) => RuntimeDir::create_in(shared.dir()),
-            None => RuntimeDir::create(self.host_env()),
+            Some(shared) => RuntimeDir::create_in(shared.dir(), self.host_env()),
+            None => RuntimeDir::create(self.host_env(), sockets),
         }
-        .map_err(|source| ExecutorError::Io {
-            path: RuntimeDir::base_dir(self.host_env()),
-            source,
+        .map_err(|e| match e {
+            CreateError::TooLong(e) => ExecutorError::SocketPath(e),
+            CreateError::Io(source) => ExecutorError::Io {
+                path: RuntimeDir::base_dir(self.host_env()),
+                source,
+            },
         })?;
         let runtime = Arc::new(runtime);
         if gateway.is_none() {
@@ -470,6 +478,7 @@ impl CodeExecutor {
         };
         handle.get_or_start(host, template).map_err(|e| match e {
             SharedFactoryError::Io { path, source } => ExecutorError::Io { path, source },
+            SharedFactoryError::SocketPath(e) => ExecutorError::SocketPath(e),
             SharedFactoryError::Shut => KernelError::Start {
                 reason: "the shared kernel factory was shut down".into(),
                 help: "start executors before shutting down the factory they share".into(),

@@ -32,6 +32,7 @@ mod local;
 pub(crate) mod output;
 pub(crate) mod pool;
 pub(crate) mod runtime_dir;
+pub use runtime_dir::{SOCKET_PATH_MAX, SocketPathTooLong};
 pub(crate) mod status;
 
 use std::collections::BTreeMap;

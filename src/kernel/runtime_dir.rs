@@ -1,8 +1,14 @@
 //! The private runtime directory: connection files, IPC sockets and the tool socket live here.
 //!
 //! Created with mode 0700 under `$XDG_RUNTIME_DIR` (or the temp dir) as `ipybox-<pid>-<random>`,
-//! removed when dropped. Directories left by an ipybox that was killed (its pid is gone) are swept
-//! when the next one starts. Paths are kept short: Unix socket paths are limited to ~107 bytes.
+//! removed when dropped; the runtime directories of a shared kernel factory's executors, inside
+//! the factory's own, are `s-<random>`. Directories left by an ipybox that was killed (its pid is
+//! gone) are swept when the next one starts.
+//!
+//! Sockets are bound in here, and a Unix socket path has at most [`SOCKET_PATH_MAX`] bytes: a
+//! directory is made only if the longest socket path it will hold ([`Sockets`]) fits, with this
+//! process's id as it is (pids reach seven digits where `pid_max` is 4194304); else the error
+//! ([`SocketPathTooLong`]) names the limit, that path and the variable that shortens the base.
 //!
 //! Layout: only the host writes the directory itself (`tools.sock`, `python/`, the sandbox
 //! settings, `srt/`, [`FACTORY`]`/sock`, and [`HOST_KERNELS`]`/k<N>/` per kernel with its
@@ -21,6 +27,130 @@ use std::path::{Path, PathBuf};
 use crate::host_env::HostEnv;
 
 const PREFIX: &str = "ipybox-";
+
+/// The name of a runtime directory inside a shared kernel factory's (`s-<6 hex>`): short, as
+/// that directory's own name already holds the pid.
+const SESSION_PREFIX: &str = "s-";
+
+/// The longest path a Unix socket may be bound at, in bytes: `sun_path` holds 108 on Linux (104
+/// on macOS and the BSDs), the terminating NUL included.
+#[cfg(target_os = "linux")]
+pub const SOCKET_PATH_MAX: usize = 107;
+/// The longest path a Unix socket may be bound at, in bytes: `sun_path` holds 108 on Linux (104
+/// on macOS and the BSDs), the terminating NUL included.
+#[cfg(not(target_os = "linux"))]
+pub const SOCKET_PATH_MAX: usize = 103;
+
+/// The highest kernel number (`k<N>`) whose IPC sockets [`Sockets::Own`] makes room for; a
+/// pool that launches more kernels than this gets an error naming the limit instead.
+const KERNEL_NUMBER_ROOM: &str = "999999";
+
+/// Which sockets a runtime directory will hold, and so how long its own path may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sockets {
+    /// ipybox's own: `tools.sock`, `factory/sock`, `egress.sock`, and each kernel's IPC
+    /// sockets `box/k<N>/k-<port>` (the longest).
+    Own,
+    /// A shared kernel factory's directory: its socket, and the runtime directories of its
+    /// executors (`s-<6 hex>/`, each holding [`Sockets::Own`]).
+    Shared,
+    /// A sandboxed executor's: also srt's proxy bridges (`srt/claude-socks-<16 hex>.sock`), and
+    /// those of a sandboxed install in its scratch directory (`i<6>/srt/…`, the longest).
+    Sandboxed,
+}
+
+impl Sockets {
+    /// The longest socket path below the directory, relative to it (with the leading `/`).
+    pub(crate) fn longest(self) -> String {
+        const SRT_BRIDGE: &str = "srt/claude-socks-0123456789abcdef.sock";
+        let own = format!("/{KERNEL_WRITABLE}/k{KERNEL_NUMBER_ROOM}/k-5");
+        match self {
+            Sockets::Own => own,
+            Sockets::Shared => format!("/{SESSION_PREFIX}000000{own}"),
+            Sockets::Sandboxed => format!("/{INSTALL_SCRATCH_PREFIX}000000/{SRT_BRIDGE}"),
+        }
+    }
+}
+
+/// The prefix of a sandboxed install's scratch directory in the runtime directory (then six
+/// random characters): one letter, as srt's socket names in it are long.
+pub(crate) const INSTALL_SCRATCH_PREFIX: &str = "i";
+
+/// A runtime directory whose socket paths would not fit the [`SOCKET_PATH_MAX`] bytes a Unix
+/// socket path may have: its base (`$XDG_RUNTIME_DIR`, else `$TMPDIR`, else `/tmp`) is too long
+/// for this process's id and the names below it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "cannot make a runtime directory in {base}: its Unix sockets would not fit, as {path} would be {len} bytes and a socket path has at most {max}\n  help: set {var} to a directory of at most {base_max} bytes (the runtime base is $XDG_RUNTIME_DIR, else $TMPDIR, else /tmp; this one is {base_len} bytes)",
+    base = base.display(),
+    path = path.display(),
+    len = path.as_os_str().len(),
+    base_len = base.as_os_str().len(),
+)]
+pub struct SocketPathTooLong {
+    /// The longest socket path the directory would hold.
+    pub path: PathBuf,
+    /// The limit, [`SOCKET_PATH_MAX`].
+    pub max: usize,
+    /// Where runtime directories are made.
+    pub base: PathBuf,
+    /// The longest base that would fit, with this process's id.
+    pub base_max: usize,
+    /// The variable that sets the base: `XDG_RUNTIME_DIR`, or `TMPDIR` when that one chose it.
+    pub var: &'static str,
+}
+
+/// Why a runtime directory could not be made.
+#[derive(Debug)]
+pub(crate) enum CreateError {
+    /// Its sockets would not fit.
+    TooLong(SocketPathTooLong),
+    /// It could not be created.
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for CreateError {
+    fn from(e: std::io::Error) -> Self {
+        CreateError::Io(e)
+    }
+}
+
+impl std::fmt::Display for CreateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CreateError::TooLong(e) => e.fmt(f),
+            CreateError::Io(e) => e.fmt(f),
+        }
+    }
+}
+
+/// `Ok` when every socket below `path` (a runtime directory about to be made in `base`, which
+/// `host` chose) fits, else the error naming the longest one.
+fn check_fits(path: &Path, sockets: Sockets, host: &HostEnv) -> Result<(), SocketPathTooLong> {
+    let longest = format!("{}{}", path.display(), sockets.longest());
+    if longest.len() <= SOCKET_PATH_MAX {
+        return Ok(());
+    }
+    let base = RuntimeDir::base_dir(host);
+    let overhead = longest.len().saturating_sub(base.as_os_str().len());
+    let var = if host
+        .get("XDG_RUNTIME_DIR")
+        .is_some_and(|d| Path::new(d).is_dir())
+    {
+        "XDG_RUNTIME_DIR"
+    } else if host.get("TMPDIR").is_some() {
+        "TMPDIR"
+    } else {
+        "XDG_RUNTIME_DIR"
+    };
+    Err(SocketPathTooLong {
+        path: PathBuf::from(longest),
+        max: SOCKET_PATH_MAX,
+        base,
+        base_max: SOCKET_PATH_MAX.saturating_sub(overhead),
+        var,
+    })
+}
 
 /// The subdirectory of the runtime directory a kernel may write (see the module comment).
 pub(crate) const KERNEL_WRITABLE: &str = "box";
@@ -118,24 +248,34 @@ impl RuntimeDir {
             .unwrap_or_else(|| temp_dir(host))
     }
 
-    /// Creates a fresh private directory under [`RuntimeDir::base_dir`], sweeping stale ones
-    /// first.
-    pub(crate) fn create(host: &HostEnv) -> std::io::Result<Self> {
+    /// Creates a fresh private directory (`ipybox-<pid>-<6 hex>`) under
+    /// [`RuntimeDir::base_dir`] for `sockets`, sweeping stale ones first.
+    pub(crate) fn create(host: &HostEnv, sockets: Sockets) -> Result<Self, CreateError> {
         let base = Self::base_dir(host);
+        let prefix = format!("{PREFIX}{}-", std::process::id());
+        check_fits(&base.join(format!("{prefix}000000")), sockets, host)
+            .map_err(CreateError::TooLong)?;
         sweep_stale(&base);
-        Self::create_in(&base)
+        Ok(Self::make(&base, &prefix)?)
     }
 
-    /// Creates a fresh private directory in `parent` (a shared kernel factory's directory,
-    /// which its executors' runtime directories live in: removed with it when ipybox dies).
-    pub(crate) fn create_in(parent: &Path) -> std::io::Result<Self> {
-        let base = parent;
+    /// Creates a fresh private directory (`s-<6 hex>`) in `parent`, a shared kernel factory's
+    /// directory (made by [`Self::create`] from `host` with [`Sockets::Shared`]), which its
+    /// executors' runtime directories live in: removed with it when ipybox dies.
+    pub(crate) fn create_in(parent: &Path, host: &HostEnv) -> Result<Self, CreateError> {
+        check_fits(
+            &parent.join(format!("{SESSION_PREFIX}000000")),
+            Sockets::Own,
+            host,
+        )
+        .map_err(CreateError::TooLong)?;
+        Ok(Self::make(parent, SESSION_PREFIX)?)
+    }
+
+    /// A fresh directory `<prefix><6 hex>` in `base`.
+    fn make(base: &Path, prefix: &str) -> std::io::Result<Self> {
         loop {
-            let path = base.join(format!(
-                "{PREFIX}{}-{:06x}",
-                std::process::id(),
-                rand::random::<u32>() & 0xff_ffff
-            ));
+            let path = base.join(format!("{prefix}{:06x}", rand::random::<u32>() & 0xff_ffff));
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
                 Ok(()) => {
                     // The umask may have narrowed the mode; make sure it is exactly 0700.
@@ -179,6 +319,17 @@ impl RuntimeDir {
     /// Fresh directories for kernel `name` (`k<N>`). Whatever a kernel left at the IPC
     /// directory's name (a directory, a link) is removed first, without following it.
     pub(crate) fn kernel_dirs(&self, name: &str) -> std::io::Result<KernelDirs> {
+        // Room was made for `k` and six digits ([`Sockets::Own`]); a longer name may not fit.
+        let longest = self.path.join(KERNEL_WRITABLE).join(name).join("k-5");
+        if longest.as_os_str().len() > SOCKET_PATH_MAX {
+            return Err(std::io::Error::other(format!(
+                "the kernel's IPC socket {} would be {} bytes, over the {SOCKET_PATH_MAX} a Unix \
+                 socket path may have (this executor launched more than {KERNEL_NUMBER_ROOM} \
+                 kernels: start a new one)",
+                longest.display(),
+                longest.as_os_str().len()
+            )));
+        }
         let owner = self.kernel_owner();
         if let Some((_, gid)) = owner {
             // `kernels/` itself: traversable by the session's group (its kernels' directories
@@ -239,12 +390,12 @@ fn unmount_in(dir: &Path) {
     unmount_work(&dir.join(crate::confine::WORK_DIR));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
-            // The runtime directories of a shared factory's sessions (made by ipybox, named
-            // like this one).
+            // The runtime directories of a shared factory's sessions (made by ipybox: `s-…`,
+            // or `ipybox-…` as an older ipybox named them).
             let ours = entry
                 .file_name()
                 .to_str()
-                .is_some_and(|n| n.starts_with(PREFIX));
+                .is_some_and(|n| n.starts_with(SESSION_PREFIX) || n.starts_with(PREFIX));
             if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
                 unmount_work(&entry.path().join(crate::confine::WORK_DIR));
             }
@@ -330,6 +481,136 @@ pub(crate) fn process_alive(pid: i32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A runtime directory's name with the highest pid Linux gives (`pid_max` at most 4194304).
+    const SEVEN_DIGIT_NAME: &str = "ipybox-4194304-abcdef";
+
+    fn host_with_runtime_base(base: &Path) -> HostEnv {
+        HostEnv::from_vars([("XDG_RUNTIME_DIR".to_string(), base.display().to_string())].into())
+    }
+
+    /// `parent/bbb…` of exactly `len` bytes, created.
+    fn base_of_len(parent: &Path, len: usize) -> PathBuf {
+        let pad = len - parent.as_os_str().len() - 1;
+        let base = parent.join("b".repeat(pad));
+        std::fs::create_dir_all(&base).unwrap();
+        assert_eq!(base.as_os_str().len(), len);
+        base
+    }
+
+    /// For each kind of runtime directory, a base as long as it may be with a seven-digit pid:
+    /// the longest socket path it will hold (built for real, directories and all) is exactly
+    /// the limit and binds. One byte more of base is refused before anything is made, with the
+    /// limit, that path and the variable named. Control: the kernel really refuses a socket
+    /// path one byte longer (the check guards a real limit).
+    #[test]
+    fn the_longest_socket_path_fits_with_a_seven_digit_pid() {
+        let t = tempfile::tempdir().unwrap();
+        for sockets in [Sockets::Own, Sockets::Shared, Sockets::Sandboxed] {
+            let room = 1 + SEVEN_DIGIT_NAME.len() + sockets.longest().len();
+            let base_max = SOCKET_PATH_MAX - room;
+            let kind = t.path().join(format!("{sockets:?}"));
+            let base = base_of_len(&kind, base_max);
+            let dir = base.join(SEVEN_DIGIT_NAME);
+            check_fits(&dir, sockets, &host_with_runtime_base(&base)).unwrap();
+            let socket = PathBuf::from(format!("{}{}", dir.display(), sockets.longest()));
+            assert_eq!(socket.as_os_str().len(), SOCKET_PATH_MAX, "{sockets:?}");
+            std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+            std::os::unix::net::UnixListener::bind(&socket)
+                .unwrap_or_else(|e| panic!("{sockets:?}: {} binds: {e}", socket.display()));
+
+            let longer = base_of_len(&kind.join("l"), base_max + 1);
+            let too_long = check_fits(
+                &longer.join(SEVEN_DIGIT_NAME),
+                sockets,
+                &host_with_runtime_base(&longer),
+            )
+            .unwrap_err();
+            let path = format!(
+                "{}/{SEVEN_DIGIT_NAME}{}",
+                longer.display(),
+                sockets.longest()
+            );
+            assert_eq!(
+                too_long.to_string(),
+                format!(
+                    "cannot make a runtime directory in {}: its Unix sockets would not fit, as \
+                     {path} would be {} bytes and a socket path has at most {SOCKET_PATH_MAX}\n  \
+                     help: set XDG_RUNTIME_DIR to a directory of at most {base_max} bytes (the \
+                     runtime base is $XDG_RUNTIME_DIR, else $TMPDIR, else /tmp; this one is {} \
+                     bytes)",
+                    longer.display(),
+                    SOCKET_PATH_MAX + 1,
+                    base_max + 1,
+                )
+            );
+            // Control: the limit is the kernel's.
+            let over = PathBuf::from(&path);
+            std::fs::create_dir_all(over.parent().unwrap()).unwrap();
+            let refused = std::os::unix::net::UnixListener::bind(&over).unwrap_err();
+            assert_eq!(
+                refused.kind(),
+                std::io::ErrorKind::InvalidInput,
+                "{refused}"
+            );
+        }
+    }
+
+    /// `create` and `create_in` check with this process's own pid, before making anything: a
+    /// shared factory's directory refuses a base its executors' directories would not fit in,
+    /// and an executor's directory in a shared one is short (`s-<6 hex>`), so its sockets fit
+    /// where `ipybox-<pid>-<random>` twice did not (issue 49: a 59-byte base, 110 bytes).
+    #[test]
+    fn create_checks_with_its_own_pid_and_nests_short_names() {
+        let t = tempfile::tempdir().unwrap();
+        let name = format!("{PREFIX}{}-000000", std::process::id());
+        let own_max = SOCKET_PATH_MAX - 1 - name.len() - Sockets::Own.longest().len();
+        let shared_max = SOCKET_PATH_MAX - 1 - name.len() - Sockets::Shared.longest().len();
+        let base = base_of_len(&t.path().join("a"), shared_max + 1);
+        let host = host_with_runtime_base(&base);
+        // Too long for a shared factory's directory, long enough for an executor's own.
+        assert!(shared_max < own_max);
+        match RuntimeDir::create(&host, Sockets::Shared) {
+            Err(CreateError::TooLong(e)) => assert_eq!(e.base_max, shared_max),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read_dir(&base).unwrap().count(), 0, "nothing made");
+        let own = RuntimeDir::create(&host, Sockets::Own).unwrap();
+        assert!(
+            own.path()
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with(&name[..name.len() - 6])
+        );
+
+        let base = base_of_len(&t.path().join("b"), shared_max);
+        let host = host_with_runtime_base(&base);
+        let shared = RuntimeDir::create(&host, Sockets::Shared).unwrap();
+        let session = RuntimeDir::create_in(shared.path(), &host).unwrap();
+        let session_name = session.path().file_name().unwrap().to_str().unwrap();
+        assert!(
+            session_name.starts_with(SESSION_PREFIX) && session_name.len() == 8,
+            "{session_name}"
+        );
+        let dirs = session.kernel_dirs("k999999").unwrap();
+        let ipc = dirs.ipc.join("k-5");
+        assert!(
+            ipc.as_os_str().len() <= SOCKET_PATH_MAX,
+            "{}",
+            ipc.display()
+        );
+        std::os::unix::net::UnixListener::bind(&ipc).unwrap();
+        // One kernel past the room made: a clear error, not an unbindable socket.
+        let past = session.kernel_dirs("k1000000").unwrap_err().to_string();
+        assert!(
+            past.contains(&format!(
+                "over the {SOCKET_PATH_MAX} a Unix socket path may have"
+            )),
+            "{past}"
+        );
+    }
 
     #[test]
     fn a_stale_directory_takes_its_stragglers_with_it() {

@@ -127,9 +127,11 @@ pub(crate) async fn run(
         let path = path.to_path_buf();
         move |source| SandboxError::Io { path, source }
     };
-    // Private (0700), removed when this install ends.
+    // Private (0700), removed when this install ends. A short name: srt's sockets in it are
+    // long (`kernel::runtime_dir::Sockets::Sandboxed` made room for them).
     let scratch = tempfile::Builder::new()
-        .prefix("install-")
+        .prefix(crate::kernel::runtime_dir::INSTALL_SCRATCH_PREFIX)
+        .rand_bytes(6)
         .tempdir_in(base)
         .map_err(io(base))?;
     let srt_tmp = scratch.path().join("srt");

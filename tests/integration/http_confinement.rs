@@ -182,13 +182,23 @@ async fn sessions_cannot_reach_each_other() {
     // (2) The warm kernel (the runtime directory that is neither session's): unreachable, so a
     // hook planted in it cannot reach the session that takes it.
     let base = victim_runtime.parent().unwrap();
-    let prefix = format!("ipybox-{}-", service.pid());
+    // The runtime directories of the shared factory's executors (`s-<6 hex>`, in the factory's
+    // own `ipybox-<pid>-<6 hex>`).
+    assert!(
+        base.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(&format!("ipybox-{}-", service.pid())),
+        "{}",
+        base.display()
+    );
+    let prefix = "s-";
     let deadline = Instant::now() + Duration::from_secs(30);
     let warm = loop {
         let others: Vec<PathBuf> = std::fs::read_dir(base)
             .unwrap()
             .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
             .map(|e| e.path())
             .filter(|p| ![&victim_runtime, &attacker_runtime, &tenant_runtime].contains(&p))
             .collect();
@@ -636,7 +646,12 @@ async fn forked_kernels_cannot_reach_the_template_or_each_other() {
     let host = host.join(",");
     // What a kernel sees of the shared directory: its own runtime directory, and the
     // template's (read-only) copy of ipybox's kernel-side Python its modules came from.
-    let own_name = format!("{},python", own.file_name().unwrap().to_string_lossy());
+    let mut own_name = [
+        own.file_name().unwrap().to_string_lossy().into_owned(),
+        "python".into(),
+    ];
+    own_name.sort();
+    let own_name = own_name.join(",");
     let prelude = format!(
         r#"import ctypes, errno, os, socket, subprocess, sys
 libc = ctypes.CDLL(None, use_errno=True)

@@ -689,3 +689,64 @@ async fn restore_working_dir_changes_back_after_each_cell() {
     assert_eq!(run(&ex, "print(os.getcwd())").await, "/");
     ex.stop().await;
 }
+
+/// A runtime base (`$XDG_RUNTIME_DIR`) too long for the Unix sockets below it is refused at
+/// start with the limit, the socket path and the variable named (issue 49: a bare "path must be
+/// shorter than SUN_LEN" with "help: choose a writable directory", from the tool server's
+/// bind). Control: a base one byte shorter, the longest that fits with this process's id,
+/// starts and runs a cell, its sockets in that base.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_base_too_long_for_its_sockets_is_named_at_start() {
+    use ipybox::kernel::SOCKET_PATH_MAX;
+    let ws = tempfile::tempdir().unwrap();
+    let t = tempfile::tempdir().unwrap();
+    // `<base>/ipybox-<pid>-<6 hex>/box/k<up to 6 digits>/k-5`, a kernel's IPC socket.
+    let below = format!("/ipybox-{}-000000/box/k999999/k-5", std::process::id());
+    let longest_base = SOCKET_PATH_MAX - below.len();
+    let base_of = |len: usize| {
+        let pad = len - t.path().as_os_str().len() - 1;
+        let base = t
+            .path()
+            .join(format!("{len}{}", "b".repeat(pad - len.to_string().len())));
+        std::fs::create_dir_all(&base).unwrap();
+        assert_eq!(base.as_os_str().len(), len);
+        base
+    };
+    let start = |base: &Path| {
+        let mut vars = crate::support::process_env();
+        vars.insert("XDG_RUNTIME_DIR".into(), base.display().to_string());
+        CodeExecutor::builder()
+            .host_env(ipybox::host_env::HostEnv::from_vars(vars))
+            .workspace(ws.path())
+            .without_spare_kernel()
+            .build()
+    };
+
+    let too_long = base_of(longest_base + 1);
+    let ex = start(&too_long);
+    let err = ex.start().await.expect_err("a base too long is refused");
+    let text = err.to_string();
+    assert!(matches!(err, ExecutorError::SocketPath(_)), "{err:?}");
+    for part in [
+        format!("cannot make a runtime directory in {}", too_long.display()),
+        format!("would be {} bytes", SOCKET_PATH_MAX + 1),
+        format!("a socket path has at most {SOCKET_PATH_MAX}"),
+        format!("help: set XDG_RUNTIME_DIR to a directory of at most {longest_base} bytes"),
+    ] {
+        assert!(text.contains(&part), "{part:?} in {text}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&too_long).unwrap().count(),
+        0,
+        "nothing made"
+    );
+
+    let fits = base_of(longest_base);
+    let ex = start(&fits);
+    ex.start().await.expect("the longest base that fits starts");
+    assert_eq!(run(&ex, "6 * 7").await, "42");
+    let runtime: Vec<_> = std::fs::read_dir(&fits).unwrap().flatten().collect();
+    assert_eq!(runtime.len(), 1, "{runtime:?}");
+    assert!(runtime[0].path().join("tools.sock").exists());
+    ex.stop().await;
+}

@@ -683,9 +683,19 @@ pub(crate) fn tmpfs_runtime_base() -> Option<tempfile::TempDir> {
     Some(dir)
 }
 
-/// The runtime directories of ipybox `pid` under `base` (`None`: the temporary directory).
+/// The runtime directories of ipybox `pid` under `base` (`None`: where ipybox makes them with
+/// this process's environment: `$XDG_RUNTIME_DIR`, which scripts/test.sh sets, else the
+/// temporary directory).
 fn runtime_dirs(base: Option<&Path>, pid: u32) -> Vec<PathBuf> {
-    let base = base.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let base = base.map_or_else(
+        || {
+            std::env::var_os("XDG_RUNTIME_DIR")
+                .map(PathBuf::from)
+                .filter(|p| p.is_dir())
+                .unwrap_or_else(std::env::temp_dir)
+        },
+        Path::to_path_buf,
+    );
     std::fs::read_dir(base)
         .unwrap()
         .flatten()

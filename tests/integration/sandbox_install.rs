@@ -5,12 +5,19 @@
 //! comes with its control: the same wheel or sdist installed on the host does what it says.
 //!
 //! Every server is the real `ipybox` binary over stdio with `--sandbox` (real srt + bubblewrap),
-//! installing from PyPI (and, for the build probe, a find-links directory of the test's).
-//! Markers live in `target/probe-install-*`: outside /tmp and $HOME, which the sandbox hides or
-//! makes private, and outside every writable root of the sandbox.
+//! installing from the package index pip is configured with (and, for the build probe, a
+//! find-links directory of the test's). Markers live in `target/probe-install-*`: outside /tmp
+//! and $HOME, which the sandbox hides or makes private, and outside every writable root of the
+//! sandbox.
+//!
+//! Every test has a data directory of its own (`IPYBOX_HOME`, so a kernel environment of its
+//! own) and checks that it lacks what the test installs before installing it: the default
+//! kernel environment is the machine's, shaped by whatever ran there before (issue 49: an
+//! `iniconfig` already there made an isolated session "share" an install it never made).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use ipybox::host_env::HostEnv;
@@ -35,8 +42,28 @@ fn uv() -> PathBuf {
         .expect("uv on PATH or in ~/.local/bin (the tests' installer)")
 }
 
-/// The ipybox MCP server over stdio in `ws`, with `--sandbox` unless `sandboxed` is false.
-async fn server(ws: &Path, sandboxed: bool, extra: &[&str], env: &[(&str, String)]) -> McpSession {
+/// A data directory of the test's own (`<probe>/home`): its kernel environment is made fresh,
+/// so it holds only ipybox's kernel packages.
+fn own_home(probe: &Probe) -> PathBuf {
+    probe.path().join("home")
+}
+
+/// The host environment of this test process with `IPYBOX_HOME` set to `home`.
+fn host_with_home(home: &Path) -> HostEnv {
+    let mut vars = process_env();
+    vars.insert("IPYBOX_HOME".into(), home.display().to_string());
+    HostEnv::from_vars(vars)
+}
+
+/// The ipybox MCP server over stdio in `ws` with the data directory `home`, with `--sandbox`
+/// unless `sandboxed` is false.
+async fn server(
+    ws: &Path,
+    home: &Path,
+    sandboxed: bool,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> McpSession {
     let mut args = vec![
         "--workspace".to_string(),
         ws.display().to_string(),
@@ -51,11 +78,8 @@ async fn server(ws: &Path, sandboxed: bool, extra: &[&str], env: &[(&str, String
     args.extend(extra.iter().map(|a| a.to_string()));
     let mut vars = serde_json::Map::new();
     vars.insert("IPYBOX_SRT".into(), json!(srt()));
-    // The data directory this test process sees (the client passes the server a minimal
-    // environment): where the workspace's layer is looked for and removed (`Layer`).
-    if let Some(data) = HostEnv::from_process().data_dir() {
-        vars.insert("IPYBOX_HOME".into(), json!(data));
-    }
+    // The test's own data directory: where the workspace's layer is looked for (`Layer`).
+    vars.insert("IPYBOX_HOME".into(), json!(home));
     for (k, v) in env {
         vars.insert(k.to_string(), json!(v));
     }
@@ -69,15 +93,12 @@ async fn server(ws: &Path, sandboxed: bool, extra: &[&str], env: &[(&str, String
     .expect("ipybox MCP server starts")
 }
 
-/// The site layer of a workspace in the test process's data directory, removed on drop (the
-/// workspaces are temporary; their layers would otherwise stay in the shared data directory).
+/// The site layer of a workspace in the data directory `home`, removed on drop.
 struct Layer(ipybox::pyenv::install::SiteLayer);
 
 impl Layer {
-    fn of(ws: &Path) -> Self {
-        Self(
-            ipybox::pyenv::install::SiteLayer::for_workspace(&HostEnv::from_process(), ws).unwrap(),
-        )
+    fn of(home: &Path, ws: &Path) -> Self {
+        Self(ipybox::pyenv::install::SiteLayer::for_workspace(&host_with_home(home), ws).unwrap())
     }
 }
 
@@ -114,8 +135,45 @@ async fn exec(s: &McpSession, code: &str) -> String {
     ok(s, "execute_ipython_cell", json!({"code": code})).await
 }
 
-/// iniconfig 2.0.0's wheel on PyPI's file host (its address is its content's: it never changes).
-const INICONFIG_URL: &str = "https://files.pythonhosted.org/packages/ef/a6/62565a6e1cf69e10f5727360368e451d4b7f58beeac6173dc9db836a5b46/iniconfig-2.0.0-py3-none-any.whl";
+/// The `https://` URL of iniconfig 2.0.0's wheel as the package index gives it (asked once, with
+/// `pip install --dry-run --report`, as pip on a user's machine would: PyPI's file host here, a
+/// mirror's where `PIP_INDEX_URL` names one). Find-links directories are left out: the URL
+/// must be one the index serves.
+fn iniconfig_url() -> &'static str {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        let out = Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--dry-run",
+                "--ignore-installed",
+                "--no-deps",
+            ])
+            .args(["--quiet", "--report", "-", "iniconfig==2.0.0"])
+            .env_remove("PIP_FIND_LINKS")
+            .current_dir("/")
+            .output()
+            .expect("python3 -m pip runs (asks the index for iniconfig's wheel)");
+        assert!(
+            out.status.success(),
+            "pip could not ask the package index for iniconfig 2.0.0: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_slice(&out.stdout).expect("pip's report is JSON");
+        let url = report["install"][0]["download_info"]["url"]
+            .as_str()
+            .expect("pip's report names the wheel's URL")
+            .to_string();
+        assert!(
+            url.starts_with("https://") && url.ends_with("iniconfig-2.0.0-py3-none-any.whl"),
+            "precondition: the package index gives iniconfig 2.0.0's wheel at an https URL \
+             (the sandbox installs no other kind), not {url}"
+        );
+        url
+    })
+}
 
 /// Python that writes a wheel `evil-1.0-py3-none-any.whl` into `dir`: its `evil.pth` writes
 /// `marker` when an interpreter with it in site-packages starts.
@@ -157,11 +215,12 @@ fn try_write(marker: &Path) -> String {
 async fn a_wheel_the_kernel_wrote_is_never_installed() {
     require!(SandboxDeps, TestEnv);
     let probe = Probe::new("install-pth");
+    let home = own_home(&probe);
     let marker = probe.path().join("pth-ran-on-the-host");
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
-    let layer = Layer::of(&ws_path);
-    let s = server(&ws_path, true, &[], &[]).await;
+    let layer = Layer::of(&home, &ws_path);
+    let s = server(&ws_path, &home, true, &[], &[]).await;
 
     assert_eq!(exec(&s, &try_write(&marker)).await, "denied");
     let whl = exec(
@@ -212,7 +271,7 @@ async fn a_wheel_the_kernel_wrote_is_never_installed() {
     let refused = err(
         &s,
         "install_package",
-        json!({"package_name": format!("iniconfig @ {INICONFIG_URL}")}),
+        json!({"package_name": format!("iniconfig @ {}", iniconfig_url())}),
     )
     .await;
     assert!(
@@ -341,18 +400,25 @@ with tarfile.open(f"{links}/ipybox_build_probe-1.0.tar.gz", "w:gz") as t:
 async fn an_sdist_builds_inside_the_sandbox() {
     require!(SandboxDeps, TestEnv);
     let probe = Probe::new("install-build");
+    let home = own_home(&probe);
     let marker = probe.path().join("build-ran-on-the-host");
     let links = probe.path().join("links");
     build_probe_sdist(&links, &marker);
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
-    let layer = Layer::of(&ws_path);
+    let layer = Layer::of(&home, &ws_path);
     let env = [
         ("UV_FIND_LINKS", links.display().to_string()),
         ("PIP_FIND_LINKS", links.display().to_string()),
     ];
-    let s = server(&ws_path, true, &["--allow-install-urls"], &env).await;
+    let s = server(&ws_path, &home, true, &["--allow-install-urls"], &env).await;
     assert_eq!(exec(&s, &try_write(&marker)).await, "denied");
+    assert_eq!(
+        exec(&s, IMPORT_INICONFIG).await,
+        "absent",
+        "precondition: the test's own kernel environment ({}) lacks iniconfig",
+        home.display()
+    );
     let summary = ok(
         &s,
         "install_package",
@@ -379,7 +445,7 @@ async fn an_sdist_builds_inside_the_sandbox() {
     ok(
         &s,
         "install_package",
-        json!({"package_name": format!("iniconfig @ {INICONFIG_URL}")}),
+        json!({"package_name": format!("iniconfig @ {}", iniconfig_url())}),
     )
     .await;
     assert_eq!(
@@ -459,8 +525,13 @@ async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
     let ws = tempfile::tempdir().unwrap();
     let ws_path = ws.path().canonicalize().unwrap();
 
-    let s = server(&ws_path, true, &[], &env).await;
-    assert_eq!(exec(&s, IMPORT_INICONFIG).await, "absent");
+    let s = server(&ws_path, &home, true, &[], &env).await;
+    assert_eq!(
+        exec(&s, IMPORT_INICONFIG).await,
+        "absent",
+        "precondition: the test's own kernel environment ({}) lacks iniconfig",
+        home.display()
+    );
     assert!(in_kernel_env(&home).is_empty());
     ok(&s, "install_package", json!({"package_name": "iniconfig"})).await;
     let imported = exec(&s, IMPORT_INICONFIG).await;
@@ -487,7 +558,7 @@ async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
         in_kernel_env(&home)
     );
 
-    let u = server(&ws_path, false, &[], &env).await;
+    let u = server(&ws_path, &home, false, &[], &env).await;
     assert_eq!(
         exec(&u, IMPORT_INICONFIG).await,
         "absent",
@@ -505,9 +576,10 @@ async fn a_sandboxed_install_stays_with_sandboxed_kernels() {
 }
 
 /// A sandboxed executor with an isolated workspace (what `ipybox serve --http --sandbox` gives
-/// each session) in `ws`.
-async fn isolated(ws: &Path, isolate_workspace: bool) -> ipybox::CodeExecutor {
+/// each session) in `ws`, with the data directory `home`.
+async fn isolated(ws: &Path, home: &Path, isolate_workspace: bool) -> ipybox::CodeExecutor {
     let ex = ipybox::CodeExecutor::builder()
+        .host_env(host_with_home(home))
         .workspace(ws)
         .sandbox(ipybox::sandbox::SandboxOptions {
             srt: Some(srt()),
@@ -531,16 +603,28 @@ async fn run(ex: &ipybox::CodeExecutor, code: &str) -> String {
 /// Isolated workspaces (HTTP sessions) do not share installs: what one session installs lives in
 /// its runtime directory and is absent from another session of the same workspace. Control: two
 /// executors of one workspace that is not isolated (stdio conversations) share the workspace's
-/// layer, so the second imports what the first installed.
+/// layer, so the second imports what the first installed. Both sessions start without the
+/// package (their own kernel environment: issue 49).
 #[tokio::test(flavor = "multi_thread")]
 async fn isolated_sessions_do_not_share_installs() {
     require!(SandboxDeps, TestEnv);
+    let probe = Probe::new("install-isolated");
+    let home = own_home(&probe);
     for isolate in [true, false] {
         let ws = tempfile::tempdir().unwrap();
         let ws_path = ws.path().canonicalize().unwrap();
-        let layer = Layer::of(&ws_path);
-        let a = isolated(&ws_path, isolate).await;
-        let b = isolated(&ws_path, isolate).await;
+        let layer = Layer::of(&home, &ws_path);
+        let a = isolated(&ws_path, &home, isolate).await;
+        let b = isolated(&ws_path, &home, isolate).await;
+        for (name, ex) in [("a", &a), ("b", &b)] {
+            assert_eq!(
+                run(ex, IMPORT_INICONFIG).await,
+                "absent",
+                "precondition: session {name} starts without iniconfig (its kernel environment \
+                 is the test's own, {})",
+                home.display()
+            );
+        }
         a.install_package("iniconfig").await.expect("install");
         let in_a = run(&a, IMPORT_INICONFIG).await;
         assert!(in_a.starts_with("imported "), "{in_a}");

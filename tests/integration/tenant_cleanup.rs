@@ -57,6 +57,18 @@ async fn a_deep_tree_in_box_neither_crashes_the_service_nor_its_restart() {
     let base = probe.path().join("run");
     std::fs::create_dir(&base).unwrap();
     let base_s = base.display().to_string();
+    // What this test needs of the machine: a base the service's sessions fit in whatever its
+    // pid (seven digits at most: `pid_max` is 4194304 or less), else the start would fail for
+    // a reason this test is not about.
+    let below = "/ipybox-4194304-000000/s-000000/box/k999999/k-5";
+    let longest = ipybox::kernel::SOCKET_PATH_MAX - below.len();
+    assert!(
+        base_s.len() <= longest,
+        "precondition: the runtime base {base_s} is {} bytes, longer than the {longest} a \
+         service's sessions fit with a seven-digit pid: set IPYBOX_TEST_PROBE_DIR to a shorter \
+         directory",
+        base_s.len()
+    );
     let ws = tempfile::tempdir().unwrap();
     let env = [
         ("IPYBOX_TOKEN", TOKEN_A),

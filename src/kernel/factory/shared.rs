@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use super::Factory;
 use crate::host_env::HostEnv;
 use crate::kernel::KernelConfig;
-use crate::kernel::runtime_dir::RuntimeDir;
+use crate::kernel::runtime_dir::{CreateError, RuntimeDir, Sockets};
 
 /// A kernel factory that several executors share: kernels of every executor built with a
 /// clone of it ([`crate::executor::CodeExecutorBuilder::shared_kernel_factory`]) are forked from
@@ -94,6 +94,9 @@ pub(crate) enum SharedFactoryError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    /// Its directory's socket paths would be too long.
+    #[error(transparent)]
+    SocketPath(crate::kernel::SocketPathTooLong),
     /// It was shut down.
     #[error("the shared kernel factory was shut down")]
     Shut,
@@ -129,7 +132,10 @@ impl SharedKernelFactory {
             move |source| SharedFactoryError::Io { path, source }
         };
         let base = RuntimeDir::base_dir(host);
-        let dir = RuntimeDir::create(host).map_err(io(&base))?;
+        let dir = RuntimeDir::create(host, Sockets::Shared).map_err(|e| match e {
+            CreateError::TooLong(e) => SharedFactoryError::SocketPath(e),
+            CreateError::Io(e) => io(&base)(e),
+        })?;
         let config = template(dir.path()).map_err(io(dir.path()))?;
         let factory = Factory::new(Arc::new(config), &dir).map_err(io(dir.path()))?;
         let shared = Arc::new(StartedFactory {
