@@ -277,7 +277,10 @@ mod tests {
             .collect();
         // data.csv is no module: not listed, unless asked for by name.
         assert_eq!(listed, [ws.join("during.py"), ws.join("link.py")]);
-        assert_eq!(untrusted_under(&state, &ws.join("data.csv")).unwrap().len(), 1);
+        assert_eq!(
+            untrusted_under(&state, &ws.join("data.csv")).unwrap().len(),
+            1
+        );
         accept(&ledger, &during).unwrap();
         let state = ledger.read().unwrap();
         assert!(check_file(&state, &ws.join("during.py")).unwrap().is_none());
