@@ -2,8 +2,8 @@
 workspace").
 
 Installed by ``import_path.install`` only in kernels the host trusts (local, neither sandboxed
-nor confined), which get the host's trust ledger in ``IPYBOX_TRUST_LEDGER``. A finder in front of
-the path finder: every module the path finder finds in a file under a directory some sandboxed
+nor confined), which get the host's trust ledger in ``IPYBOX_TRUST_LEDGER``. A finder in front
+of the path finder: every module the path finder finds in a file under a directory some sandboxed
 kernel could write (a window of the ledger) is checked before it runs. The file is refused when
 its ``ctime``, or that of a link on its path, falls inside such a window, unless the host
 generated it or a person accepted it (``ipybox trust``) with exactly this content. A source file
@@ -203,18 +203,31 @@ class _CheckedOtherLoader(importlib.abc.Loader):
 
 
 class TrustFinder(importlib.abc.MetaPathFinder):
-    """In front of the path finder: checks what it finds under a window's roots."""
+    """In front of the path finder: finds what it finds, and checks what lies under a window's
+    roots."""
 
     def __init__(self, ledger: _Ledger):
         self._ledger = ledger
+        # Directories' real paths: imports come from few directories, realpath costs an lstat
+        # per component.
+        self._real_dirs: dict = {}
+
+    def _real(self, path: str) -> str:
+        head, tail = os.path.split(path)
+        real = self._real_dirs.get(head)
+        if real is None:
+            real = self._real_dirs[head] = os.path.realpath(head)
+        return os.path.join(real, tail)
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
         if spec is None or not spec.has_location or not spec.origin:
             return spec
-        origin = os.path.abspath(spec.origin)
         self._ledger.load()
-        real = os.path.realpath(origin)
+        if not self._ledger.roots:
+            return spec
+        origin = os.path.abspath(spec.origin)
+        real = self._real(origin)
         if not any(_under(origin, r) or _under(real, r) for r in self._ledger.roots):
             return spec
         if isinstance(spec.loader, importlib.machinery.SourceFileLoader):
@@ -225,10 +238,13 @@ class TrustFinder(importlib.abc.MetaPathFinder):
 
     def invalidate_caches(self) -> None:
         self._ledger._key = None
+        self._real_dirs.clear()
 
 
 def install(ledger_path: Any) -> None:
-    """Puts the finder in front of the path finder (once)."""
+    """Puts the finder in front of the path finder (once). The path finder stays where it is
+    (``importlib.metadata`` asks it for distributions); a module neither finds is looked for
+    twice, which only a failing import pays."""
     if not ledger_path or any(isinstance(f, TrustFinder) for f in sys.meta_path):
         return
     finder = TrustFinder(_Ledger(ledger_path))
