@@ -129,21 +129,41 @@ fn expect(out: &str, want: &[(&str, &str)]) {
 }
 
 /// Two sessions of one token (one client per era), and a session of another token: none
-/// reaches another's kernel, files or tool socket, nor a warm kernel, nor ipybox's secrets.
+/// reaches another's kernel, files or tool socket, nor a warm kernel, nor ipybox's process.
+/// The runtime directories live where a kernel would see them if ipybox did not hide them
+/// (`$XDG_RUNTIME_DIR` in a probe directory, not `/tmp`, which every confined kernel sees
+/// empty anyway); the control, in the same test, is the same attack from an
+/// `--unconfined-sessions` service on the same place, which reaches all of it.
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_cannot_reach_each_other() {
     require!(TestEnv);
+    let runtime = Probe::new("rt");
+    for confined in [true, false] {
+        reach_each_other(runtime.path(), confined).await;
+    }
+}
+
+async fn reach_each_other(runtime_base: &Path, confined: bool) {
     let ws = tempfile::tempdir().unwrap();
+    let base = runtime_base.display().to_string();
+    let mut flags = vec![
+        "--token",
+        TOKEN_B,
+        "--trust-tenants",
+        "--warm-sessions",
+        "1",
+    ];
+    if !confined {
+        flags.push("--unconfined-sessions");
+    }
     let service = Service::start(
         ws.path(),
-        &[("IPYBOX_TOKEN", TOKEN_A), ("IPYBOX_SESSION_SECRET", SECRET)],
         &[
-            "--token",
-            TOKEN_B,
-            "--trust-tenants",
-            "--warm-sessions",
-            "1",
+            ("IPYBOX_TOKEN", TOKEN_A),
+            ("IPYBOX_SESSION_SECRET", SECRET),
+            ("XDG_RUNTIME_DIR", &base),
         ],
+        &flags,
     );
     let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
     let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
@@ -154,8 +174,31 @@ async fn sessions_cannot_reach_each_other() {
     let attacker_runtime = runtime_of(&attacker, None).await;
     let tenant_runtime = runtime_of(&tenant, Some(&t)).await;
     assert_ne!(victim_runtime, attacker_runtime);
+    for dir in [&victim_runtime, &attacker_runtime, &tenant_runtime] {
+        assert!(
+            dir.starts_with(runtime_base),
+            "{} is not under $XDG_RUNTIME_DIR {base}",
+            dir.display()
+        );
+    }
 
-    // (1) Another session's connection file, IPC sockets and tool socket: absent.
+    // (1) Another session's connection file, IPC sockets and tool socket: absent (the
+    // control: all there, and the victim's kernel runs the attacker's code).
+    let want: &[(&str, &str)] = if confined {
+        &[
+            ("listing", "False"),
+            ("conn", "FileNotFoundError"),
+            ("tools", "FileNotFoundError"),
+            ("kernel", "no answer"),
+        ]
+    } else {
+        &[
+            ("listing", "True"),
+            ("conn", "True"),
+            ("tools", "connected"),
+            ("kernel", "ran:victim-42"),
+        ]
+    };
     for (who, client, session) in [
         ("the same token", &attacker as &dyn Client, None),
         ("another token", &tenant as &dyn Client, Some(t.as_str())),
@@ -163,16 +206,8 @@ async fn sessions_cannot_reach_each_other() {
         let out = client
             .run(&attack(&victim_runtime, "print(secret_value)"), session)
             .await;
-        expect(
-            &out,
-            &[
-                ("listing", "False"),
-                ("conn", "FileNotFoundError"),
-                ("tools", "FileNotFoundError"),
-                ("kernel", "no answer"),
-            ],
-        );
-        eprintln!("{who}: {out}");
+        eprintln!("confined: {confined}: {who}: {out}");
+        expect(&out, want);
     }
     assert_eq!(
         run_ok(&victim, "print(secret_value)", Some(&v)).await,
@@ -180,7 +215,7 @@ async fn sessions_cannot_reach_each_other() {
     );
 
     // (2) The warm kernel (the runtime directory that is neither session's): unreachable, so a
-    // hook planted in it cannot reach the session that takes it.
+    // hook planted in it cannot reach the session that takes it (the control: it does).
     let base = victim_runtime.parent().unwrap();
     // The runtime directories of the shared factory's executors (`s-<6 hex>`, in the factory's
     // own `ipybox-<pid>-<6 hex>`).
@@ -213,12 +248,16 @@ async fn sessions_cannot_reach_each_other() {
         assert!(Instant::now() < deadline, "no warm kernel: {others:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let poison = "import builtins\nbuiltins.POISONED = True\nget_ipython().events.register('pre_run_cell', lambda info: open('/tmp/stolen', 'a').write(info.raw_cell))\nprint('planted')";
+    let poison = "import builtins\nbuiltins.POISONED = True\nprint('planted')";
     let out = run_ok(&attacker, &attack(&warm, poison), None).await;
-    expect(
-        &out,
-        &[("conn", "FileNotFoundError"), ("kernel", "no answer")],
-    );
+    if confined {
+        expect(
+            &out,
+            &[("conn", "FileNotFoundError"), ("kernel", "no answer")],
+        );
+    } else {
+        expect(&out, &[("conn", "True"), ("kernel", "ran:planted")]);
+    }
     let next = connect(&service.url(), Some(TOKEN_B), Era::Handshake).await;
     let out = run_ok(
         &next,
@@ -226,15 +265,16 @@ async fn sessions_cannot_reach_each_other() {
         None,
     )
     .await;
-    assert_eq!(out, "False");
+    assert_eq!(out, if confined { "False" } else { "True" });
     assert_eq!(
         runtime_of(&next, None).await,
         warm,
         "the new session took the warm kernel"
     );
 
-    // (3) ipybox's process and its secrets: no host pid in the kernel's /proc, and none of
-    // the tokens or the handle key anywhere it can read.
+    // (3) ipybox's process and its secrets: no host pid in the kernel's /proc (the control
+    // signals ipybox and sees its /proc), and none of the tokens or the handle key anywhere it
+    // can read (ipybox keeps them out of its command line and environment: the same there).
     let scan = format!(
         r#"import os
 pid = {pid}
@@ -262,15 +302,19 @@ print("pids=" + str(sorted(int(p) for p in os.listdir("/proc") if p.isdigit())[-
         secret = py(SECRET),
     );
     let out = run_ok(&attacker, &scan, None).await;
-    expect(
-        &out,
-        &[
-            ("signal", "ProcessLookupError"),
-            ("proc", "False"),
-            ("hits", ""),
-            ("pids", "True"),
-        ],
-    );
+    if confined {
+        expect(
+            &out,
+            &[
+                ("signal", "ProcessLookupError"),
+                ("proc", "False"),
+                ("hits", ""),
+                ("pids", "True"),
+            ],
+        );
+    } else {
+        expect(&out, &[("signal", "sent"), ("proc", "True")]);
+    }
 
     victim.close().await;
     attacker.close().await;
@@ -521,27 +565,69 @@ impl<H: rmcp::ClientHandler> Client for HttpClient<H> {
 }
 
 /// `--sandbox` over HTTP: srt confines each session's kernel (its own pid namespace, `/tmp` and
-/// `/run` hidden), and ipybox keeps the workspace from being a channel: read-only to every
-/// session, which works in a directory of its own.
+/// `/run` hidden, and the place runtime directories live), and ipybox keeps the workspace from
+/// being a channel: read-only to every session, which works in a directory of its own. The
+/// runtime directories live where a kernel would see them if nothing hid them
+/// (`$XDG_RUNTIME_DIR` in a probe directory, not `/tmp`, which srt shows a kernel empty
+/// anyway); the control, in the same test, is the same attack from an unsandboxed
+/// `--unconfined-sessions` service on the same place, which reaches the other session.
 #[tokio::test(flavor = "multi_thread")]
 async fn sandboxed_sessions_cannot_reach_each_other() {
     require!(TestEnv, SandboxDeps);
     // Not under /tmp (which srt shows a kernel empty): the workspace in the kernel's view is the
     // host's, so a refused write there is the workspace refusing it.
     let ws = probe_dir_or_skip!("sandboxed-ws");
+    let runtime = Probe::new("srt-rt");
+    let base = runtime.path().display().to_string();
     let srt = root().join("target/sandbox-deps/node_modules/.bin/srt");
-    let service = Service::start(
-        ws.path(),
-        &[
-            ("IPYBOX_TOKEN", TOKEN_A),
-            ("IPYBOX_SRT", &srt.display().to_string()),
-        ],
-        &["--sandbox", "--warm-sessions", "0"],
-    );
+    let srt = srt.display().to_string();
+    let env = [
+        ("IPYBOX_TOKEN", TOKEN_A),
+        ("IPYBOX_SRT", srt.as_str()),
+        ("XDG_RUNTIME_DIR", base.as_str()),
+    ];
+    // The control first: unsandboxed and unconfined, the attack reaches the other session.
+    {
+        let service = Service::start(
+            ws.path(),
+            &env,
+            &["--unconfined-sessions", "--warm-sessions", "0"],
+        );
+        let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+        let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+        let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
+        let victim_runtime = runtime_of(&victim, Some(&v)).await;
+        assert!(
+            victim_runtime.starts_with(runtime.path()),
+            "{victim_runtime:?}"
+        );
+        let out = run_ok(
+            &attacker,
+            &attack(&victim_runtime, "print(secret_value)"),
+            None,
+        )
+        .await;
+        expect(
+            &out,
+            &[
+                ("listing", "True"),
+                ("conn", "True"),
+                ("tools", "connected"),
+                ("kernel", "ran:victim-42"),
+            ],
+        );
+        victim.close().await;
+        attacker.close().await;
+    }
+    let service = Service::start(ws.path(), &env, &["--sandbox", "--warm-sessions", "0"]);
     let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
     let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
     let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
     let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    assert!(
+        victim_runtime.starts_with(runtime.path()),
+        "{victim_runtime:?}"
+    );
     let out = run_ok(
         &attacker,
         &attack(&victim_runtime, "print(secret_value)"),
@@ -597,11 +683,18 @@ print("pid=" + str(os.getpid() < 100))"#,
 async fn forked_kernels_cannot_reach_the_template_or_each_other() {
     require!(TestEnv);
     let ws = tempfile::tempdir().unwrap();
-    let service = Service::start(
-        ws.path(),
-        &[("IPYBOX_TOKEN", TOKEN_A), ("IPYBOX_SESSION_SECRET", SECRET)],
-        &["--warm-sessions", "1"],
-    );
+    // The shared factory's directory where a kernel would see it if ipybox did not hide it
+    // (`$XDG_RUNTIME_DIR` in a probe directory, not `/tmp`, which every confined kernel sees
+    // empty anyway). The control (at the end): an `--unconfined-sessions` service on the same
+    // place, whose kernels see the directory, the socket and the other session.
+    let runtime = Probe::new("fork-rt");
+    let base = runtime.path().display().to_string();
+    let env = [
+        ("IPYBOX_TOKEN", TOKEN_A),
+        ("IPYBOX_SESSION_SECRET", SECRET),
+        ("XDG_RUNTIME_DIR", base.as_str()),
+    ];
+    let service = Service::start(ws.path(), &env, &["--warm-sessions", "1"]);
     let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
     let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
     let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
@@ -609,6 +702,7 @@ async fn forked_kernels_cannot_reach_the_template_or_each_other() {
     let victim_runtime = runtime_of(&victim, Some(&v)).await;
     // Both runtime directories live in the shared factory's directory, next to its socket.
     let shared = own.parent().unwrap().to_path_buf();
+    assert!(shared.starts_with(runtime.path()), "{}", shared.display());
     assert_eq!(victim_runtime.parent(), Some(shared.as_path()));
     let sock = shared.join("factory").join("sock");
     assert!(sock.exists(), "no factory socket at {}", sock.display());
@@ -757,6 +851,66 @@ print("signal2=" + ",".join(sorted({{kill(p) for p in HOST}})))
     );
     victim.close().await;
     attacker.close().await;
+    drop(service);
+
+    // The control: the same place, kernels forked unconfined. The attacker's kernel sees the
+    // shared directory (the victim's runtime directory, the factory's), the socket, and
+    // reaches ipybox's processes (signal 0 only: nothing here may harm the host).
+    let service = Service::start(
+        ws.path(),
+        &env,
+        &["--warm-sessions", "1", "--unconfined-sessions"],
+    );
+    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let (_, v) = new_session(&victim, "pass").await;
+    let own = runtime_of(&attacker, None).await;
+    let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    let shared = own.parent().unwrap().to_path_buf();
+    assert_eq!(victim_runtime.parent(), Some(shared.as_path()));
+    assert!(shared.starts_with(runtime.path()), "{}", shared.display());
+    let sock = shared.join("factory").join("sock");
+    let host: Vec<String> = crate::proc_tree::descendants(service.pid())
+        .iter()
+        .map(u32::to_string)
+        .collect();
+    let control = format!(
+        r#"import os, socket
+SHARED = {shared}
+SOCK = {sock}
+def kill(pid):
+    try:
+        os.kill(pid, 0)
+        return "ok"
+    except OSError as e:
+        return type(e).__name__
+print("signal=" + ",".join(sorted({{kill(p) for p in [{host}]}})))
+print("victim=" + str({victim} in os.listdir(SHARED)))
+print("factory=" + str("factory" in os.listdir(SHARED)))
+print("sock=" + str(os.path.exists(SOCK)))
+s = socket.socket(socket.AF_UNIX)
+s.connect(SOCK)
+s.close()
+print("connect=ok")
+"#,
+        shared = py(&shared.display().to_string()),
+        sock = py(&sock.display().to_string()),
+        host = host.join(","),
+        victim = py(&victim_runtime.file_name().unwrap().to_string_lossy()),
+    );
+    let out = run_ok(&attacker, &control, None).await;
+    expect(
+        &out,
+        &[
+            ("signal", "ok"),
+            ("victim", "True"),
+            ("factory", "True"),
+            ("sock", "True"),
+            ("connect", "ok"),
+        ],
+    );
+    victim.close().await;
+    attacker.close().await;
 }
 
 /// The operator's files (issue 42) where an operator keeps them (outside `/tmp` and `$HOME`,
@@ -765,7 +919,8 @@ print("signal2=" + ",".join(sorted({{kill(p) for p in HOST}})))
 /// relative `--notebook-dir`: in `$IPYBOX_HOME`, never the workspace). A confined session reads
 /// none of them, while it reads a file next to each (so the place is in its view and only
 /// ipybox's hiding keeps them out); the same probe from an `--unconfined-sessions` service reads
-/// every one.
+/// every one. `--session-show` shows a directory without any of them (read by both), and
+/// refuses one holding the session-secret file, the notebook, snapshot or data directory.
 #[tokio::test(flavor = "multi_thread")]
 async fn operators_files_are_hidden_from_confined_sessions() {
     require!(TestEnv);
@@ -794,6 +949,57 @@ async fn operators_files_are_hidden_from_confined_sessions() {
         ("IPYBOX_HOME", home_env.as_str()),
         ("IPYBOX_PYTHON", python.as_str()),
     ];
+    // What the operator shows with --session-show: a directory that holds none of ipybox's
+    // files is shown (the control, read below) ...
+    let shown = etc.join("shown");
+    std::fs::create_dir(&shown).unwrap();
+    std::fs::write(shown.join("visible.txt"), PLANTED).unwrap();
+    let shown_flag = shown.display().to_string();
+    // ... while one that holds the session-secret file, the notebook directory, the snapshot
+    // directory or the data directory is refused, naming it (with nothing else of ipybox's
+    // in it, so each refusal is for its own reason).
+    for sub in ["nbs", "snaps"] {
+        std::fs::create_dir(etc.join(sub)).unwrap();
+    }
+    std::fs::create_dir_all(&home).unwrap();
+    let secret_s = secret.display().to_string();
+    let (nb_dir, snap_dir) = (etc.join("nbs/nb"), etc.join("snaps/saved"));
+    let (nb_s, snap_s) = (nb_dir.display().to_string(), snap_dir.display().to_string());
+    let (etc_s, nbs_s, snaps_s) = (
+        etc.display().to_string(),
+        etc.join("nbs").display().to_string(),
+        etc.join("snaps").display().to_string(),
+    );
+    let refused_env: Vec<(&str, Option<&str>)> = env.iter().map(|(k, v)| (*k, Some(*v))).collect();
+    for (flags, refusal) in [
+        (
+            vec!["--session-secret-file", &secret_s, "--session-show", &etc_s],
+            format!(
+                "--session-show {etc_s} would show ipybox's session-secret file {secret_s} to every session"
+            ),
+        ),
+        (
+            vec!["--notebook-dir", &nb_s, "--session-show", &nbs_s],
+            format!(
+                "--session-show {nbs_s} would show ipybox's notebook directory {nb_s} to every session"
+            ),
+        ),
+        (
+            vec!["--snapshot-dir", &snap_s, "--session-show", &snaps_s],
+            format!(
+                "--session-show {snaps_s} would show ipybox's snapshot directory {snap_s} to every session"
+            ),
+        ),
+        (
+            vec!["--no-notebook", "--session-show", &home_env],
+            format!(
+                "--session-show {home_env} would show ipybox's data directory ($IPYBOX_HOME) {home_env} to every session"
+            ),
+        ),
+    ] {
+        let stderr = serve_refused("127.0.0.1", &ws, &flags, &refused_env);
+        assert!(stderr.contains(&refusal), "{flags:?}: {stderr}");
+    }
     for confined in [true, false] {
         let (tokens, link, secret) = (
             tokens.display().to_string(),
@@ -812,6 +1018,8 @@ async fn operators_files_are_hidden_from_confined_sessions() {
             "nb",
             "--warm-sessions",
             "0",
+            "--session-show",
+            &shown_flag,
         ];
         if !confined {
             flags.push("--unconfined-sessions");
@@ -846,6 +1054,7 @@ async fn operators_files_are_hidden_from_confined_sessions() {
             ("token-target", &linked),
             ("secret", Path::new(&secret)),
             ("notebook", &notebook),
+            ("shown", &shown.join("visible.txt")),
         ]);
         let out = run_ok(&client, &code, Some(&h)).await;
         let want = if confined {
@@ -858,6 +1067,7 @@ async fn operators_files_are_hidden_from_confined_sessions() {
                 ("token-target", "FileNotFoundError"),
                 ("secret", "FileNotFoundError"),
                 ("notebook", "FileNotFoundError"),
+                ("shown", "read"),
             ])
         } else {
             probe_outcome(&[
@@ -868,6 +1078,7 @@ async fn operators_files_are_hidden_from_confined_sessions() {
                 ("token-target", "read"),
                 ("secret", "read"),
                 ("notebook", "read"),
+                ("shown", "read"),
             ])
         };
         assert_eq!(out, want, "confined: {confined}");

@@ -7,25 +7,15 @@
 //!
 //! Every service here has a replica name of its own (`--replica-id`) and keeps its saved
 //! sessions in a temporary `--snapshot-dir` (removed with the test); the session key is in
-//! ipybox's data directory, which the tests share.
+//! ipybox's data directory, which the tests share (but `a_restart_keeps_sessions_out_of_kernels_reach`,
+//! whose data and snapshot directories are in its workspace, where a kernel would see them).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::http_support::*;
 use crate::mcp_eras::Era;
 use crate::support::*;
-
-/// ipybox's data directory as the service sees it (the tests' environment).
-fn data_dir() -> PathBuf {
-    if let Ok(home) = std::env::var("IPYBOX_HOME") {
-        return PathBuf::from(home);
-    }
-    if let Ok(xdg) = std::env::var("XDG_DATA_HOME") {
-        return PathBuf::from(xdg).join("ipybox");
-    }
-    PathBuf::from(std::env::var("HOME").unwrap()).join(".local/share/ipybox")
-}
 
 fn replica() -> String {
     format!("hib-{:08x}", rand::random::<u32>())
@@ -259,18 +249,19 @@ async fn another_tokens_handle_and_another_sessions_snapshot_are_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     require!(TestEnv);
-    let ws = tempfile::tempdir().unwrap();
-    let replica = replica();
-    // Where an operator's shared storage would be (not /tmp or $HOME, which every confined
-    // kernel sees empty anyway), next to a file the kernel reads (the control).
-    let probe = probe_dir_or_skip!("snapshot-dir");
-    let visible = probe.path().join("visible.txt");
-    std::fs::write(&visible, "visible").unwrap();
-    let saved = probe.path().join("saved");
+    // Where a kernel would see them if ipybox did not hide them: the data directory (the
+    // session key) and the snapshot directory inside the workspace, which every kernel sees
+    // (read-only), next to a file nothing hides (the control: the kernel reads it). Not /tmp
+    // or $HOME, which every confined kernel sees empty anyway.
+    let probe = probe_dir_or_skip!("hibernate-keys");
+    let ws = probe.path().join("ws");
+    std::fs::create_dir(&ws).unwrap();
+    let visible = ws.join("visible.txt");
+    std::fs::write(&visible, PLANTED).unwrap();
+    let home = ws.join("home");
+    let saved = ws.join("saved");
     let saved_dir = saved.to_str().unwrap();
-    // The view is an allowlist (tenant_view.rs): the control file next to the snapshot
-    // directory is shown explicitly.
-    let visible_path = visible.display().to_string();
+    let replica = replica();
     let flags = [
         "--warm-sessions",
         "0",
@@ -278,14 +269,19 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
         &replica,
         "--snapshot-dir",
         saved_dir,
-        "--session-show",
-        &visible_path,
     ];
-    let mut service = Service::start(ws.path(), &[], &flags);
+    let (home_env, python) = (
+        home.display().to_string(),
+        kernel_python().display().to_string(),
+    );
+    let env = [
+        ("IPYBOX_HOME", home_env.as_str()),
+        ("IPYBOX_PYTHON", python.as_str()),
+    ];
+    let mut service = Service::start(&ws, &env, &flags);
     let client = connect(&service.url(), None, Era::Stateless).await;
     let (_, h) = new_session(&client, STATE).await;
     // The kernel sees neither the keys nor the snapshots nor the saved sessions' records.
-    let home = data_dir();
     let code = format!(
         "import os as _os\nprint(open({visible:?}).read())\nfor _q in [{key:?}, {saved:?} + '/keys/snapshot.key', {saved:?} + '/snapshots', {saved:?} + '/sessions']:\n    try:\n        open(_q).read() if not _os.path.isdir(_q) else _os.listdir(_q)[0]\n        print('read', _q)\n    except (OSError, IndexError) as e:\n        print(type(e).__name__)\ndel _q, _os",
         visible = visible.display().to_string(),
@@ -309,10 +305,10 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
     let (is_error, text) = cell(&client, &code, Some(&h)).await;
     assert!(!is_error, "{text}");
     // Hidden (an empty directory in the kernel's view), not merely unreadable; the file next to
-    // the snapshot directory is read.
+    // them in the workspace is read.
     assert_eq!(
         text,
-        format!("visible\n{}", ["FileNotFoundError"; 4].join("\n"))
+        format!("{PLANTED}\n{}", ["FileNotFoundError"; 4].join("\n"))
     );
     client.close().await;
 
@@ -326,7 +322,7 @@ async fn a_restart_keeps_sessions_out_of_kernels_reach() {
         "{}",
         service.log()
     );
-    let service = Service::start(ws.path(), &[], &flags);
+    let service = Service::start(&ws, &env, &flags);
     let client = connect(&service.url(), None, Era::Stateless).await;
     let (is_error, text) = cell(&client, CHECK, Some(&h)).await;
     assert!(!is_error, "{text}");

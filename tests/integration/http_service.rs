@@ -552,6 +552,12 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
         }
         req.send()
     };
+    // Code sent without the token, or with a wrong one, does not run: it would knock (a
+    // signal the host sees; the control below runs the same call with the token, and knocks).
+    let knock = Knock::new();
+    let run_knock = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "execute_ipython_cell", "arguments": {"code": knock.code()},
+        "_meta": discover["params"]["_meta"].clone()}});
     for (token, why) in [
         (None, "no bearer token was sent"),
         (
@@ -560,20 +566,22 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
         ),
         (Some(TOKEN_B), "the bearer token was not accepted"),
     ] {
-        let resp = post(token, None, discover.clone()).await.unwrap();
-        assert_eq!(resp.status(), 401);
-        assert_eq!(
-            resp.headers()["www-authenticate"],
-            "Bearer realm=\"ipybox\""
-        );
-        let body = resp.text().await.unwrap();
-        assert_eq!(
-            body,
-            format!(
-                "Unauthorized: {why}. This ipybox needs `Authorization: Bearer <token>` with a token its operator configured (--token, IPYBOX_TOKEN or --token-file).\n"
-            )
-        );
-        assert!(!body.contains("wrong-token") && !body.contains(TOKEN_A));
+        for body in [run_knock.clone(), discover.clone()] {
+            let resp = post(token, None, body).await.unwrap();
+            let (status, headers) = (resp.status(), resp.headers().clone());
+            // (The whole response: had the cell run, it has ended.)
+            let body = resp.text().await.unwrap();
+            assert_eq!(knock.count(), 0, "code sent with {token:?} ran: {body}");
+            assert_eq!(status, 401);
+            assert_eq!(headers["www-authenticate"], "Bearer realm=\"ipybox\"");
+            assert_eq!(
+                body,
+                format!(
+                    "Unauthorized: {why}. This ipybox needs `Authorization: Bearer <token>` with a token its operator configured (--token, IPYBOX_TOKEN or --token-file).\n"
+                )
+            );
+            assert!(!body.contains("wrong-token") && !body.contains(TOKEN_A));
+        }
     }
     assert_eq!(
         post(Some(TOKEN_A), None, discover.clone())
@@ -589,14 +597,19 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
         .unwrap();
     assert_eq!(metrics.status(), 401);
     // DNS rebinding: a page of another origin is refused; this machine's pages are not.
-    let evil = post(
-        Some(TOKEN_A),
-        Some("http://evil.example.com"),
-        discover.clone(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(evil.status(), 403);
+    for body in [run_knock.clone(), discover.clone()] {
+        let evil = post(Some(TOKEN_A), Some("http://evil.example.com"), body)
+            .await
+            .unwrap();
+        let status = evil.status();
+        let text = evil.text().await.unwrap();
+        assert_eq!(
+            knock.count(),
+            0,
+            "code sent from another origin ran: {text}"
+        );
+        assert_eq!(status, 403);
+    }
     let local = format!("http://localhost:{}", service.port);
     assert_eq!(
         post(Some(TOKEN_A), Some(&local), discover.clone())
@@ -607,7 +620,6 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
     );
     // A body over --max-body-bytes: 413, nothing runs (the code would connect to `knock`: a
     // confined kernel cannot write where the host looks).
-    let knock = Knock::new();
     // (A call that runs when the limit allows it: see the control below.)
     let big = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "execute_ipython_cell", "arguments": {"code": format!("{}  # {}", knock.code(), "x".repeat(3000))},
@@ -621,7 +633,7 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
             "ipybox_http_unauthorized_total"
         )
         .await,
-        4.0
+        7.0
     );
     assert_eq!(
         metric(
@@ -639,6 +651,13 @@ async fn tokens_origin_and_body_size_are_checked_before_anything_runs() {
     assert!(!is_error, "{text}");
     assert_eq!(knock.count(), 1, "one knock: the call within the limit");
     client.close().await;
+    // And the raw call the bad tokens sent, now with the token: it runs (and knocks).
+    let resp = post(Some(TOKEN_A), None, run_knock.clone()).await.unwrap();
+    let status = resp.status();
+    // (The whole response: the cell has ended.)
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(knock.count(), 2, "the raw call with the token ran: {text}");
 
     // Several tokens sharing local kernels that do not keep them apart (unconfined; confined
     // with one uid for all, or with the host's network; clients allowed to register servers):
@@ -714,18 +733,38 @@ async fn shutdown_with_running_cells_leaves_no_kernel() {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let kernels = crate::proc_tree::descendants(service.pid());
-    assert!(
-        kernels.len() >= 3,
-        "two sessions and a warm kernel: {kernels:?}"
+    // Exactly the kernels (among every descendant: forked kernels are the template's, not
+    // ipybox's): the two sessions' and the warm one (it may still be starting). The template's
+    // own processes are no kernel, so a count they meet proves nothing.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let kernels = loop {
+        let kernels = crate::proc_tree::kernels(service.pid());
+        if kernels.len() >= 3 || Instant::now() > deadline {
+            break kernels;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        kernels.len(),
+        3,
+        "two sessions and a warm kernel: {kernels:?} among {:?}",
+        crate::proc_tree::descendants(service.pid())
     );
+    // Every other process of the service too (the template, the kernels' outer processes).
+    let every = crate::proc_tree::descendants(service.pid());
     let (status, took) = service.terminate(Duration::from_secs(15));
     assert!(status.success(), "{status}\n{}", service.log());
     assert!(took < Duration::from_secs(6), "{took:?}");
-    for pid in kernels {
+    for pid in &kernels {
+        assert!(
+            wait_gone(*pid, Duration::from_secs(5)).await,
+            "kernel {pid} left"
+        );
+    }
+    for pid in every {
         assert!(
             wait_gone(pid, Duration::from_secs(5)).await,
-            "kernel {pid} left"
+            "process {pid} of the service left"
         );
     }
     for run in running {

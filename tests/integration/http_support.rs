@@ -163,9 +163,32 @@ pub(crate) fn serve_refused(
             None => command.env_remove(name),
         };
     }
-    let out = command.output().unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    // A service that was not refused serves until killed: waited for 60 s at most.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .expect("ipybox serve starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "ipybox serve {flags:?} was not refused: still running after 60 s\n{}",
+                std::fs::read_to_string(log.path()).unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stderr = std::fs::read_to_string(log.path()).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    stderr
 }
 
 /// The status of `GET /healthz`, if the port answers.

@@ -55,16 +55,20 @@ async fn metric_reaches(service: &Service, name: &str, want: f64, within: Durati
 }
 
 /// The snapshot directories (and unfinished writes) under `saved`, and the session records.
+/// A directory that cannot be listed (`snapshots/` and `sessions/` are made when the service
+/// starts) is a failure, not an empty list: "nothing left" must be seen, not assumed.
 fn on_disk(saved: &Path) -> (Vec<String>, Vec<String>) {
     let list = |dir: &Path, keep: &dyn Fn(&str) -> bool| -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| keep(n))
-                    .collect()
+            .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+            .map(|e| {
+                e.unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
             })
-            .unwrap_or_default();
+            .filter(|n| keep(n))
+            .collect();
         names.sort();
         names
     };

@@ -8,14 +8,16 @@
 //!
 //! The planted hooks write a marker into a probe directory outside `/tmp`, `$HOME` and the
 //! workspace (`support::probe_dir`, where a sandboxed kernel cannot write and an unsandboxed one can)
-//! and into the workspace (where a later sandboxed kernel can); each later kernel also lists the
+//! and into the workspace (where a later sandboxed kernel can), and knock (`http_support::Knock`:
+//! a loopback connection, the one signal a confined session of `serve --http`, which can write
+//! neither, can send); each later kernel also lists the
 //! modules it imported from the workspace (which works under any confinement). The control runs
 //! the same files where Python does run them (`PYTHONPATH` = the workspace, the workspace as the
 //! working directory of `python -c`, the config loader on the workspace) and sees every marker.
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::http_support::{Service, cell, connect, split_note};
+use crate::http_support::{Knock, Service, cell, connect, split_note};
 use crate::mcp_eras::Era;
 use crate::support::*;
 use ipybox::CodeExecutor;
@@ -35,11 +37,13 @@ const PLANTED: &[&str] = &[
     "ipython_kernel_config.py",
 ];
 
-/// The hook: a marker named `name` in each of `dirs` it can write.
-fn hook(name: &str, dirs: &[&Path]) -> String {
+/// The hook: a marker named `name` in each of `dirs` it can write, and a knock (a loopback
+/// connection the host sees: a confined kernel can write nowhere the host looks).
+fn hook(name: &str, dirs: &[&Path], knock: &Knock) -> String {
     let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
     format!(
-        "import os as _o\nfor _d in {dirs:?}:\n    try:\n        open(_o.path.join(_d, {name:?}), 'w').close()\n    except OSError:\n        pass\n"
+        "import os as _o\nfor _d in {dirs:?}:\n    try:\n        open(_o.path.join(_d, {name:?}), 'w').close()\n    except OSError:\n        pass\ntry:\n    {}\nexcept OSError:\n    pass\n",
+        knock.code()
     )
 }
 
@@ -47,15 +51,12 @@ fn marker_name(file: &str) -> String {
     file.split(['/', '.']).next().unwrap().to_string()
 }
 
-/// The markers present in `dir`, sorted.
+/// The markers present in `dir`, sorted (a directory that cannot be listed is a failure).
 fn markers(dir: &Path) -> Vec<String> {
     let mut found: Vec<String> = std::fs::read_dir(dir)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
     found.sort();
     found
 }
@@ -94,6 +95,7 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
     let probe_dir = probe_dir_or_skip!("startup");
     let probe = probe_dir.path().canonicalize().unwrap();
     let ws_marks = ws.join("marks");
+    let knock = Knock::new();
 
     // 1. A sandboxed cell plants the hooks and a module of its own; it cannot write the probe.
     let ex = sandboxed(&ws);
@@ -103,7 +105,7 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
         p = probe.join("from-sandbox").display().to_string()
     );
     for file in PLANTED {
-        let code = hook(&marker_name(file), &[&probe, &ws_marks]);
+        let code = hook(&marker_name(file), &[&probe, &ws_marks], &knock);
         plant.push_str(&format!("open({file:?}, 'w').write({code:?})\n"));
     }
     plant.push_str("print(sorted(n for n in os.listdir('.') if not n.startswith('.')))");
@@ -160,13 +162,37 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
     ex.start().await.expect("a later sandboxed executor starts");
     assert_eq!(run(&ex, &check).await, CHECKED, "a later sandboxed kernel");
     ex.stop().await;
+    assert_eq!(
+        knock.count(),
+        0,
+        "a hook ran as a later kernel started (it knocked)"
+    );
     {
+        // A confined session can write neither the probe directory nor the workspace: its
+        // hooks would only knock (the host's network, so that they can). The control, in the
+        // same session: the planted `ipython_config.py` run by hand knocks.
         let token = "startup-token-0123456789abcdef0123456789";
-        let service = Service::start(&ws, &[], &["--token", token]);
+        let service = Service::start(&ws, &[], &["--token", token, "--session-network", "host"]);
         let c = connect(&service.url(), Some(token), Era::Stateless).await;
         let (is_error, text) = cell(&c, &check, None).await;
         assert!(!is_error, "{text}");
         assert_eq!(split_note(&text).0, CHECKED, "a session of serve --http");
+        assert_eq!(
+            knock.count(),
+            0,
+            "a hook ran as a session of serve --http started (it knocked)"
+        );
+        let by_hand = format!(
+            "exec(open({:?}).read())",
+            ws.join("ipython_config.py").display().to_string()
+        );
+        let (is_error, text) = cell(&c, &by_hand, None).await;
+        assert!(!is_error, "{text}");
+        assert_eq!(
+            knock.count(),
+            1,
+            "the control: the hook knocks from that session"
+        );
         c.close().await;
     }
     assert_eq!(
@@ -207,4 +233,6 @@ async fn files_a_sandboxed_kernel_plants_never_run_as_a_later_kernel_starts() {
     sorted.sort();
     assert_eq!(markers(&probe), sorted, "the control: the hooks run there");
     assert_eq!(markers(&ws_marks), sorted);
+    // Each of the five ran once on the host (and knocked), after the one run by hand.
+    assert_eq!(knock.count(), 1 + PLANTED.len());
 }
