@@ -186,11 +186,25 @@ async fn a_confined_session_sees_only_the_allowlist() {
                 .nth(1)
                 .map(|c| c.as_os_str().to_string_lossy().into_owned())
                 .expect("the probe directory is below a top directory");
+            // Where runtime directories live (`$XDG_RUNTIME_DIR` when it is a directory, else
+            // `$TMPDIR`, else /tmp: the test command's long base is under /var/tmp): its top
+            // directory holds the session's runtime directory, bound into the view.
+            let runtime_top = ["XDG_RUNTIME_DIR", "TMPDIR"]
+                .into_iter()
+                .filter_map(std::env::var_os)
+                .map(std::path::PathBuf::from)
+                .find(|p| p.is_dir())
+                .unwrap_or_else(|| "/tmp".into())
+                .components()
+                .nth(1)
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .unwrap_or_default();
             let left_out: Vec<&str> = ["opt", "home", "var", "boot", "mnt", "media"]
                 .into_iter()
-                // The probe directory's top directory is a mount point of the shown paths
-                // (`/var` when probes go to /var/lib/ipybox-test-probes).
-                .filter(|d| *d != probe_top && Path::new("/").join(d).is_dir())
+                // The probe directory's and the runtime base's top directories are mount
+                // points of shown paths (`/var` when probes go to
+                // /var/lib/ipybox-test-probes).
+                .filter(|d| *d != probe_top && *d != runtime_top && Path::new("/").join(d).is_dir())
                 .collect();
             assert!(
                 left_out.len() >= 3,
