@@ -378,8 +378,10 @@ struct HttpArgs {
     /// its own with only `lo`), `proxy` (its own namespace; egress only through ipybox's proxy,
     /// public addresses only, by --session-allow-domain/-net/-port) or `host` (the host's
     /// network, ipybox's port and the cloud metadata address included). Default: proxy.
-    #[arg(long, value_name = "MODE", default_value = "proxy", requires = "http")]
-    session_network: ipybox::confine::network::SessionNetwork,
+    /// Refused with a mode it cannot apply: `none` or `proxy` with --unconfined-sessions, any
+    /// mode with --sandbox (srt's policy decides) or --kernel-gateway (the server's network).
+    #[arg(long, value_name = "MODE", requires = "http")]
+    session_network: Option<ipybox::confine::network::SessionNetwork>,
     /// Let confined sessions reach this address range through the proxy although it is
     /// loopback, link-local, private, CGNAT, ... (any port in it), e.g. 10.1.2.0/24.
     /// Repeatable. Default: none.
@@ -937,6 +939,7 @@ async fn serve(
             mcp_server::serve_stdio(IpyboxServer::new(executor, config)).await?
         }
         Some(http) => {
+            check_session_network(&http, gateway, args.sandbox)?;
             let confined = !gateway && !args.sandbox && !http.unconfined_sessions;
             // What all confined sessions may use together (reserved in full at admission).
             let memory = if confined {
@@ -972,7 +975,7 @@ async fn serve(
                     token_files: &http.token_file,
                     session_secret_file: http.session_secret_file.as_deref(),
                     network: ipybox::confine::network::NetworkPolicy {
-                        mode: http.session_network,
+                        mode: http.session_network.unwrap_or_default(),
                         allow_nets: http.session_allow_net.clone(),
                         allow_domains: http.session_allow_domain.clone(),
                         allow_ports: http.session_allow_port.clone(),
@@ -1002,7 +1005,7 @@ async fn serve(
                         );
                         confine.uids = Some(ipybox::confine::uids::UidPool::new(range));
                         tenant_gap = (http.session_network
-                            == ipybox::confine::network::SessionNetwork::Host)
+                            == Some(ipybox::confine::network::SessionNetwork::Host))
                             .then(|| "confined, but with --session-network host every session reaches the host's loopback (ipybox's port and other services) and the cloud metadata address".to_string());
                     }
                     None => {
@@ -1067,6 +1070,55 @@ async fn serve(
         }
     }
     Ok(SUCCESS)
+}
+
+/// `--session-network` and the egress proxy's flags (`--session-allow-net`, `-domain`,
+/// `-port`) apply only to sessions ipybox confines itself: given where they cannot apply, they
+/// are an error at start-up rather than silently ignored (issue 51).
+fn check_session_network(http: &HttpArgs, gateway: bool, sandbox: bool) -> anyhow::Result<()> {
+    use ipybox::confine::network::SessionNetwork;
+    let proxy_flag = [
+        (!http.session_allow_net.is_empty()).then_some("--session-allow-net"),
+        (!http.session_allow_domain.is_empty()).then_some("--session-allow-domain"),
+        (!http.session_allow_port.is_empty()).then_some("--session-allow-port"),
+    ]
+    .into_iter()
+    .flatten()
+    .next();
+    let given = match (http.session_network, proxy_flag) {
+        (Some(mode), _) => format!("--session-network {}", mode.as_str()),
+        (None, Some(flag)) => flag.to_string(),
+        (None, None) => return Ok(()),
+    };
+    if gateway {
+        anyhow::bail!(
+            "{given} cannot apply to kernels on a Jupyter server (--kernel-gateway): they run with the network of the server's machine or pod, which ipybox does not confine
+  help: restrict the kernels' network where they run (e.g. a NetworkPolicy for the kernel pods), and drop {given}"
+        );
+    }
+    if sandbox {
+        anyhow::bail!(
+            "{given} cannot apply with --sandbox: srt confines each kernel and its policy says what it reaches (`network.allowedDomains`, `network.deniedDomains` in --sandbox-config)
+  help: drop {given} and set the network in the sandbox policy, or drop --sandbox (sessions are then confined by ipybox, whose egress proxy these flags configure)"
+        );
+    }
+    let mode = http.session_network.unwrap_or_default();
+    if http.unconfined_sessions && !(mode == SessionNetwork::Host && proxy_flag.is_none()) {
+        anyhow::bail!(
+            "{given} cannot apply with --unconfined-sessions: unconfined kernels run in the host's network (its loopback, ipybox's port, the cloud metadata address), with no namespace or proxy of their own
+  help: drop --unconfined-sessions (sessions are confined by default, and then {given} applies), or drop {given}"
+        );
+    }
+    if let Some(flag) = proxy_flag
+        && mode != SessionNetwork::Proxy
+    {
+        anyhow::bail!(
+            "{flag} configures the egress proxy, and with --session-network {} sessions have none
+  help: use --session-network proxy (the default), or drop {flag}",
+            mode.as_str()
+        );
+    }
+    Ok(())
 }
 
 /// Checks `--http`'s flags and collects what the HTTP server needs.

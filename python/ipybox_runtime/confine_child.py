@@ -12,7 +12,9 @@ ipybox is not root) so that each kernel it forks can make a view of its own:
 1. :func:`enter` (the forked process, still in the template's pid namespace): new mount, pid, IPC
    and UTS namespaces, and, when the plan says ``"net": true`` (``--session-network none`` or
    ``proxy``), a network namespace with only ``lo`` (brought up here: ``CAP_NET_ADMIN``); every mount private; an ``O_PATH`` descriptor to each directory that the
-   plan shows again (taken before anything covers it); then the plan's mounts in order: an empty
+   plan shows again (taken before anything covers it); the mounts below the directories it
+   covers that it does not show again detached (other sessions' work directories: nothing of
+   them stays in its ``/proc/self/mountinfo``); then the plan's mounts in order: an empty
    tmpfs over each directory the kernel must not see (where runtime directories live, ``/tmp``,
    ``$HOME``, ...), an empty file over each hidden file, and the directories it may see bound back
    from their descriptors, read-only except its own ``box/`` and ``work/``; a private ``/dev``
@@ -100,6 +102,7 @@ _PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.unshare.argtypes = [ctypes.c_int]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
@@ -211,6 +214,10 @@ def enter(plan: dict) -> None:
         null = open_path("/dev/null")
         nodes = {n: open_path(f"/dev/{n}") for n in _DEV_NODES if os.path.exists(f"/dev/{n}")}
         scratch = tuple(path for kind, path in mounts if kind == "scratch")
+        _detach_hidden_mounts(
+            [path for kind, path in mounts if kind in ("tmpfs", "scratch")],
+            [path for kind, path in mounts if kind in ("ro", "rw")] + list(users),
+        )
         for kind, path in mounts:
             if kind in ("tmpfs", "scratch"):
                 _make_dirs(path, scratch)
@@ -233,6 +240,58 @@ def enter(plan: dict) -> None:
             os.close(fd)
     # The old working directory may be covered now; a process's cwd would still reach it.
     os.chdir("/")
+
+
+MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
+
+
+def _mount_points() -> list[str]:
+    """The mount points of this process's mount namespace (``/proc/self/mountinfo``'s fifth
+    field, its octal escapes decoded)."""
+    points = []
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            fields = line.split(b" ")
+            if len(fields) > 4:
+                raw = fields[4]
+                out = bytearray()
+                i = 0
+                while i < len(raw):
+                    if raw[i : i + 1] == b"\\" and raw[i + 1 : i + 4].isdigit():
+                        out.append(int(raw[i + 1 : i + 4], 8))
+                        i += 4
+                    else:
+                        out.append(raw[i])
+                        i += 1
+                points.append(os.fsdecode(bytes(out)))
+    return points
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _detach_hidden_mounts(covered: list[str], shown: list[str]) -> None:
+    """Unmounts (detached) every mount below a directory the plan covers with an empty tmpfs,
+    except what the plan shows again (a shown path, what is below it, or what holds it): the
+    other sessions' work directories' tmpfs, mounted below the directory of runtime directories
+    while this kernel's template ran, would otherwise stay in this kernel's mount table, covered
+    but listed in ``/proc/self/mountinfo`` with their runtime directory's name and their uid
+    (``uid=`` of their tmpfs), and their memory held by this namespace after their session
+    ends. Deepest first; a mount gone with its parent is no error."""
+    targets = []
+    for point in _mount_points():
+        if not any(_under(point, c) and point != c for c in covered):
+            continue
+        if any(_under(point, s) or _under(s, point) for s in shown):
+            continue
+        targets.append(point)
+    for point in sorted(set(targets), key=lambda p: p.count("/"), reverse=True):
+        if _libc.umount2(os.fsencode(point), MNT_DETACH | UMOUNT_NOFOLLOW) != 0:
+            e = ctypes.get_errno()
+            if e not in (errno.EINVAL, errno.ENOENT):
+                raise ConfineError(e, f"cannot unmount {point} (another session's mount): {os.strerror(e)}")
 
 
 SIOCGIFFLAGS = 0x8913

@@ -5,7 +5,9 @@
 //! HTTP requests (`GET http://host/path`), by the session's [`NetworkPolicy`]:
 //!
 //! - the name is checked ([`NetworkPolicy::check_host`]), then resolved here, on the host, and
-//!   every address checked ([`NetworkPolicy::check_address`]); the proxy connects to an address it
+//!   every address checked ([`NetworkPolicy::check_address`], and against the host's own
+//!   addresses as `getifaddrs` reads them for this connection: [`NetworkPolicy::check_own`]);
+//!   the proxy connects to an address it
 //!   checked (never resolving again: a name that resolves to a public address first and to
 //!   127.0.0.1 next, DNS rebinding, gets nothing);
 //! - a refusal answers `403` with a reason phrase and a body that say what was refused, why, and
@@ -30,7 +32,7 @@ use tracing::Instrument;
 
 use super::network::{
     CONNECT_TIMEOUT, HEAD_TIMEOUT, IDLE_TIMEOUT, MAX_CONNECTIONS_PER_SESSION, NetworkPolicy,
-    RESOLVE_TIMEOUT, Refusal, display_host,
+    OwnAddresses, RESOLVE_TIMEOUT, Refusal, display_host,
 };
 
 /// The longest request head the proxy reads.
@@ -173,10 +175,20 @@ async fn open(host: &str, port: u16, policy: &NetworkPolicy) -> Result<TcpStream
             }
         }
     };
+    // The host's own addresses, read now (an interface may have gained one since the last
+    // connection): a service bound to all addresses answers on each of them.
+    let own = OwnAddresses::read().map_err(|e| {
+        Failure::Unreachable(format!(
+            "cannot read this host's addresses to check the destination against them: {e}"
+        ))
+    })?;
     let mut first_refusal = None;
     let mut allowed = Vec::new();
     for addr in addresses {
-        match policy.check_address(host, addr.ip(), port) {
+        match policy
+            .check_address(host, addr.ip(), port)
+            .and_then(|()| policy.check_own(host, addr.ip(), port, &own))
+        {
             Ok(()) => allowed.push(addr),
             Err(r) => {
                 first_refusal.get_or_insert(r);

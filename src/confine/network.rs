@@ -7,9 +7,11 @@
 //!   directory (bridged to `127.0.0.1:`[`BRIDGE_PORT`] inside the namespace by
 //!   `python/ipybox_runtime/net_bridge.py`). The proxy resolves names on the host, refuses
 //!   loopback, link-local (the cloud metadata address), private, CGNAT, unspecified, multicast,
-//!   broadcast and reserved addresses unless an `--session-allow-net` CIDR covers them, refuses
-//!   names that no `--session-allow-domain` pattern matches (when any is given), and ports other
-//!   than 80, 443 and `--session-allow-port` (any port in an allowed CIDR).
+//!   broadcast and reserved addresses, and every address of the host itself (any interface,
+//!   both families, read with `getifaddrs` at each connection: [`OwnAddresses`]), unless an
+//!   `--session-allow-net` CIDR covers them, refuses names that no `--session-allow-domain`
+//!   pattern matches (when any is given), and ports other than 80, 443 and
+//!   `--session-allow-port` (any port in an allowed CIDR).
 //! - [`SessionNetwork::Host`]: the host's network namespace (ipybox's behaviour before 0.x).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -335,6 +337,84 @@ fn v6_kind(ip: Ipv6Addr) -> Option<&'static str> {
     }
 }
 
+/// The addresses of the host's own interfaces (ipybox's network namespace: every interface,
+/// up or down, IPv4 and IPv6), as `getifaddrs(3)` reads them now. A service the host binds to
+/// all addresses (`0.0.0.0`, `::`) answers on each of them, public ones included: the proxy
+/// refuses them like loopback ([`NetworkPolicy::check_own`]). Read again for every connection
+/// (a few tens of microseconds), so an address added after start-up counts at once.
+#[derive(Debug, Clone, Default)]
+pub struct OwnAddresses(Vec<(IpAddr, String)>);
+
+impl OwnAddresses {
+    /// The host's addresses now. An error reading them is returned: the proxy then refuses
+    /// (it cannot tell whether an address is the host's).
+    pub fn read() -> std::io::Result<Self> {
+        let mut found = Vec::new();
+        let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+        // SAFETY: getifaddrs fills `list`, freed below with freeifaddrs; read only in between.
+        if unsafe { libc::getifaddrs(&mut list) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut cur = list;
+        while !cur.is_null() {
+            // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+            let entry = unsafe { &*cur };
+            let addr = entry.ifa_addr;
+            // SAFETY: ifa_addr, when not null, points to a sockaddr of the family it names
+            // (sockaddr_in for AF_INET, sockaddr_in6 for AF_INET6); ifa_name is a C string.
+            let ip = unsafe {
+                if addr.is_null() {
+                    None
+                } else if i32::from((*addr).sa_family) == libc::AF_INET {
+                    let sin = &*(addr as *const libc::sockaddr_in);
+                    Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                        sin.sin_addr.s_addr,
+                    ))))
+                } else if i32::from((*addr).sa_family) == libc::AF_INET6 {
+                    let sin6 = &*(addr as *const libc::sockaddr_in6);
+                    Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+                } else {
+                    None
+                }
+            };
+            if let Some(ip) = ip {
+                // SAFETY: as above.
+                let name = unsafe { std::ffi::CStr::from_ptr(entry.ifa_name) }
+                    .to_string_lossy()
+                    .into_owned();
+                found.push((canonical(ip), name));
+            }
+            cur = entry.ifa_next;
+        }
+        // SAFETY: the list getifaddrs returned, freed once.
+        unsafe { libc::freeifaddrs(list) };
+        Ok(Self(found))
+    }
+
+    /// Addresses given by hand (tests).
+    pub fn from_list(list: Vec<(IpAddr, String)>) -> Self {
+        Self(
+            list.into_iter()
+                .map(|(ip, name)| (canonical(ip), name))
+                .collect(),
+        )
+    }
+
+    /// Each address with its interface's name.
+    pub fn list(&self) -> &[(IpAddr, String)] {
+        &self.0
+    }
+
+    /// The interface `ip` belongs to, if it is one of the host's addresses.
+    pub fn interface_of(&self, ip: IpAddr) -> Option<&str> {
+        let ip = canonical(ip);
+        self.0
+            .iter()
+            .find(|(own, _)| *own == ip)
+            .map(|(_, name)| name.as_str())
+    }
+}
+
 impl NetworkPolicy {
     /// Whether an `--session-allow-net` range covers `ip`.
     pub fn allowed_net(&self, ip: IpAddr) -> bool {
@@ -426,6 +506,42 @@ impl NetworkPolicy {
         } else {
             self.check_port(host, port)
         }
+    }
+}
+
+impl NetworkPolicy {
+    /// The check of the address the proxy is about to connect to against the host's own
+    /// addresses (`own`, read just before): refused unless an `--session-allow-net` range covers
+    /// it. Loopback and the other special kinds are refused first by [`Self::check_address`]
+    /// with their own reason; this catches the rest (a public or documentation address on the
+    /// host's NIC, where every service bound to all addresses answers).
+    pub fn check_own(
+        &self,
+        host: &str,
+        ip: IpAddr,
+        port: u16,
+        own: &OwnAddresses,
+    ) -> Result<(), Refusal> {
+        if self.allowed_net(ip) {
+            return Ok(());
+        }
+        let Some(interface) = own.interface_of(ip) else {
+            return Ok(());
+        };
+        let ip = canonical(ip);
+        let resolved = if host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok() {
+            String::new()
+        } else {
+            format!(" (`{host}` resolves to it)")
+        };
+        let net = if ip.is_ipv4() { 32 } else { 128 };
+        Err(Refusal {
+            what: display_host(host, port),
+            why: format!(
+                "{ip} is an address of this host ({interface}){resolved}: the host's own services and ipybox's port answer there; sessions reach only other machines' public addresses"
+            ),
+            help: format!("the operator can allow it with `--session-allow-net {ip}/{net}`"),
+        })
     }
 }
 
@@ -562,5 +678,41 @@ mod tests {
                 .is_ok()
         );
         assert!(strict.check_host("pypi.org", 8443).is_ok());
+    }
+
+    #[test]
+    fn the_hosts_own_addresses_are_refused_unless_allowed() {
+        let own = OwnAddresses::from_list(vec![
+            (ip("192.0.2.2"), "eth0".into()),
+            (ip("2001:db8::2"), "eth0".into()),
+        ]);
+        let open = NetworkPolicy::default();
+        // Public by kind: check_address passes them; check_own does not.
+        assert!(open.check_address("192.0.2.2", ip("192.0.2.2"), 80).is_ok());
+        let e = open
+            .check_own("192.0.2.2", ip("192.0.2.2"), 80, &own)
+            .unwrap_err();
+        assert!(e.why.contains("an address of this host (eth0)"), "{e}");
+        assert!(e.help.contains("--session-allow-net 192.0.2.2/32"), "{e}");
+        let e = open
+            .check_own("me.example", ip("::ffff:192.0.2.2"), 443, &own)
+            .unwrap_err();
+        assert!(e.why.contains("`me.example` resolves to it"), "{e}");
+        assert!(
+            open.check_own("x", ip("2001:db8::2"), 443, &own)
+                .unwrap_err()
+                .help
+                .contains("2001:db8::2/128")
+        );
+        // Another machine of the same network is not the host.
+        assert!(open.check_own("x", ip("192.0.2.3"), 80, &own).is_ok());
+        let allowed = NetworkPolicy {
+            allow_nets: vec!["192.0.2.2/32".parse().unwrap()],
+            ..Default::default()
+        };
+        assert!(allowed.check_own("x", ip("192.0.2.2"), 8000, &own).is_ok());
+        // This machine's own list reads (lo at least).
+        let here = OwnAddresses::read().unwrap();
+        assert_eq!(here.interface_of(ip("127.0.0.1")), Some("lo"));
     }
 }

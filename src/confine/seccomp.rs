@@ -31,7 +31,14 @@
 //! - `open_by_handle_at`, `name_to_handle_at`: opening files by handle goes around the mount
 //!   view (the "shocker" escape);
 //! - `personality` other than the standard values (Linux, 32-bit Linux, their query): some
-//!   personalities weaken address-space randomisation or map page 0.
+//!   personalities weaken address-space randomisation or map page 0;
+//! - `socket` and `socketpair` of any family but those a kernel needs ([`SOCKET_FAMILIES`]),
+//!   and netlink sockets of any protocol but `NETLINK_ROUTE`, return `EAFNOSUPPORT` (the answer
+//!   of a kernel built without the family, which programs already handle as "not here", where
+//!   `EPERM` reads as a fault): `AF_VSOCK` ignores network namespaces (it reaches the
+//!   hypervisor and the host's vsock services), and the other families (`AF_PACKET`, `AF_ALG`,
+//!   `AF_BLUETOOTH`, `AF_CAN`, `AF_TIPC`, `AF_RDS`, `AF_XDP`, ...) are kernel code, often
+//!   loaded as a module on first use, that a Python kernel never calls.
 
 use std::collections::BTreeMap;
 
@@ -67,6 +74,23 @@ const NAMESPACE_FLAGS: [u64; 8] = [
 /// `personality` values a program may use: Linux, 32-bit Linux (`linux32`), with
 /// `UNAME26`-less `ADDR_NO_RANDOMIZE`-less flags, and the query `0xffffffff` (Docker's list).
 const PERSONALITIES: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+
+/// The socket families a confined kernel may open, and why each:
+/// - `AF_UNIX`: the kernel's ZMQ IPC sockets, the tool socket, the egress proxy's socket (the
+///   bridge), multiprocessing and zmq's own signalling pairs;
+/// - `AF_INET`, `AF_INET6`: the bridge's `127.0.0.1:3128` and every client of it (pip, urllib,
+///   requests), the kernel's own loopback, and the network itself under
+///   `--session-network host`; `socket.getaddrinfo` opens UDP sockets of both to sort answers;
+/// - `AF_NETLINK` (`NETLINK_ROUTE` only): glibc's `getaddrinfo` asks the kernel which address
+///   families have addresses (`AI_ADDRCONFIG`), and `if_nameindex` lists interfaces, over it;
+///   the network namespace is the kernel's own, so it lists only `lo` unless the network is the
+///   host's.
+pub(crate) const SOCKET_FAMILIES: [u64; 4] = [
+    libc::AF_UNIX as u64,
+    libc::AF_INET as u64,
+    libc::AF_INET6 as u64,
+    libc::AF_NETLINK as u64,
+];
 
 /// The system calls refused outright.
 fn refused() -> Vec<libc::c_long> {
@@ -166,9 +190,44 @@ fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError>
     Ok(rules)
 }
 
+/// `socket` and `socketpair` (domain first, protocol third on every architecture) of a family
+/// not in [`SOCKET_FAMILIES`], or netlink of a protocol other than `NETLINK_ROUTE`.
+fn socket_rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, seccompiler::BackendError> {
+    let other_family = || -> Result<SeccompRule, seccompiler::BackendError> {
+        SeccompRule::new(
+            SOCKET_FAMILIES
+                .iter()
+                .map(|f| SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, *f))
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+    };
+    let netlink_not_route = || -> Result<SeccompRule, seccompiler::BackendError> {
+        SeccompRule::new(vec![
+            SeccompCondition::new(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Eq,
+                libc::AF_NETLINK as u64,
+            )?,
+            SeccompCondition::new(
+                2,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::Ne,
+                libc::NETLINK_ROUTE as u64,
+            )?,
+        ])
+    };
+    let mut rules = BTreeMap::new();
+    for call in [libc::SYS_socket, libc::SYS_socketpair] {
+        rules.insert(call, vec![other_family()?, netlink_not_route()?]);
+    }
+    Ok(rules)
+}
+
 /// The filter's programs in the order to load them, each as its instructions (8 bytes each, in
-/// the host's byte order) after a 4-byte count: the `EPERM` program, then the one that answers
-/// `clone3` with `ENOSYS`.
+/// the host's byte order) after a 4-byte count: the `EPERM` program, the one that answers
+/// `clone3` with `ENOSYS`, then the one that answers sockets of other families with
+/// `EAFNOSUPPORT`.
 pub(crate) fn program_bytes() -> Result<Vec<u8>, SeccompError> {
     let main = build(
         rules().map_err(|e| SeccompError::Build(e.to_string()))?,
@@ -178,8 +237,12 @@ pub(crate) fn program_bytes() -> Result<Vec<u8>, SeccompError> {
         BTreeMap::from([(libc::SYS_clone3, Vec::new())]),
         libc::ENOSYS,
     )?;
+    let sockets = build(
+        socket_rules().map_err(|e| SeccompError::Build(e.to_string()))?,
+        libc::EAFNOSUPPORT,
+    )?;
     let mut out = Vec::new();
-    for program in [main, clone3] {
+    for program in [main, clone3, sockets] {
         let count = u32::try_from(program.len())
             .map_err(|_| SeccompError::Build("the filter is too long".into()))?;
         out.extend(count.to_ne_bytes());
@@ -209,12 +272,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_filter_builds_for_this_host_as_two_programs() {
+    fn the_filter_builds_for_this_host_as_three_programs() {
         let bytes = program_bytes().expect("filter");
         let first = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
         assert!(first > 40, "{first} instructions");
         let rest = &bytes[4 + first * 8..];
         let second = u32::from_ne_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-        assert_eq!(rest.len(), 4 + second * 8);
+        let rest = &rest[4 + second * 8..];
+        let third = u32::from_ne_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        assert!(third > 8, "{third} instructions");
+        assert_eq!(rest.len(), 4 + third * 8);
     }
 }

@@ -9,6 +9,12 @@
 //! group). Leases go round the range (a uid just handed back is the last to be leased again).
 //! The gid is the uid's number.
 //!
+//! A uid is handed out again only once its previous session's processes are gone: the scan of
+//! `/proc` runs under the pool's lock (after every release before it), the chosen uid is looked
+//! for once more just before it is handed out, a lease given back while a process still has its
+//! uid keeps it out of the pool ("draining") until a scan finds none, and a `/proc` that cannot
+//! be read refuses the lease rather than trusting an empty list.
+//!
 //! What the session's uid must reach of its runtime directory is handed to it here
 //! ([`hand_over`]); its kernels switch to it before any code but ipybox's runs
 //! (`confine_identity.py`).
@@ -61,6 +67,10 @@ pub enum UidError {
         "every uid of --session-uids {0} is in use (by sessions of this service or by processes of the host)\n  help: give a larger range, or close sessions"
     )]
     Exhausted(UidRange),
+    #[error(
+        "cannot check that no process has the uid a session would get: reading /proc failed: {0}\n  help: ipybox needs the host's /proc (not mounted with hidepid=) to give sessions uids of their own; or pass --session-uids none"
+    )]
+    Proc(String),
 }
 
 /// What `--session-uids` says.
@@ -129,6 +139,9 @@ pub struct UidPool {
 #[derive(Debug)]
 struct PoolState {
     leased: BTreeSet<u32>,
+    /// Uids given back while a process still had them: leased again only once a scan of `/proc`
+    /// finds none.
+    draining: BTreeSet<u32>,
     /// Where the next search starts.
     next: u32,
 }
@@ -162,6 +175,7 @@ impl UidPool {
             locks,
             state: Mutex::new(PoolState {
                 leased: BTreeSet::new(),
+                draining: BTreeSet::new(),
                 next: range.first,
             }),
         })
@@ -173,8 +187,20 @@ impl UidPool {
 
     /// Leases a uid no session and no process of the host has.
     pub(crate) fn lease(self: &Arc<Self>) -> Result<UidLease, UidError> {
-        let busy = ids_of_host_processes();
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Read under the lock: every lease given back before it, and the kill of its session's
+        // processes before that, is seen.
+        let busy = ids_of_host_processes().map_err(|e| UidError::Proc(e.to_string()))?;
+        let drained: Vec<u32> = state
+            .draining
+            .iter()
+            .copied()
+            .filter(|id| !busy.contains(id))
+            .collect();
+        for id in drained {
+            tracing::info!("uid {id}: its previous session's processes are gone; leased again");
+            state.draining.remove(&id);
+        }
         let size = u64::from(self.range.last - self.range.first) + 1;
         let mut candidate = state.next;
         for _ in 0..size {
@@ -184,7 +210,11 @@ impl UidPool {
             } else {
                 id + 1
             };
-            if state.leased.contains(&id) || self.named.contains(&id) || busy.contains(&id) {
+            if state.leased.contains(&id)
+                || state.draining.contains(&id)
+                || self.named.contains(&id)
+                || busy.contains(&id)
+            {
                 continue;
             }
             let lock = match &self.locks {
@@ -195,6 +225,13 @@ impl UidPool {
                 },
                 None => None,
             };
+            // Once more for this uid alone, now that it is locked: a process that took it
+            // since the scan (none should) keeps it from being handed out.
+            match uid_in_use(id) {
+                Ok(false) => {}
+                Ok(true) => continue,
+                Err(e) => return Err(UidError::Proc(e.to_string())),
+            }
             state.leased.insert(id);
             state.next = candidate;
             return Ok(UidLease {
@@ -227,13 +264,24 @@ pub(crate) struct UidLease {
 
 impl Drop for UidLease {
     fn drop(&mut self) {
-        self.pool
-            .state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .leased
-            .remove(&self.ids.uid);
+        let uid = self.ids.uid;
+        let mut state = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.leased.remove(&uid);
+        // The session's kernels were stopped and its cgroup emptied before this (fields drop
+        // in order); a process left with its uid (or /proc unreadable) keeps it out of the pool.
+        if !matches!(uid_in_use(uid), Ok(false)) {
+            tracing::warn!(
+                "uid {uid}: a process still has it after its session ended; it is leased again only once none does"
+            );
+            state.draining.insert(uid);
+        }
     }
+}
+
+/// Whether a process of the host has `uid` as a uid or gid (real, effective, saved or
+/// filesystem).
+fn uid_in_use(uid: u32) -> std::io::Result<bool> {
+    Ok(ids_of_host_processes()?.contains(&uid))
 }
 
 /// The lock on `uid` in `dir`, if no one else holds it (an error opening the file counts as
@@ -257,13 +305,13 @@ fn named_ids(text: &str) -> impl Iterator<Item = u32> + '_ {
     })
 }
 
-/// Every uid and gid (real, effective, saved, filesystem) of the host's processes.
-fn ids_of_host_processes() -> BTreeSet<u32> {
+/// Every uid and gid (real, effective, saved, filesystem) of the host's processes; an error when
+/// `/proc` cannot be listed (never an empty answer that would make every uid look free).
+fn ids_of_host_processes() -> std::io::Result<BTreeSet<u32>> {
     let mut ids = BTreeSet::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return ids;
-    };
-    for entry in entries.flatten() {
+    let entries = std::fs::read_dir("/proc")?;
+    for entry in entries {
+        let entry = entry?;
         let name = entry.file_name();
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
@@ -283,7 +331,7 @@ fn ids_of_host_processes() -> BTreeSet<u32> {
             }
         }
     }
-    ids
+    Ok(ids)
 }
 
 /// Gives a session's uid what its kernels need of the runtime directory `runtime` (ipybox is
@@ -396,6 +444,7 @@ mod tests {
                 locks: locks.map(Path::to_path_buf),
                 state: Mutex::new(PoolState {
                     leased: BTreeSet::new(),
+                    draining: BTreeSet::new(),
                     next: range.first,
                 }),
             })
@@ -412,6 +461,40 @@ mod tests {
     fn our_own_uid_is_busy_on_the_host() {
         // SAFETY: getuid has no preconditions.
         let uid = unsafe { libc::getuid() };
-        assert!(ids_of_host_processes().contains(&uid));
+        assert!(ids_of_host_processes().unwrap().contains(&uid));
+    }
+
+    /// A uid given back while a process still has it is not leased again until that process
+    /// is gone; the control: the same pool with the process gone leases it.
+    #[test]
+    fn a_uid_is_leased_again_only_once_its_processes_are_gone() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: a process of another uid needs root");
+            return;
+        }
+        let range = UidRange {
+            first: 1_879_400_000,
+            last: 1_879_400_000,
+        };
+        let pool = UidPool::new(range);
+        let lease = pool.lease().unwrap();
+        let uid = lease.ids.uid;
+        // A process of the session's that outlived it.
+        let mut left = {
+            use std::os::unix::process::CommandExt;
+            crate::child_process::host_command_blocking("sleep")
+                .arg("30")
+                .uid(uid)
+                .gid(uid)
+                .spawn()
+                .unwrap()
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(lease);
+        assert!(matches!(pool.lease(), Err(UidError::Exhausted(_))));
+        let _ = left.kill();
+        let _ = left.wait();
+        assert_eq!(pool.lease().unwrap().ids.uid, uid);
     }
 }

@@ -232,3 +232,179 @@ async fn sessions_run_as_uids_of_their_own() {
         }
     }
 }
+
+/// Sockets a kernel opens, one `name=outcome` line each (`ok` or the errno's name): families it
+/// needs (AF_UNIX pairs, IPv4 and IPv6 UDP, netlink route, `getaddrinfo`) and families it does
+/// not (AF_VSOCK with a bind: vsock ignores network namespaces; AF_PACKET; netlink sock_diag).
+const SOCKETS: &str = r#"import errno, socket
+def attempt(name, f):
+    try:
+        f()
+        r = "ok"
+    except OSError as e:
+        r = errno.errorcode.get(e.errno, str(e.errno))
+    print(f"{name}=" + r)
+def vsock():
+    with socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM) as s:
+        s.bind((socket.VMADDR_CID_ANY, 47117))
+attempt("vsock", vsock)
+attempt("packet", lambda: socket.socket(socket.AF_PACKET, socket.SOCK_DGRAM).close())
+attempt("netlink_diag", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4).close())
+attempt("netlink_route", lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close())
+attempt("unix_pair", lambda: [s.close() for s in socket.socketpair()])
+attempt("inet", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close())
+attempt("inet6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_DGRAM).close())
+attempt("getaddrinfo", lambda: socket.getaddrinfo("localhost", 80))
+"#;
+
+/// Issue 51: a confined kernel opens only the socket families it needs. From a cell, forked and
+/// `--no-kernel-factory`: AF_VSOCK (and its bind), AF_PACKET and netlink other than route get
+/// EAFNOSUPPORT, while AF_UNIX, IPv4, IPv6, netlink route and `getaddrinfo` work, and so does
+/// the egress bridge (an HTTPS GET through the proxy) and the kernel itself (ZMQ over IPC: the
+/// cell ran). The control, `--unconfined-sessions`: every one of them opens.
+#[tokio::test(flavor = "multi_thread")]
+async fn confined_kernels_open_only_the_socket_families_they_need() {
+    require!(TestEnv);
+    let pypi = "\nimport urllib.request\nprint('pypi=' + str(urllib.request.urlopen('https://pypi.org/simple/six/', timeout=20).status))\n";
+    let code = format!("{SOCKETS}{pypi}");
+    let run = |flags: Vec<&'static str>, era: Era| {
+        let code = code.clone();
+        async move {
+            let ws = tempfile::tempdir().unwrap();
+            let service = Service::start(ws.path(), &[], &flags);
+            let client = connect(&service.url(), None, era).await;
+            let (is_error, text) = cell(&client, &code, None).await;
+            assert!(!is_error, "{flags:?}: {text}\n{}", service.log());
+            (flags, outcome(&split_note(&text).0))
+        }
+    };
+    let (forked, launched, control) = tokio::join!(
+        run(vec![], Era::Handshake),
+        run(vec!["--no-kernel-factory"], Era::Stateless),
+        run(vec!["--unconfined-sessions"], Era::Handshake),
+    );
+    let needed = [
+        ("netlink_route", "ok"),
+        ("unix_pair", "ok"),
+        ("inet", "ok"),
+        ("inet6", "ok"),
+        ("getaddrinfo", "ok"),
+        ("pypi", "200"),
+    ];
+    for (flags, got) in [&forked, &launched] {
+        let mut want = vec![
+            ("vsock", "EAFNOSUPPORT"),
+            ("packet", "EAFNOSUPPORT"),
+            ("netlink_diag", "EAFNOSUPPORT"),
+        ];
+        want.extend(needed);
+        assert_outcome(flags, got, &want);
+    }
+    let mut want = vec![("vsock", "ok"), ("packet", "ok"), ("netlink_diag", "ok")];
+    want.extend(needed);
+    assert_outcome(&control.0, &control.1, &want);
+}
+
+/// The pids of the host's processes whose real uid is `uid`.
+fn processes_of(uid: u32) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        let real = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok());
+        if real == Some(uid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Issue 51: a uid is handed to a new session only once its previous session's processes are
+/// gone. With a range of one uid: Alice's session has it (and a background process); Bob's
+/// session cannot start while she holds it. A process with her uid outlives her session (the
+/// test starts it on the host: one the kill missed); once her session has ended, Carol's
+/// session is still refused and the log says the uid is kept out of the pool. The control:
+/// once that process is gone, Dave's session gets the uid and runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_uid_is_reused_only_once_its_sessions_processes_are_gone() {
+    require!(TestEnv);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("a uid per session needs ipybox to run as root");
+        return;
+    }
+    let uid: u32 = 1_879_500_000 + std::process::id() % 1000;
+    let range = format!("{uid}-{uid}");
+    let ws = tempfile::tempdir().unwrap();
+    let service = Service::start(
+        ws.path(),
+        &[],
+        &["--session-uids", &range, "--warm-sessions", "0"],
+    );
+    let who = "import os, subprocess\nsubprocess.Popen(['sleep', '600'], start_new_session=True)\nprint('uid=' + str(os.getuid()))\n";
+    let alice = connect(&service.url(), None, Era::Handshake).await;
+    let (is_error, text) = cell(&alice, who, None).await;
+    assert!(!is_error, "{text}\n{}", service.log());
+    assert!(text.contains(&format!("uid={uid}")), "{text}");
+    let alices = processes_of(uid);
+    assert!(!alices.is_empty());
+
+    let bob = connect(&service.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&bob, "print('bob ran')", None).await;
+    assert!(is_error && text.contains("is in use"), "{text}");
+    assert!(!text.contains("bob ran"), "{text}");
+
+    // A process of Alice's uid that outlives her session.
+    let mut left = {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new("sleep")
+            .arg("600")
+            .uid(uid)
+            .gid(uid)
+            .spawn()
+            .unwrap()
+    };
+    alice.close().await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while processes_of(uid).iter().any(|p| alices.contains(p)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Alice's processes outlived her session:\n{}",
+            service.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // Her session ended (its processes are gone, the lease given back) ...
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !service
+        .log()
+        .contains("a process still has it after its session ended")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no release of uid {uid} seen:\n{}",
+            service.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    // ... and still no one gets the uid while a process has it.
+    let carol = connect(&service.url(), None, Era::Handshake).await;
+    let (is_error, text) = cell(&carol, "print('carol ran')", None).await;
+    assert!(is_error && text.contains("is in use"), "{text}");
+    assert!(!text.contains("carol ran"), "{text}");
+
+    // The control: that process gone, the uid is leased again.
+    left.kill().unwrap();
+    left.wait().unwrap();
+    let dave = connect(&service.url(), None, Era::Stateless).await;
+    let (is_error, text) = cell(&dave, who, None).await;
+    assert!(!is_error, "{text}\n{}", service.log());
+    assert!(text.contains(&format!("uid={uid}")), "{text}");
+}

@@ -11,7 +11,7 @@ use std::net::{IpAddr, TcpListener};
 use std::time::Duration;
 
 use crate::http_support::*;
-use crate::mcp_eras::Era;
+use crate::mcp_eras::{Era, both_eras};
 use crate::support::*;
 
 const MARKER: &str = "loopback-service-7c1e";
@@ -367,4 +367,243 @@ print(f"median_ms={t():.1f}")
     eprintln!("proxied HTTPS GET: {proxied}; direct: {direct}");
     assert!(proxied.contains("median_ms="), "{proxied}");
     assert!(direct.contains("median_ms="), "{direct}");
+}
+
+/// An address of this machine's own interfaces that the proxy's address classes do not refuse
+/// (a public or documentation address on a NIC: here `eth0`'s 192.0.2.2), read with
+/// `getifaddrs`; when the machine has none, one made for the test on a dummy interface
+/// (`ip link add`, removed when the guard drops; root only).
+struct OwnAddress {
+    ip: IpAddr,
+    dummy: Option<String>,
+}
+
+impl Drop for OwnAddress {
+    fn drop(&mut self) {
+        if let Some(link) = &self.dummy {
+            let _ = std::process::Command::new("ip")
+                .args(["link", "del", link])
+                .status();
+        }
+    }
+}
+
+fn own_public_address() -> Option<OwnAddress> {
+    let own = ipybox::confine::network::OwnAddresses::read().ok()?;
+    for (ip, interface) in own.list() {
+        if ipybox::confine::network::special_kind(*ip).is_none() {
+            eprintln!("this host's own address {ip} ({interface})");
+            return Some(OwnAddress {
+                ip: *ip,
+                dummy: None,
+            });
+        }
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let link = format!("ipyt{}", std::process::id() % 100_000);
+    let ip: IpAddr = "198.51.100.77".parse().unwrap();
+    let guard = OwnAddress {
+        ip,
+        dummy: Some(link.clone()),
+    };
+    let ok = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    (ok(&["link", "add", &link, "type", "dummy"])
+        && ok(&["addr", "add", "198.51.100.77/32", "dev", &link])
+        && ok(&["link", "set", &link, "up"]))
+    .then(|| {
+        eprintln!("no public address on this host's interfaces: made {ip} on {link}");
+        guard
+    })
+}
+
+/// Hostile code tries a service the host binds to all addresses (`0.0.0.0`) through the proxy,
+/// by the host's own non-loopback address: `CONNECT`, an absolute-URI GET through urllib, and a
+/// raw HTTP/1.0 GET. Confined (`proxy`): 403 naming the host's address and the flag; the control,
+/// the same service with `--session-allow-net <that address>/32` (the one flag that allows it),
+/// reaches the service by each of the three.
+async fn the_proxy_refuses_the_hosts_own_addresses(era: Era) {
+    require!(TestEnv);
+    let Some(own) = own_public_address() else {
+        skip("this host has no public address on an interface and cannot make one (not root)");
+        return;
+    };
+    let service_port = start_marker_server();
+    let port = service_port.to_string();
+    let net = format!("{}/32", own.ip);
+    let ws = tempfile::tempdir().unwrap();
+    let confined = start(ws.path(), &["--session-allow-port", &port]);
+    let control = start(
+        ws.path(),
+        &["--session-allow-port", &port, "--session-allow-net", &net],
+    );
+    let code = format!(
+        r#"import os, socket, urllib.request, urllib.error
+H, P = {host:?}, {service_port}
+def attempt(name, f):
+    try:
+        r = str(f())
+    except urllib.error.HTTPError as e:
+        r = f"HTTP {{e.code}} " + e.read().decode(errors="replace")
+    except Exception as e:
+        r = type(e).__name__ + ": " + str(e)
+    print(f"{{name}}=" + r.replace("\n", " | ").replace("\r", ""))
+def raw(request, then=None):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    if then is not None and data.startswith(b"HTTP/1.1 200"):
+        s.sendall(then)
+        data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    return data.decode(errors="replace")[:400]
+attempt("connect", lambda: raw(f"CONNECT {{H}}:{{P}} HTTP/1.1\r\nHost: {{H}}:{{P}}\r\n\r\n".encode(), b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"))
+attempt("get", lambda: urllib.request.urlopen(f"http://{{H}}:{{P}}/", timeout=10).read().decode())
+attempt("http10", lambda: raw(f"GET http://{{H}}:{{P}}/ HTTP/1.0\r\n\r\n".encode()))
+"#,
+        host = own.ip.to_string()
+    );
+    let run = |s: &Service| {
+        let code = code.clone();
+        let url = s.url();
+        async move {
+            let client = connect(&url, None, era).await;
+            let (is_error, text) = cell(&client, &code, None).await;
+            assert!(!is_error, "{text}");
+            outcome(&split_note(&text).0)
+        }
+    };
+    let (c, k) = tokio::join!(run(&confined), run(&control));
+    let ctx = format!("confined: {c:#?}\ncontrol: {k:#?}\n{}", confined.log());
+    let has = |m: &std::collections::BTreeMap<String, String>, k: &str, want: &str| {
+        let got = m.get(k).unwrap_or_else(|| panic!("no {k}\n{ctx}"));
+        assert!(got.contains(want), "{k}: want {want:?}, got {got:?}\n{ctx}");
+    };
+    for attack in ["connect", "get", "http10"] {
+        // The control: the service answers by this address through the proxy.
+        has(&k, attack, MARKER);
+        // Confined: refused, saying why and which flag allows it.
+        has(&c, attack, "403");
+        has(&c, attack, "an address of this host");
+        has(&c, attack, &format!("--session-allow-net {net}"));
+        assert!(!c[attack].contains(MARKER), "{ctx}");
+    }
+    assert!(
+        confined.log().contains("egress refused"),
+        "{}",
+        confined.log()
+    );
+}
+both_eras!(the_proxy_refuses_the_hosts_own_addresses);
+
+/// [`serve_refused`] that fails, rather than waits, when the service starts after all.
+fn refused_within_30s(ws: &std::path::Path, flags: &[&str]) -> String {
+    let err = tempfile::NamedTempFile::new().unwrap();
+    let mut child = std::process::Command::new(BIN)
+        .args(["serve", "--http", &format!("127.0.0.1:{}", free_port())])
+        .args(flags)
+        .arg("--workspace")
+        .arg(ws)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{flags:?}: the service started (not refused):\n{}",
+                std::fs::read_to_string(err.path()).unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1), "{flags:?}");
+    std::fs::read_to_string(err.path()).unwrap()
+}
+
+/// Issue 51: `--session-network` (and the proxy's flags) where they cannot apply is an error at
+/// start-up that says what to do, not a flag silently ignored: none or proxy with
+/// `--unconfined-sessions`, any mode with `--sandbox` or `--kernel-gateway`, a proxy flag
+/// without the proxy. The controls: the combinations that do apply start and serve a cell
+/// (`host` with `--unconfined-sessions`, `none` confined).
+#[tokio::test(flavor = "multi_thread")]
+async fn session_network_is_refused_where_it_cannot_apply() {
+    require!(TestEnv);
+    let ws = tempfile::tempdir().unwrap();
+    for (flags, want) in [
+        (
+            &["--unconfined-sessions", "--session-network", "proxy"][..],
+            "--session-network proxy cannot apply with --unconfined-sessions",
+        ),
+        (
+            &["--unconfined-sessions", "--session-network", "none"],
+            "--session-network none cannot apply with --unconfined-sessions",
+        ),
+        (
+            &["--unconfined-sessions", "--session-allow-net", "10.0.0.0/8"],
+            "--session-allow-net cannot apply with --unconfined-sessions",
+        ),
+        (
+            &["--sandbox", "--session-network", "none"],
+            "--session-network none cannot apply with --sandbox",
+        ),
+        (
+            &["--sandbox", "--session-allow-domain", "pypi.org"],
+            "--session-allow-domain cannot apply with --sandbox",
+        ),
+        (
+            &[
+                "--kernel-gateway",
+                "http://127.0.0.1:9",
+                "--session-network",
+                "proxy",
+            ],
+            "--session-network proxy cannot apply to kernels on a Jupyter server",
+        ),
+        (
+            &["--session-network", "host", "--session-allow-port", "22"],
+            "--session-allow-port configures the egress proxy, and with --session-network host sessions have none",
+        ),
+    ] {
+        let stderr = refused_within_30s(ws.path(), flags);
+        assert!(stderr.contains(want), "{flags:?}: {stderr}");
+        assert!(stderr.contains("help: "), "{flags:?}: {stderr}");
+    }
+    // The controls.
+    for (flags, era) in [
+        (
+            &["--unconfined-sessions", "--session-network", "host"][..],
+            Era::Handshake,
+        ),
+        (&["--session-network", "none"], Era::Stateless),
+    ] {
+        let service = start(ws.path(), flags);
+        let client = connect(&service.url(), None, era).await;
+        let (is_error, text) = cell(&client, "print('ran')", None).await;
+        assert!(!is_error && text.contains("ran"), "{flags:?}: {text}");
+    }
 }

@@ -246,3 +246,77 @@ async fn a_confined_session_sees_only_the_allowlist() {
         }
     }
 }
+
+/// What a session learns of another from its own mount table (issue 51): Alice's session runs
+/// (its work directory's tmpfs mounted, its uid leased), then Bob's kernel starts and reads
+/// `/proc/self/mountinfo`. Confined, forked and `--no-kernel-factory`: nothing names Alice's
+/// runtime directory or her uid, while Bob's own runtime directory is listed (the table is
+/// read, and names runtime directories the way searched for). The control: the host's mount
+/// table at that moment lists Alice's work directory with its runtime directory and `uid=`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sessions_mount_table_names_no_other_session() {
+    require!(TestEnv);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        skip("work directories are tmpfs mounts, and sessions have uids of their own, as root");
+        return;
+    }
+    const WHO: &str = "import os\nprint('cwd=' + os.getcwd())\nprint('uid=' + str(os.getuid()))\n";
+    const TABLE: &str =
+        "print('table=' + open('/proc/self/mountinfo').read().replace('\\n', ' | '))\n";
+    for flags in [
+        &["--warm-sessions", "0"][..],
+        &["--warm-sessions", "0", "--no-kernel-factory"],
+    ] {
+        let ws = tempfile::tempdir().unwrap();
+        let service = Service::start(ws.path(), &[], flags);
+        let alice = connect(&service.url(), None, Era::Handshake).await;
+        let (is_error, text) = cell(&alice, WHO, None).await;
+        assert!(!is_error, "{text}");
+        let a = outcome(&split_note(&text).0);
+        let a_runtime = std::path::Path::new(&a["cwd"])
+            .parent()
+            .and_then(|p| p.file_name())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let a_uid = format!("uid={}", a["uid"]);
+        let bob = connect(&service.url(), None, Era::Stateless).await;
+        let (is_error, text) = cell(&bob, &format!("{WHO}{TABLE}"), None).await;
+        assert!(!is_error, "{text}");
+        let b = outcome(&split_note(&text).0);
+        let b_runtime = std::path::Path::new(&b["cwd"])
+            .parent()
+            .and_then(|p| p.file_name())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let table = &b["table"];
+        assert_ne!(a_runtime, b_runtime);
+        // The control: the host's table lists Alice's work directory, by name and uid.
+        let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let alices = host
+            .lines()
+            .find(|l| l.contains(&a_runtime))
+            .unwrap_or_else(|| panic!("{flags:?}: no mount of {a_runtime} on the host:\n{host}"));
+        assert!(alices.contains(&a_uid), "{alices}");
+        // Bob's own is in his table; nothing of Alice's is.
+        assert!(table.contains(&b_runtime), "{flags:?}: {table}");
+        assert!(
+            !table.contains(&a_runtime),
+            "{flags:?}: Alice's {a_runtime} in Bob's table: {table}"
+        );
+        assert!(
+            !table.contains(&a_uid),
+            "{flags:?}: Alice's {a_uid} in Bob's table: {table}"
+        );
+        alice.close().await;
+    }
+}
+
+fn outcome(out: &str) -> std::collections::BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
