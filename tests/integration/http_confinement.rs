@@ -564,6 +564,35 @@ impl<H: rmcp::ClientHandler> Client for HttpClient<H> {
     }
 }
 
+/// A service with `flags` and `env`; a victim's session (a 2026-07-28 client) holds a secret,
+/// whose runtime directory is under `base`; an attacker's session (handshake era) runs
+/// [`attack`] on it. Returns the service, both clients and what the attack printed.
+async fn attack_across(
+    ws: &Path,
+    env: &[(&str, &str)],
+    flags: &[&str],
+    base: &Path,
+) -> (
+    Service,
+    crate::http_support::PlainHttp,
+    crate::http_support::PlainHttp,
+    String,
+) {
+    let service = Service::start(ws, env, flags);
+    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
+    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
+    let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
+    let victim_runtime = runtime_of(&victim, Some(&v)).await;
+    assert!(victim_runtime.starts_with(base), "{victim_runtime:?}");
+    let out = run_ok(
+        &attacker,
+        &attack(&victim_runtime, "print(secret_value)"),
+        None,
+    )
+    .await;
+    (service, victim, attacker, out)
+}
+
 /// `--sandbox` over HTTP: srt confines each session's kernel (its own pid namespace, `/tmp` and
 /// `/run` hidden, and the place runtime directories live), and ipybox keeps the workspace from
 /// being a channel: read-only to every session, which works in a directory of its own. The
@@ -588,23 +617,11 @@ async fn sandboxed_sessions_cannot_reach_each_other() {
     ];
     // The control first: unsandboxed and unconfined, the attack reaches the other session.
     {
-        let service = Service::start(
+        let (_service, victim, attacker, out) = attack_across(
             ws.path(),
             &env,
             &["--unconfined-sessions", "--warm-sessions", "0"],
-        );
-        let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
-        let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
-        let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
-        let victim_runtime = runtime_of(&victim, Some(&v)).await;
-        assert!(
-            victim_runtime.starts_with(runtime.path()),
-            "{victim_runtime:?}"
-        );
-        let out = run_ok(
-            &attacker,
-            &attack(&victim_runtime, "print(secret_value)"),
-            None,
+            runtime.path(),
         )
         .await;
         expect(
@@ -619,19 +636,11 @@ async fn sandboxed_sessions_cannot_reach_each_other() {
         victim.close().await;
         attacker.close().await;
     }
-    let service = Service::start(ws.path(), &env, &["--sandbox", "--warm-sessions", "0"]);
-    let victim = connect(&service.url(), Some(TOKEN_A), Era::Stateless).await;
-    let attacker = connect(&service.url(), Some(TOKEN_A), Era::Handshake).await;
-    let (_, v) = new_session(&victim, "secret_value = 'victim-42'").await;
-    let victim_runtime = runtime_of(&victim, Some(&v)).await;
-    assert!(
-        victim_runtime.starts_with(runtime.path()),
-        "{victim_runtime:?}"
-    );
-    let out = run_ok(
-        &attacker,
-        &attack(&victim_runtime, "print(secret_value)"),
-        None,
+    let (_service, victim, attacker, out) = attack_across(
+        ws.path(),
+        &env,
+        &["--sandbox", "--warm-sessions", "0"],
+        runtime.path(),
     )
     .await;
     expect(
