@@ -629,3 +629,54 @@ print("forged")"#,
     assert_eq!(stdout, "wrote\n", "{stderr}");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
 }
+
+/// A notebook the host recorded from a confined `serve --http` session (its host record says
+/// so) is not replayed less confined by default: refused, with what to pass; nothing runs. The
+/// control: `--unsandboxed` runs it on this host, and the cell it was denied in the session
+/// then writes its file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recorded_confined_session_is_not_replayed_less_confined() {
+    require!(TestEnv);
+    let probe = Probe::new("replay-confined");
+    let file = probe.path().join("written");
+    let notebooks = probe.path().join("notebooks");
+    let (_keep, ws) = workspace();
+    let service = crate::http_support::Service::start(
+        &ws,
+        &[],
+        &["--notebook-dir", notebooks.to_str().unwrap()],
+    );
+    let client =
+        crate::http_support::connect(&service.url(), None, crate::mcp_eras::Era::Handshake).await;
+    let (failed, text) = crate::http_support::cell(&client, &write_probe(&file), None).await;
+    assert!(!failed, "{text}");
+    assert!(
+        text.starts_with("denied "),
+        "the confined session wrote it: {text}"
+    );
+    client.close().await;
+    drop(service);
+    let nb = std::fs::read_dir(&notebooks)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "ipynb"))
+        .expect("the session's notebook");
+
+    let (status, stdout, stderr) = replay(&ws, &nb, &[]);
+    assert_eq!(status, Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("the session was recorded in the HTTP service's per-session confinement, which a replay on this host cannot apply: its cells would run less confined\n  help: pass --sandbox"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("no host record"), "{stderr}");
+    assert!(!file.exists());
+
+    let (status, stdout, stderr) = replay(&ws, &nb, &["--unsandboxed"]);
+    assert_eq!(status, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("ipybox replay: the session was recorded in the HTTP service's per-session confinement; --unsandboxed replays it WITHOUT that confinement"),
+        "{stderr}"
+    );
+    assert_eq!(stdout, "wrote\n", "{stderr}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "ran");
+}
