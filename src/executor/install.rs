@@ -210,3 +210,16 @@ impl CodeExecutor {
         )?)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The sandboxed installer's scratch directory is named as the runtime directory made room
+    /// for (the two modules do not use each other; the executor composes both).
+    #[test]
+    fn the_install_scratch_prefix_is_the_one_runtime_directories_fit() {
+        assert_eq!(
+            crate::sandbox::install::SCRATCH_PREFIX,
+            crate::kernel::runtime_dir::INSTALL_SCRATCH_PREFIX
+        );
+    }
+}

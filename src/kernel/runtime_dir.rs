@@ -73,7 +73,9 @@ impl Sockets {
 }
 
 /// The prefix of a sandboxed install's scratch directory in the runtime directory (then six
-/// random characters): one letter, as srt's socket names in it are long.
+/// random characters): one letter, as srt's socket names in it are long. The same as
+/// `sandbox::install::SCRATCH_PREFIX` (the executor's tests keep them equal: neither module
+/// uses the other).
 pub(crate) const INSTALL_SCRATCH_PREFIX: &str = "i";
 
 /// A runtime directory whose socket paths would not fit the [`SOCKET_PATH_MAX`] bytes a Unix

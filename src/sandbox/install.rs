@@ -25,6 +25,11 @@ use super::{SandboxError, SandboxOptions, env, platform, wrap};
 use crate::child_process::host_command;
 use crate::host_env::HostEnv;
 
+/// The prefix of an install's scratch directory (then six random characters): one letter, as
+/// srt's socket names in it are long. `kernel::runtime_dir` makes room for it by the same
+/// name (`INSTALL_SCRATCH_PREFIX`; the executor's tests keep the two equal): neither module
+/// uses the other.
+pub(crate) const SCRATCH_PREFIX: &str = "i";
 /// What a sandboxed install runs and where it may write.
 #[derive(Debug, Clone)]
 pub(crate) struct Installer<'a> {
@@ -130,7 +135,7 @@ pub(crate) async fn run(
     // Private (0700), removed when this install ends. A short name: srt's sockets in it are
     // long (`kernel::runtime_dir::Sockets::Sandboxed` made room for them).
     let scratch = tempfile::Builder::new()
-        .prefix(crate::kernel::runtime_dir::INSTALL_SCRATCH_PREFIX)
+        .prefix(SCRATCH_PREFIX)
         .rand_bytes(6)
         .tempdir_in(base)
         .map_err(io(base))?;
