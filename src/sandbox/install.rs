@@ -30,6 +30,7 @@ use crate::host_env::HostEnv;
 /// name (`INSTALL_SCRATCH_PREFIX`; the executor's tests keep the two equal): neither module
 /// uses the other.
 pub(crate) const SCRATCH_PREFIX: &str = "i";
+
 /// What a sandboxed install runs and where it may write.
 #[derive(Debug, Clone)]
 pub(crate) struct Installer<'a> {
