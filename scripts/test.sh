@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README): provisions what the tests need, then runs every test against real
 # components — a real ipykernel, real MCP servers, real MCP clients, real srt + bubblewrap.
+#   scripts/docs-check.py    README.md + docs/*.md: relative links and #anchors resolve, every
+#                            --flag the docs name is in the binary's --help
 #   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
 #   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
 #   scripts/build-wheel.sh   the ipybox-rs wheel, manylinux2014 (glibc 2.17, zig)
@@ -26,6 +28,7 @@ bash scripts/test-env.sh
 bash scripts/sandbox-deps.sh
 export IPYBOX_SRT="$root/target/sandbox-deps/node_modules/.bin/srt"
 cargo build --bin ipybox
+python3 scripts/docs-check.py target/debug/ipybox   # links, #anchors, every --flag in --help (~1 s)
 "$root/target/debug/ipybox" setup     # provision the kernel environment once, before tests race
 # The release artifacts, built once (docs/releasing.md): the manylinux2014 wheel (zig), then the
 # glibc 2.17 binary, which reuses every dependency the wheel compiled and is the binary the image
