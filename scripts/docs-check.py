@@ -10,7 +10,10 @@ Checks README.md and docs/*.md:
      slug gets `-1`, `-2`, ...), or an explicit `<a id=...>`/`<a name=...>`;
   2. every `--flag` the docs name exists in the `--help` of the ipybox binary (`ipybox --help`
      and `ipybox <sub> --help` for each subcommand it lists), unless it is listed in FOREIGN
-     below as another tool's flag (cargo, claude, docker, bwrap, ...).
+     below as another tool's flag (cargo, claude, docker, bwrap, ...);
+  3. no user doc names a test function (`module::test_name`, or a test's name alone): what a
+     test shows is said in words; test names, measurement logs and history belong to the
+     developers' pages (DEV_PAGES: docs/architecture.md, docs/benchmarks.md, docs/releasing.md).
 Exits 1 with one line per problem (file:line: what is wrong); prints a one-line summary when all
 is well. Standard library only.
 """
@@ -60,6 +63,9 @@ FOREIGN = {
     # not a flag: the demo's expected output (`Ada --collaborated with--> Charles`)
     "--collaborated": "examples/memory_demo.py output",
 }
+
+# Pages for the project's developers, which may name tests (check 3 skips them).
+DEV_PAGES = {"architecture.md", "benchmarks.md", "releasing.md"}
 
 LINK = re.compile(r"(?<!!)\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 IMAGE = re.compile(r"!\[[^\]]*\]\(\s*([^)\s]+)")
@@ -201,6 +207,31 @@ def check_flags(doc, known, problems):
                             f"scripts/docs-check.py)")
 
 
+def test_names():
+    """Names of the integration tests (functions under #[test] / #[tokio::test] in
+    tests/integration/) with at least two underscores (a one-word test name is a common word),
+    and the test modules."""
+    names, mods = set(), set()
+    attr = re.compile(r"#\[(?:tokio::)?test[^\]]*\]\s*(?:#\[[^\]]*\]\s*)*(?:pub\s+)?(?:async\s+)?"
+                      r"fn\s+(\w+)")
+    for f in sorted((ROOT / "tests/integration").glob("*.rs")):
+        mods.add(f.stem)
+        for name in attr.findall(f.read_text(encoding="utf-8")):
+            if name.count("_") >= 2:
+                names.add(name)
+    return names, mods
+
+
+def check_test_names(doc, names, mods, problems):
+    for n, line, _ in prose_lines(doc.read_text(encoding="utf-8")):
+        found = [w for w in re.findall(r"\b[a-z_][a-z0-9_]*\b", line) if w in names]
+        found += [m.group(0) for m in re.finditer(r"\b([a-z_0-9]+)::([a-z_0-9]+)", line)
+                  if m.group(1) in mods and m.group(2).count("_") >= 2]
+        for name in dict.fromkeys(found):
+            problems.append(f"{doc.relative_to(ROOT)}:{n}: names the test {name}: say what it "
+                            f"shows in words (test names belong in docs/benchmarks.md or the tests)")
+
+
 def main():
     binary = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "target/debug/ipybox"
     if not binary.exists():
@@ -208,16 +239,20 @@ def main():
                  f"pass the binary's path")
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     known, subs = help_flags(binary)
+    names, mods = test_names()
     problems = []
     for doc in docs:
         check_links(doc, problems)
         check_flags(doc, known, problems)
+        if doc.name not in DEV_PAGES:
+            check_test_names(doc, names, mods, problems)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         print(f"docs-check: {len(problems)} problem(s) in README.md and docs/*.md", file=sys.stderr)
         sys.exit(1)
     print(f"docs-check: {len(docs)} pages, links and anchors resolve, every --flag is in "
-          f"`ipybox --help` or `ipybox {{{','.join(subs)}}} --help`")
+          f"`ipybox --help` or `ipybox {{{','.join(subs)}}} --help`, no user page names one of "
+          f"{len(names)} tests")
 
 
 if __name__ == "__main__":
