@@ -302,6 +302,22 @@ impl RuntimeDir {
         self.path.join(HOST_KERNELS)
     }
 
+    /// `<runtime>/kernels`, created if needed: 0700, or, when the session's kernels have a uid of
+    /// their own, `root:GID` 0750 (traversable by them: their directories, a snapshot to load and
+    /// the socket a snapshot is sent over are in it).
+    pub(crate) fn host_kernels_dir(&self) -> std::io::Result<PathBuf> {
+        let dir = self.host_kernels();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&dir)?;
+        if let Some((_, gid)) = self.kernel_owner() {
+            std::os::unix::fs::lchown(&dir, Some(0), Some(gid))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
+        }
+        Ok(dir)
+    }
+
     /// `<runtime>/factory` (created 0700 if needed): the kernel factory's socket, which the
     /// template and its kernels connect to (readable inside the sandbox, not writable).
     pub(crate) fn factory_dir(&self) -> std::io::Result<PathBuf> {
@@ -333,16 +349,8 @@ impl RuntimeDir {
             )));
         }
         let owner = self.kernel_owner();
-        if let Some((_, gid)) = owner {
-            // `kernels/` itself: traversable by the session's group (its kernels' directories
-            // are in it).
-            let dir = self.host_kernels();
-            std::fs::DirBuilder::new()
-                .mode(0o750)
-                .recursive(true)
-                .create(&dir)?;
-            std::os::unix::fs::lchown(&dir, Some(0), Some(gid))?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
+        if owner.is_some() {
+            self.host_kernels_dir()?;
         }
         KernelDirs::create(
             self.host_kernels().join(name),
