@@ -388,16 +388,19 @@ pub(crate) fn temp_dir(host: &HostEnv) -> PathBuf {
 
 /// Removes `ipybox-<pid>-*` directories whose process no longer exists.
 /// Removes the mounts a runtime directory may hold before it is removed (never leave mounts
-/// behind): a confined session's work directory tmpfs (`<dir>/work`), those of the sessions in
-/// a shared factory's directory (`<dir>/*/work`), and the factory directory's bind of itself
+/// behind): a confined session's work directory and kernel directory tmpfs (`<dir>/work`,
+/// `<dir>/box`), those of the sessions in a shared factory's directory (`<dir>/*/work`,
+/// `<dir>/*/box`), and the factory directory's bind of itself
 /// (`confine::limits::share_mounts_below`).
 ///
 /// Only those paths: never anything inside what a kernel writes (`box/`, where a kernel could
-/// make `box/work` a link to any mount point of the host), and never through a link
+/// make `box/work` a link to any mount point of the host; `box` itself is the host's name in a
+/// directory only the host writes), and never through a link
 /// (`unmount_work` does not follow one).
 fn unmount_in(dir: &Path) {
     use crate::confine::limits::unmount_work;
     unmount_work(&dir.join(crate::confine::WORK_DIR));
+    unmount_work(&dir.join(KERNEL_WRITABLE));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             // The runtime directories of a shared factory's sessions (made by ipybox: `s-…`,
@@ -408,6 +411,7 @@ fn unmount_in(dir: &Path) {
                 .is_some_and(|n| n.starts_with(SESSION_PREFIX) || n.starts_with(PREFIX));
             if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
                 unmount_work(&entry.path().join(crate::confine::WORK_DIR));
+                unmount_work(&entry.path().join(KERNEL_WRITABLE));
             }
         }
     }
