@@ -374,6 +374,11 @@ struct HttpArgs {
     /// fails with ENOSPC and the cell's result says so. Not root: not bounded.
     #[arg(long, requires = "http", value_name = "BYTES", default_value = "1G", value_parser = parse_size)]
     session_work_size: u64,
+    /// Size of each confined session's kernel directory, `box/` (its sockets; as root: a tmpfs
+    /// of this size, in memory, counted in --session-memory): bytes or 16M; 0: no limit. Snapshots
+    /// do not pass through it. Not root: not bounded.
+    #[arg(long, requires = "http", value_name = "BYTES", default_value = "16M", value_parser = parse_size)]
+    session_box_size: u64,
     /// What a confined session's kernel reaches on the network: `none` (a network namespace of
     /// its own with only `lo`), `proxy` (its own namespace; egress only through ipybox's proxy,
     /// public addresses only, by --session-allow-domain/-net/-port) or `host` (the host's
@@ -989,6 +994,7 @@ async fn serve(
                         memory: http.session_memory,
                         cpus: Some(http.session_cpus).filter(|c| *c > 0.0),
                         work_size: http.session_work_size,
+                        box_size: http.session_box_size,
                     },
                     memory.map(|b| b.total),
                 )));

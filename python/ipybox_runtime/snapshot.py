@@ -24,7 +24,7 @@ reader sees), and why a name that fails to load marks its memo range as lost: th
 refer into that range are reported as depending on it instead of being loaded wrong.
 
 The host (``src/snapshot/``) decides where the files go, seals and stores them, and never
-unpickles anything; it runs :func:`save_to_dir` and :func:`restore_from_dir` as silent cells.
+unpickles anything; it runs :func:`save_to_socket` and :func:`restore_from_dir` as silent cells.
 Standard library only at import (cloudpickle is imported when a snapshot is taken).
 """
 
@@ -41,6 +41,7 @@ import pickletools
 import platform
 import re
 import socket
+import struct
 import sys
 import threading
 import types
@@ -293,7 +294,7 @@ def _module_refusal(module: types.ModuleType) -> str | None:
 
 def save(f, ns: dict, hidden: dict, limit: int) -> dict:
     """Writes the snapshot of ``ns`` to the binary file ``f`` (at most ``limit`` bytes) and returns
-    its manifest (without ``cwd`` and ``imports``, which :func:`save_to_dir` adds)."""
+    its manifest (without ``cwd`` and ``imports``, which :func:`_save_all` adds)."""
     Pickler = _pickler_class()
     modules: list[dict] = []
     not_saved: dict[str, dict] = {}
@@ -405,14 +406,78 @@ def _save_all(f, shell, limit: int) -> dict:
     return manifest
 
 
-def save_to_dir(directory: str, limit: int) -> None:
-    """Snapshots this kernel's user namespace into ``directory`` (``data`` and ``manifest.json``,
-    both new files): the local-kernel transport, run by the host as a silent cell."""
+class _Frames:
+    """The data file as the pickler writes it, sent to the host over a Unix socket as frames
+    (``src/snapshot/stream.rs``): a kind byte, a little-endian length, the bytes. Small writes are
+    gathered up to ``_GATHER``; a large buffer (a numpy array's memory) goes as it is. The only
+    seek is back to the start (the pickling starts over without a name that failed), sent as a
+    restart frame."""
+
+    _GATHER = 1 << 20
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.pos = 0
+        self.pending = bytearray()
+
+    def _frame(self, kind: int, data) -> None:
+        self.sock.sendall(struct.pack("<BQ", kind, len(data)))
+        if len(data):
+            self.sock.sendall(data)
+
+    def write(self, b) -> int:
+        view = memoryview(b).cast("B")
+        n = view.nbytes
+        if n >= self._GATHER:
+            self.flush()
+            self._frame(_FRAME_DATA, view)
+        else:
+            self.pending += view
+            if len(self.pending) >= self._GATHER:
+                self.flush()
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) != (0, 0):
+            raise io.UnsupportedOperation("a snapshot stream only goes back to its start")
+        self.pending.clear()
+        self._frame(_FRAME_RESTART, b"")
+        self.pos = 0
+        return 0
+
+    def truncate(self, size=None) -> int:
+        if self.pos != 0 or size not in (None, 0):
+            raise io.UnsupportedOperation("a snapshot stream is only emptied at its start")
+        return 0
+
+    def flush(self) -> None:
+        if self.pending:
+            self._frame(_FRAME_DATA, self.pending)
+            self.pending = bytearray()
+
+    def finish(self, manifest: dict) -> None:
+        self.flush()
+        self._frame(_FRAME_MANIFEST, json.dumps(manifest).encode())
+
+
+_FRAME_DATA, _FRAME_RESTART, _FRAME_MANIFEST = 0, 1, 2
+
+
+def save_to_socket(path: str, limit: int) -> None:
+    """Snapshots this kernel's user namespace and sends it to the host over the Unix socket at
+    ``path``, which the host bound for this save: the local-kernel transport, run by the host as
+    a silent cell. Nothing is written to a file."""
     shell = _shell()
-    with open(os.path.join(directory, DATA), "xb") as f:
-        manifest = _save_all(f, shell, limit)
-    with open(os.path.join(directory, MANIFEST), "x", encoding="utf-8") as out:
-        json.dump(manifest, out)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(path)
+        out = _Frames(sock)
+        manifest = _save_all(out, shell, limit)
+        out.finish(manifest)
+        sock.shutdown(socket.SHUT_WR)
 
 
 # Kernels on Jupyter servers share no filesystem with the host: the snapshot travels over the
@@ -627,15 +692,15 @@ def _restore_all(f, manifest: dict, shell) -> dict:
     return report
 
 
-def restore_from_dir(directory: str) -> None:
+def restore_from_dir(directory: str, report: str) -> None:
     """Restores the snapshot in ``directory`` (``data``, ``manifest.json``, put there by the host)
-    into this kernel and writes ``report.json`` beside them: the local-kernel transport."""
+    into this kernel and writes the report to ``report`` (a new file): the local-kernel transport."""
     with open(os.path.join(directory, MANIFEST), encoding="utf-8") as m:
         manifest = json.load(m)
     with open(os.path.join(directory, DATA), "rb") as f:
-        report = _restore_all(f, manifest, _shell())
-    with open(os.path.join(directory, REPORT), "x", encoding="utf-8") as out:
-        json.dump(report, out)
+        result = _restore_all(f, manifest, _shell())
+    with open(report, "x", encoding="utf-8") as out:
+        json.dump(result, out)
 
 
 def restore_from_channel() -> None:

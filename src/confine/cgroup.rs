@@ -571,6 +571,7 @@ mod tests {
             memory: 200 << 20,
             cpus: Some(1.5),
             work_size: 0,
+            box_size: 0,
         };
         let err = root
             .create_session(&limits)
@@ -658,6 +659,7 @@ mod tests {
                 memory: 1 << 30,
                 cpus: None,
                 work_size: 0,
+                box_size: 0,
             },
             seen: Default::default(),
         };

@@ -15,6 +15,9 @@ pub const DEFAULT_MAX_PROCS: u64 = 512;
 pub const DEFAULT_MEMORY: u64 = 2 << 30;
 /// The default of `--session-work-size`: 1 GiB.
 pub const DEFAULT_WORK_SIZE: u64 = 1 << 30;
+/// The default of `--session-box-size`: 16 MiB (a kernel's sockets and a restore's report take
+/// a few KiB; snapshots do not pass through it).
+pub const DEFAULT_BOX_SIZE: u64 = 16 << 20;
 
 /// The limits of one session (the same for every session of a service).
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +30,9 @@ pub struct SessionLimits {
     pub cpus: Option<f64>,
     /// Size of the work directory in bytes (a tmpfs as root); 0: no limit.
     pub work_size: u64,
+    /// Size of the directory the kernel itself writes (`box/`: its IPC sockets) in bytes (a
+    /// tmpfs as root); 0: no limit.
+    pub box_size: u64,
 }
 
 impl Default for SessionLimits {
@@ -36,6 +42,7 @@ impl Default for SessionLimits {
             memory: DEFAULT_MEMORY,
             cpus: None,
             work_size: DEFAULT_WORK_SIZE,
+            box_size: DEFAULT_BOX_SIZE,
         }
     }
 }
@@ -49,6 +56,8 @@ pub enum LimitHit {
     Memory(u64),
     /// A write into the work directory found it full.
     WorkSize(u64),
+    /// A write into the kernel's own directory (`box/`) found it full.
+    BoxSize(u64),
 }
 
 impl LimitHit {
@@ -64,6 +73,10 @@ impl LimitHit {
             ),
             LimitHit::WorkSize(n) => format!(
                 "[ipybox] this session's work directory is full ({}, --session-work-size): writes into it fail with ENOSPC (No space left on device). Remove files you no longer need from the working directory and try again.",
+                format_bytes(n)
+            ),
+            LimitHit::BoxSize(n) => format!(
+                "[ipybox] this session's kernel directory is full ({}, --session-box-size): it holds the kernel's sockets, and writes into it fail with ENOSPC (No space left on device). Remove what you wrote there and write files into the working directory instead.",
                 format_bytes(n)
             ),
         }
@@ -176,7 +189,7 @@ impl Limiter {
                     }
                 }
                 tracing::info!(
-                    "session limits: a cgroup per session, {}: at most {} processes and threads (--session-max-procs), {} of memory (--session-memory), CPU {} (--session-cpus); work directory {} (--session-work-size)",
+                    "session limits: a cgroup per session, {}: at most {} processes and threads (--session-max-procs), {} of memory (--session-memory), CPU {} (--session-cpus); work directory {} (--session-work-size), kernel directory {} (--session-box-size)",
                     root.describe(),
                     limits.max_procs,
                     format_bytes(limits.memory),
@@ -184,6 +197,7 @@ impl Limiter {
                         .cpus
                         .map_or("unlimited".to_string(), |c| format!("{c} core(s)")),
                     format_bytes(limits.work_size),
+                    format_bytes(limits.box_size),
                 );
                 Some(root)
             }
@@ -264,12 +278,31 @@ pub(crate) struct KernelLimits {
 pub(crate) struct WorkMount {
     path: std::path::PathBuf,
     size: u64,
+    /// What [`Self::full`] reports.
+    hit: fn(u64) -> LimitHit,
 }
 
 impl WorkMount {
     /// Mounts it on `path` (an existing directory) if ipybox is root and `size` is not 0.
-    #[cfg(target_os = "linux")]
     pub(crate) fn mount(path: &std::path::Path, size: u64) -> std::io::Result<Option<WorkMount>> {
+        Self::mount_as(path, size, "ipybox-work", LimitHit::WorkSize)
+    }
+
+    /// The same for the kernel's own directory (`box/`), whose filling reports `BoxSize`.
+    pub(crate) fn mount_box(
+        path: &std::path::Path,
+        size: u64,
+    ) -> std::io::Result<Option<WorkMount>> {
+        Self::mount_as(path, size, "ipybox-box", LimitHit::BoxSize)
+    }
+
+    #[cfg(target_os = "linux")]
+    fn mount_as(
+        path: &std::path::Path,
+        size: u64,
+        source: &str,
+        hit: fn(u64) -> LimitHit,
+    ) -> std::io::Result<Option<WorkMount>> {
         // SAFETY: geteuid has no preconditions.
         if size == 0 || unsafe { libc::geteuid() } != 0 {
             return Ok(None);
@@ -284,7 +317,7 @@ impl WorkMount {
         );
         let cstr = |s: &str| std::ffi::CString::new(s).map_err(std::io::Error::other);
         let target = cstr(&path.to_string_lossy())?;
-        let (source, fstype, data) = (cstr("ipybox-work")?, cstr("tmpfs")?, cstr(&data)?);
+        let (source, fstype, data) = (cstr(source)?, cstr("tmpfs")?, cstr(&data)?);
         // SAFETY: valid NUL-terminated strings that outlive the call.
         let rc = unsafe {
             libc::mount(
@@ -301,13 +334,19 @@ impl WorkMount {
         Ok(Some(WorkMount {
             path: path.to_path_buf(),
             size,
+            hit,
         }))
     }
 
     /// Off Linux nothing is mounted (as for a non-root ipybox; confined sessions, whose work
     /// directories these are, are Linux only).
     #[cfg(not(target_os = "linux"))]
-    pub(crate) fn mount(_path: &std::path::Path, _size: u64) -> std::io::Result<Option<WorkMount>> {
+    fn mount_as(
+        _path: &std::path::Path,
+        _size: u64,
+        _source: &str,
+        _hit: fn(u64) -> LimitHit,
+    ) -> std::io::Result<Option<WorkMount>> {
         Ok(None)
     }
 
@@ -315,7 +354,7 @@ impl WorkMount {
     pub(crate) fn full(&self) -> Option<LimitHit> {
         let st = rustix::fs::statvfs(&self.path).ok()?;
         let free = st.f_bavail.saturating_mul(st.f_frsize);
-        (free < 64 << 10).then_some(LimitHit::WorkSize(self.size))
+        (free < 64 << 10).then_some((self.hit)(self.size))
     }
 }
 

@@ -110,7 +110,7 @@ impl CodeExecutor {
             }
             running.pristine = false;
             match prepared {
-                Prepared::Local(p) => local::load(&mut running.pool, p, timeout).await,
+                Prepared::Local(p) => local::load(&mut running.pool, &runtime, p, timeout).await,
                 Prepared::Remote(p, channel) => {
                     remote::load(&mut running.pool, &channel, p, timeout).await
                 }

@@ -330,10 +330,12 @@ impl CodeExecutor {
             }
             if let Some(limiter) = &confinement.limiter {
                 let (limits, mount) = session_limits(limiter, &work)?;
+                let boxed = box_limit(limiter, writable.path())?;
                 config.limits = Some(limits.clone());
                 session = Some(SessionUse {
                     limits,
                     work: mount,
+                    boxed,
                 });
             }
             let mut layout = crate::confine::Layout::new(
@@ -464,7 +466,7 @@ impl CodeExecutor {
                 if confinement
                     .limiter
                     .as_ref()
-                    .is_some_and(|l| l.limits.work_size > 0)
+                    .is_some_and(|l| l.limits.work_size > 0 || l.limits.box_size > 0)
                 {
                     // Work directories' tmpfs mounts, made later on the host, must reach the
                     // template's view (and so its forks).
@@ -591,6 +593,8 @@ fn extract(dir: &Dir<'_>, to: &Path) -> std::io::Result<()> {
 pub(super) struct SessionUse {
     pub(super) limits: crate::confine::limits::KernelLimits,
     pub(super) work: Option<crate::confine::limits::WorkMount>,
+    /// The tmpfs on the kernel's own directory (`box/`), as root with `--session-box-size`.
+    pub(super) boxed: Option<crate::confine::limits::WorkMount>,
 }
 
 impl SessionUse {
@@ -603,8 +607,29 @@ impl SessionUse {
             .map(|c| c.hits())
             .unwrap_or_default();
         hits.extend(self.work.as_ref().and_then(|w| w.full()));
+        hits.extend(self.boxed.as_ref().and_then(|b| b.full()));
         hits
     }
+}
+
+/// The tmpfs of `--session-box-size` on a new session's `box/` (before its kernels bind their
+/// sockets there): what its kernels write outside `work/` is bounded too.
+fn box_limit(
+    limiter: &crate::confine::limits::Limiter,
+    path: &Path,
+) -> Result<Option<crate::confine::limits::WorkMount>, ExecutorError> {
+    let size = limiter.limits.box_size;
+    crate::confine::limits::WorkMount::mount_box(path, size).map_err(|e| {
+        KernelError::Start {
+            reason: format!(
+                "cannot mount the session's kernel directory ({} of tmpfs, --session-box-size) on {}: {e}",
+                crate::confine::limits::format_bytes(size),
+                path.display()
+            ),
+            help: "pass --session-box-size 0 for no limit on it".into(),
+        }
+        .into()
+    })
 }
 
 /// A new session's cgroup (or resource limits) and its work directory's tmpfs on `work`.

@@ -302,6 +302,22 @@ impl RuntimeDir {
         self.path.join(HOST_KERNELS)
     }
 
+    /// `<runtime>/kernels`, created if needed: 0700, or, when the session's kernels have a uid of
+    /// their own, `root:GID` 0750 (traversable by them: their directories, a snapshot to load and
+    /// the socket a snapshot is sent over are in it).
+    pub(crate) fn host_kernels_dir(&self) -> std::io::Result<PathBuf> {
+        let dir = self.host_kernels();
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&dir)?;
+        if let Some((_, gid)) = self.kernel_owner() {
+            std::os::unix::fs::lchown(&dir, Some(0), Some(gid))?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
+        }
+        Ok(dir)
+    }
+
     /// `<runtime>/factory` (created 0700 if needed): the kernel factory's socket, which the
     /// template and its kernels connect to (readable inside the sandbox, not writable).
     pub(crate) fn factory_dir(&self) -> std::io::Result<PathBuf> {
@@ -333,16 +349,8 @@ impl RuntimeDir {
             )));
         }
         let owner = self.kernel_owner();
-        if let Some((_, gid)) = owner {
-            // `kernels/` itself: traversable by the session's group (its kernels' directories
-            // are in it).
-            let dir = self.host_kernels();
-            std::fs::DirBuilder::new()
-                .mode(0o750)
-                .recursive(true)
-                .create(&dir)?;
-            std::os::unix::fs::lchown(&dir, Some(0), Some(gid))?;
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750))?;
+        if owner.is_some() {
+            self.host_kernels_dir()?;
         }
         KernelDirs::create(
             self.host_kernels().join(name),
@@ -380,16 +388,19 @@ pub(crate) fn temp_dir(host: &HostEnv) -> PathBuf {
 
 /// Removes `ipybox-<pid>-*` directories whose process no longer exists.
 /// Removes the mounts a runtime directory may hold before it is removed (never leave mounts
-/// behind): a confined session's work directory tmpfs (`<dir>/work`), those of the sessions in
-/// a shared factory's directory (`<dir>/*/work`), and the factory directory's bind of itself
+/// behind): a confined session's work directory and kernel directory tmpfs (`<dir>/work`,
+/// `<dir>/box`), those of the sessions in a shared factory's directory (`<dir>/*/work`,
+/// `<dir>/*/box`), and the factory directory's bind of itself
 /// (`confine::limits::share_mounts_below`).
 ///
 /// Only those paths: never anything inside what a kernel writes (`box/`, where a kernel could
-/// make `box/work` a link to any mount point of the host), and never through a link
+/// make `box/work` a link to any mount point of the host; `box` itself is the host's name in a
+/// directory only the host writes), and never through a link
 /// (`unmount_work` does not follow one).
 fn unmount_in(dir: &Path) {
     use crate::confine::limits::unmount_work;
     unmount_work(&dir.join(crate::confine::WORK_DIR));
+    unmount_work(&dir.join(KERNEL_WRITABLE));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             // The runtime directories of a shared factory's sessions (made by ipybox: `s-…`,
@@ -400,6 +411,7 @@ fn unmount_in(dir: &Path) {
                 .is_some_and(|n| n.starts_with(SESSION_PREFIX) || n.starts_with(PREFIX));
             if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
                 unmount_work(&entry.path().join(crate::confine::WORK_DIR));
+                unmount_work(&entry.path().join(KERNEL_WRITABLE));
             }
         }
     }

@@ -26,6 +26,7 @@ pub(crate) mod remote;
 pub mod report;
 pub(crate) mod seal;
 pub mod store;
+pub(crate) mod stream;
 
 use std::path::PathBuf;
 

@@ -73,7 +73,7 @@ impl WritesInFlight {
 }
 
 /// One write in flight (registered until dropped, on whatever thread ends it).
-struct WriteGuard {
+pub(crate) struct WriteGuard {
     writes: std::sync::Arc<WritesInFlight>,
     dir: String,
 }
@@ -164,7 +164,7 @@ impl SnapshotStore {
     }
 
     /// Registers a write of `binding`'s snapshot as in flight until the guard drops.
-    fn begin_write(&self, binding: &SnapshotBinding) -> WriteGuard {
+    pub(crate) fn begin_write(&self, binding: &SnapshotBinding) -> WriteGuard {
         let dir = self.key.dir_name(binding);
         *self.writes.map().entry(dir.clone()).or_default() += 1;
         WriteGuard {
@@ -303,68 +303,38 @@ impl SnapshotStore {
         data: &mut impl Read,
         data_len: u64,
     ) -> Result<u64, SnapshotError> {
-        let root = self.root_dir()?;
-        let tmp = format!(".tmp-{:016x}", rand::random::<u64>());
-        let result = self.write_into(&root, &tmp, binding, confinement, manifest, data, data_len);
-        if result.is_err() {
-            let _ = root.remove_tree(&tmp);
-        }
-        result
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn write_into(
-        &self,
-        root: &NoFollowDir,
-        tmp: &str,
-        binding: &SnapshotBinding,
-        confinement: &KernelConfinement,
-        manifest: &Manifest,
-        data: &mut impl Read,
-        data_len: u64,
-    ) -> Result<u64, SnapshotError> {
-        let path = self.root.join(tmp);
-        let dir = root.subdir(tmp, Some(0o700)).map_err(io_at(&path))?;
-        let mut file = dir.create_file(DATA, 0o600).map_err(io_at(&path))?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, &mut file);
-        let data_sha256 =
-            copy_hashing(data, &mut out, data_len).map_err(|source| SnapshotError::Invalid {
+        let mut staged = self.stage()?;
+        let data_sha256 = copy_hashing(data, &mut staged.out, data_len).map_err(|source| {
+            SnapshotError::Invalid {
                 what: "the snapshot data".into(),
                 reason: format!("cannot copy it: {source}"),
-            })?;
-        out.flush().map_err(io_at(&path))?;
-        drop(out);
-        file.sync_all().map_err(io_at(&path))?;
-        let manifest_bytes = serde_json::to_vec(manifest).map_err(|e| SnapshotError::Invalid {
-            what: "the snapshot manifest".into(),
-            reason: e.to_string(),
+            }
         })?;
-        let contents = Contents {
-            data_sha256,
-            data_bytes: data_len,
-            manifest_sha256: seal::sha256(&manifest_bytes),
+        staged.commit(binding, confinement, manifest, data_sha256, data_len)
+    }
+
+    /// A new snapshot's data file, in a fresh `.tmp-*` directory of the store (removed again
+    /// unless [`Staged::commit`] swaps it in): what a kernel sends is written here as it comes.
+    pub(crate) fn stage(&self) -> Result<Staged, SnapshotError> {
+        let root = self.root_dir()?;
+        let tmp = format!(".tmp-{:016x}", rand::random::<u64>());
+        let path = self.root.join(&tmp);
+        let dir = root.subdir(&tmp, Some(0o700)).map_err(io_at(&path))?;
+        let file = match dir.create_file(DATA, 0o600) {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = root.remove_tree(&tmp);
+                return Err(io_at(&path)(e));
+            }
         };
-        let seal = SealFile {
-            format: super::manifest::FORMAT,
-            data_sha256: hex(&contents.data_sha256),
-            data_bytes: data_len,
-            manifest_sha256: hex(&contents.manifest_sha256),
-            confinement: Some(confinement.record()),
-            seal: hex(&self.key.seal(binding, confinement, &contents)),
-        };
-        for (name, bytes) in [
-            (MANIFEST, manifest_bytes),
-            (SEAL, serde_json::to_vec(&seal).unwrap_or_default()),
-        ] {
-            let mut f = dir.create_file(name, 0o600).map_err(io_at(&path))?;
-            f.write_all(&bytes).map_err(io_at(&path))?;
-            f.sync_all().map_err(io_at(&path))?;
-        }
-        dir.sync().map_err(io_at(&path))?;
-        root.replace(tmp, &self.key.dir_name(binding))
-            .map_err(io_at(&self.path(binding)))?;
-        root.sync().map_err(io_at(&self.root))?;
-        Ok(data_len)
+        Ok(Staged {
+            store: self.clone(),
+            root,
+            tmp,
+            path,
+            dir,
+            out: std::io::BufWriter::with_capacity(1 << 20, file),
+        })
     }
 
     /// Opens `binding`'s snapshot: its seal must verify for `binding` and the confinement it
@@ -465,6 +435,91 @@ pub(crate) fn copy_verified(
         });
     }
     Ok(())
+}
+
+/// A snapshot being written into the store ([`SnapshotStore::stage`]): its data file, which the
+/// caller fills (`out`; [`Staged::restart`] empties it), then [`Staged::commit`] seals and swaps
+/// it in. Dropped uncommitted, its directory is removed.
+pub(crate) struct Staged {
+    store: SnapshotStore,
+    root: NoFollowDir,
+    tmp: String,
+    path: PathBuf,
+    dir: NoFollowDir,
+    /// The data file.
+    pub(crate) out: std::io::BufWriter<std::fs::File>,
+}
+
+impl Staged {
+    /// Empties the data file (a kernel that starts its snapshot over).
+    pub(crate) fn restart(&mut self) -> std::io::Result<()> {
+        self.out.flush()?;
+        let file = self.out.get_mut();
+        file.set_len(0)?;
+        std::io::Seek::rewind(file)?;
+        Ok(())
+    }
+
+    /// Seals the data written (`data_len` bytes, SHA-256 `data_sha256`) with `manifest` for
+    /// `binding` and replaces the snapshot stored before with it. Returns the data's length.
+    pub(crate) fn commit(
+        mut self,
+        binding: &SnapshotBinding,
+        confinement: &KernelConfinement,
+        manifest: &Manifest,
+        data_sha256: [u8; 32],
+        data_len: u64,
+    ) -> Result<u64, SnapshotError> {
+        let path = self.path.clone();
+        self.out.flush().map_err(io_at(&path))?;
+        let file = self.out.get_ref();
+        if file.metadata().map_err(io_at(&path))?.len() != data_len {
+            return Err(SnapshotError::Invalid {
+                what: "the snapshot data".into(),
+                reason: format!("{data_len} bytes were expected in {}", path.display()),
+            });
+        }
+        file.sync_all().map_err(io_at(&path))?;
+        let manifest_bytes = serde_json::to_vec(manifest).map_err(|e| SnapshotError::Invalid {
+            what: "the snapshot manifest".into(),
+            reason: e.to_string(),
+        })?;
+        let store = &self.store;
+        let contents = Contents {
+            data_sha256,
+            data_bytes: data_len,
+            manifest_sha256: seal::sha256(&manifest_bytes),
+        };
+        let seal = SealFile {
+            format: super::manifest::FORMAT,
+            data_sha256: hex(&contents.data_sha256),
+            data_bytes: data_len,
+            manifest_sha256: hex(&contents.manifest_sha256),
+            confinement: Some(confinement.record()),
+            seal: hex(&store.key.seal(binding, confinement, &contents)),
+        };
+        for (name, bytes) in [
+            (MANIFEST, manifest_bytes),
+            (SEAL, serde_json::to_vec(&seal).unwrap_or_default()),
+        ] {
+            let mut f = self.dir.create_file(name, 0o600).map_err(io_at(&path))?;
+            f.write_all(&bytes).map_err(io_at(&path))?;
+            f.sync_all().map_err(io_at(&path))?;
+        }
+        self.dir.sync().map_err(io_at(&path))?;
+        self.root
+            .replace(&self.tmp, &store.key.dir_name(binding))
+            .map_err(io_at(&store.path(binding)))?;
+        self.root.sync().map_err(io_at(&store.root))?;
+        Ok(data_len)
+    }
+}
+
+impl Drop for Staged {
+    /// Uncommitted, the directory goes (after a commit nothing is left at its name).
+    fn drop(&mut self) {
+        let _ = self.root.remove_tree(&self.tmp);
+    }
 }
 
 /// Checks the manifest a kernel under `confinement` sent for `data_len` bytes of data, stamps it

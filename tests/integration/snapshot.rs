@@ -491,44 +491,47 @@ async fn a_snapshot_of_another_session_or_owner_or_changed_is_refused_unloaded()
     ex.stop().await;
 }
 
-/// Kernel code that replaces ipybox's snapshot writer with `body` (run with the exchange
-/// directory `d`): a hostile kernel's view of the host.
+/// Kernel code that replaces ipybox's snapshot writer with `body` (run with the path `p` of the
+/// socket the host bound for the save, `frame(sock, kind, bytes)` at hand): a hostile kernel's
+/// view of the host.
 fn hostile_writer(body: &str) -> String {
     format!(
-        "import os, ipybox_runtime.snapshot as _s\ndef _evil(d, limit):\n{}\n_s.save_to_dir = _evil\n",
+        "import os, socket, struct, time, ipybox_runtime.snapshot as _s\n\
+         def frame(sock, kind, b):\n    sock.sendall(struct.pack('<BQ', kind, len(b)) + b)\n\
+         def _evil(p, limit):\n{}\n_s.save_to_socket = _evil\n",
         body.lines()
             .map(|l| format!("    {l}\n"))
             .collect::<String>()
     )
 }
 
-async fn planted_links_do_not_redirect_the_host(ex: &CodeExecutor, ws: &Path, secret: &Path) {
+async fn hostile_streams_are_refused(ex: &CodeExecutor, secret: &Path) {
     let home = tempfile::tempdir().unwrap();
-    let store = store(home.path());
+    let store = store(home.path()).with_limit(1 << 20);
     let b = binding("hostile");
+    let connect = "s = socket.socket(socket.AF_UNIX)\ns.connect(p)";
     let manifest = r#"{"format": 1, "python": "3.11.7", "cwd": null, "imports": [], "modules": [], "saved": [], "not_saved": [], "data_bytes": 6}"#;
-    std::fs::write(ws.join("manifest.json"), manifest).unwrap();
     let cases = [
-        // The data and the manifest as links to files the host can read.
+        // More than the store takes, in frames the host accepts one by one.
         (
-            format!(
-                "os.symlink({:?}, d + '/data')\nos.symlink({:?}, d + '/manifest.json')",
-                secret.display().to_string(),
-                ws.join("manifest.json").display().to_string()
-            ),
-            "symbolic link",
+            format!("{connect}\nfor _ in range(3):\n    frame(s, 0, b'x' * (512 << 10))"),
+            "passed the limit of 1048576 bytes",
         ),
-        // The data as a FIFO: the host must not wait on it.
-        ("os.mkfifo(d + '/data')".to_string(), "not a regular file"),
-        // The directory swapped for a link to one with valid-looking files.
+        // One frame larger than any the host takes.
         (
-            format!(
-                "import shutil\nos.makedirs({0:?}, exist_ok=True)\nopen({0:?} + '/data', 'w').write('secret')\nshutil.copy({1:?}, {0:?})\nos.rename(d, d + '-moved')\nos.symlink({0:?}, d)",
-                ws.join("decoy").display().to_string(),
-                ws.join("manifest.json").display().to_string()
-            ),
-            "No such file",
+            format!("{connect}\ns.sendall(struct.pack('<BQ', 0, 1 << 40))"),
+            "a frame of 1099511627776 bytes",
         ),
+        (format!("{connect}\nframe(s, 9, b'')"), "unknown kind 9"),
+        // A manifest that says more data than was sent.
+        (
+            format!("{connect}\nframe(s, 0, b'abc')\nframe(s, 2, {manifest:?}.encode())"),
+            "it describes 6 bytes of data, and the data has 3",
+        ),
+        // The connection kept open, nothing sent: the host stops waiting.
+        (format!("{connect}\n_s._held = s"), "did not end within"),
+        // No connection at all.
+        ("pass".to_string(), "did not end within"),
     ];
     for (body, expected) in cases {
         run(ex, &hostile_writer(&body)).await;
@@ -542,18 +545,29 @@ async fn planted_links_do_not_redirect_the_host(ex: &CodeExecutor, ws: &Path, se
         assert!(started.elapsed() < Duration::from_secs(30));
         assert!(!store.contains(&b), "nothing is stored");
     }
+    // Nothing of the refused snapshots is left in the store.
+    let left: Vec<_> = std::fs::read_dir(store.root()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{left:?}");
+    // The control: the real writer stores a snapshot through the same socket.
+    run(
+        ex,
+        "import importlib, ipybox_runtime.snapshot as _s\nimportlib.reload(_s)\nkept = 7",
+    )
+    .await;
+    ex.snapshot(&store, &b, TIMEOUT).await.unwrap();
+    assert!(store.contains(&b));
     // The host's own files were not touched through the links.
     assert_eq!(std::fs::read_to_string(secret).unwrap(), "host secret");
 }
 
 #[tokio::test]
-async fn links_planted_by_kernel_code_do_not_redirect_the_host() {
+async fn hostile_snapshot_streams_store_nothing() {
     let ws = tempfile::tempdir().unwrap();
     let outside = tempfile::tempdir().unwrap();
     let secret = outside.path().join("secret.txt");
     std::fs::write(&secret, "host secret").unwrap();
     let ex = started(ws.path(), None, None).await;
-    planted_links_do_not_redirect_the_host(&ex, ws.path(), &secret).await;
+    hostile_streams_are_refused(&ex, &secret).await;
     ex.stop().await;
 }
 
@@ -579,7 +593,7 @@ async fn a_sandboxed_kernel_snapshots_and_restores_and_cannot_mislead_the_host()
     // A secret the sandboxed kernel cannot read, but the host could.
     let secret = ws.path().join(".env");
     std::fs::write(&secret, "host secret").unwrap();
-    planted_links_do_not_redirect_the_host(&ex, ws.path(), &secret).await;
+    hostile_streams_are_refused(&ex, &secret).await;
     ex.stop().await;
 }
 

@@ -250,3 +250,104 @@ async fn memory_hog_meets_the_memory_limit() {
     // (Stopped, not killed: a killed service's cgroups and mounts wait for the next start.)
     confined.terminate(Duration::from_secs(30));
 }
+
+/// Writes up to 50 MiB into the kernel's own directory (`box/`, beside its working directory),
+/// a MiB at a time; prints `mib=N errno=E`. The file stays.
+const BOX_FILLER: &str = r#"import os
+n, err = 0, None
+fd = os.open(os.path.join(os.getcwd(), "..", "box", "fill.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+try:
+    for i in range(50):
+        os.write(fd, b"x" * (1 << 20))
+        n += 1
+except OSError as e:
+    err = e.errno
+finally:
+    os.close(fd)
+print(f"mib={n} errno={err}")"#;
+
+const BOX_NOTE: &str =
+    "[ipybox] this session's kernel directory is full (4 MiB, --session-box-size)";
+
+/// A confined session's `box/` (its sockets; on the host's disk before `--session-box-size`)
+/// holds at most its size: a filler meets ENOSPC and the result names the flag; with
+/// `--session-box-size 0` (the control) the same cell writes all 50 MiB. With its box full, the
+/// session still hibernates and comes back holding 30 MiB (snapshots do not pass through it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_box_filler_meets_its_limit_and_bigger_sessions_still_hibernate() {
+    require!(TestEnv);
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "the limits tests run as root"
+    );
+    let ws = tempfile::tempdir().unwrap();
+    let saved = tempfile::tempdir().unwrap();
+    let replica = format!("box-{:08x}", rand::random::<u32>());
+    let service = |size: &'static str, hibernate: &'static str| {
+        Service::start(
+            ws.path(),
+            &[("IPYBOX_TOKEN", TOKEN_A)],
+            &[
+                "--session-memory",
+                "300M",
+                "--session-box-size",
+                size,
+                "--hibernate-after",
+                hibernate,
+                "--warm-sessions",
+                "0",
+                "--replica-id",
+                &replica,
+                "--snapshot-dir",
+                saved.path().to_str().unwrap(),
+            ],
+        )
+    };
+    // The control: no limit on box/.
+    {
+        let open = service("0", "3600");
+        let client = connect(&open.url(), Some(TOKEN_A), Era::Handshake).await;
+        let (is_error, text) = cell(&client, BOX_FILLER, None).await;
+        assert!(!is_error, "{text}");
+        assert_eq!(text, "mib=50 errno=None");
+        client.close().await;
+    }
+    let bounded = service("4M", "1");
+    assert!(
+        bounded
+            .log()
+            .contains("kernel directory 4 MiB (--session-box-size)"),
+        "{}",
+        bounded.log()
+    );
+    let client = connect(&bounded.url(), Some(TOKEN_A), Era::Stateless).await;
+    let (_, h) = new_session(&client, "blob = bytearray(30 << 20)\nblob[-1] = 7").await;
+    let (is_error, text) = cell(&client, BOX_FILLER, Some(&h)).await;
+    assert!(!is_error, "{text}");
+    assert_eq!(
+        text,
+        format!(
+            "mib=4 errno=28\n\n{BOX_NOTE}: it holds the kernel's sockets, and writes into it fail with ENOSPC (No space left on device). Remove what you wrote there and write files into the working directory instead."
+        )
+    );
+    // Idle for a second: the session is saved and its kernel stopped.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(bounded.port, Some(TOKEN_A), "ipybox_sessions_hibernated").await < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "never hibernated:\n{}",
+            bounded.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (is_error, text) = cell(&client, "print(len(blob), blob[-1])", Some(&h)).await;
+    assert!(!is_error, "{text}");
+    assert!(
+        text.starts_with("[ipybox] This session's kernel was restored from a snapshot")
+            && text.ends_with("\n\n31457280 7"),
+        "{text}"
+    );
+    client.close().await;
+}
