@@ -54,4 +54,5 @@ unlucky_pids
 unlucky_kernel_env "$root/target/debug/ipybox"
 unlucky_runtime_base /var/tmp
 # 2 test threads on 2 cores: each test starts real kernels and servers.
-IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2
+# RUST_BACKTRACE=0: a failure prints its message, not 40 frames that push it out of a log's tail.
+RUST_BACKTRACE=0 IPYBOX_TEST_STRICT=1 cargo test --no-fail-fast "$@" -- --test-threads=2

@@ -7,8 +7,9 @@
 //! - `confinement`: the confinement a snapshot was taken in (sealed with it) and where it may be
 //!   restored, [`KernelConfinement`];
 //! - `store`: the host-only directory of sealed snapshots, [`SnapshotStore`];
-//! - `local`: the transport of kernels that share the host's filesystem (files in the runtime
-//!   directory's kernel-writable part);
+//! - `local`: the transport of kernels that share the host's filesystem (a Unix socket per save,
+//!   a host-owned directory per restore);
+//! - `stream`: the frames a local kernel sends its snapshot in, written into the store;
 //! - `remote`: the transport of kernels on Jupyter servers (chunks over the stdin channel);
 //! - `report`: what came back and what did not, as data and as text for the model.
 //!
