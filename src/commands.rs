@@ -193,16 +193,17 @@ async fn exec(
 }
 
 /// A traceback of `exec FILE` names the file, not the kernel's cell (`Cell In[1], line 3` is
-/// `File script.py, line 3`: the cell is the whole file, its lines the file's).
+/// `File "job.py", line 3`: the cell is the whole file, its lines the file's).
 fn in_file(traceback: &str, file: &str) -> String {
     traceback
         .lines()
-        .map(|line| match line.strip_prefix("  Cell In[") {
-            Some(rest) => match rest.split_once("], line ") {
-                Some((_, at)) => format!("  File {file}, line {at}"),
+        .map(|line| {
+            let indent = &line[..line.len() - line.trim_start().len()];
+            let cell = line.trim_start().strip_prefix("Cell In[");
+            match cell.and_then(|rest| rest.split_once("], line ")) {
+                Some((_, at)) => format!("{indent}File \"{file}\", line {at}"),
                 None => line.to_string(),
-            },
-            None => line.to_string(),
+            }
         })
         .collect::<Vec<_>>()
         .join("\n")
@@ -316,10 +317,10 @@ mod tests {
     fn a_file_traceback_names_the_file() {
         assert_eq!(
             super::in_file(
-                "Traceback (most recent call last):\n  Cell In[1], line 3\n    1/0\nZeroDivisionError: division by zero",
+                "Traceback (most recent call last):\n  Cell In[1], line 3, in f\nCell In[1], line 5\n    1/0\nZeroDivisionError: division by zero",
                 "job.py"
             ),
-            "Traceback (most recent call last):\n  File job.py, line 3\n    1/0\nZeroDivisionError: division by zero"
+            "Traceback (most recent call last):\n  File \"job.py\", line 3, in f\nFile \"job.py\", line 5\n    1/0\nZeroDivisionError: division by zero"
         );
     }
 }

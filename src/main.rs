@@ -23,7 +23,6 @@ mod trust_command;
 use clap::Parser;
 use cli::{Cli, Command};
 
-
 /// Logs to stderr at `level` for ipybox (`IPYBOX_LOG`, an env-filter directive, overrides),
 /// never code, output or handles (see [`logging`]); once per process, later calls do nothing.
 /// The Python package's logging setup (`crates/ipybox-py` compiles this file in).
@@ -36,7 +35,6 @@ pub(crate) const SUCCESS: u8 = 0;
 pub(crate) const FAILURE: u8 = 1;
 /// A command line clap or [`cli::flags_before_subcommand`] refuses (clap's own status for it).
 const USAGE: u8 = 2;
-
 
 fn main() -> ExitCode {
     ExitCode::from(cli_main(std::env::args_os()))
@@ -146,8 +144,12 @@ fn error_text(e: &anyhow::Error) -> String {
 mod tests {
     #[test]
     fn a_cause_goes_before_the_help_and_is_said_once() {
-        let io = std::io::Error::new(std::io::ErrorKind::NotADirectory, "Not a directory (os error 20)");
-        let e = anyhow::Error::new(io).context("cannot prepare /x/y\n  help: choose a writable directory");
+        let io = std::io::Error::new(
+            std::io::ErrorKind::NotADirectory,
+            "Not a directory (os error 20)",
+        );
+        let e = anyhow::Error::new(io)
+            .context("cannot prepare /x/y\n  help: choose a writable directory");
         assert_eq!(
             super::error_text(&e),
             "cannot prepare /x/y: Not a directory (os error 20)\n  help: choose a writable directory"

@@ -64,7 +64,7 @@ pub(crate) struct HttpArgs {
     pub max_sessions_per_token: String,
     /// Memory all confined sessions may use together, each's --session-memory reserved in
     /// full (size, `auto`: 90% of this machine's, or `off`).
-    #[arg(long, value_name = "SIZE|auto|off", default_value = "auto", requires = "http", help_heading = CONFINEMENT)]
+    #[arg(long, value_name = "SIZE|auto|off", default_value = "auto", value_parser = parse_service_memory, requires = "http", help_heading = CONFINEMENT)]
     pub service_memory: String,
     /// At most this many calls in progress per session; more are refused at once.
     #[arg(long, value_name = "N", default_value_t = 4, requires = "http", help_heading = CONFINEMENT)]
@@ -169,6 +169,17 @@ impl std::fmt::Debug for HttpArgs {
     }
 }
 
+/// `--service-memory`: `auto`, `off`, or a size (as bytes: what `http::admission` reads).
+fn parse_service_memory(text: &str) -> Result<String, String> {
+    match text.trim() {
+        v @ ("auto" | "off") => Ok(v.to_string()),
+        v => v
+            .parse::<Size>()
+            .map(|s| s.0.to_string())
+            .map_err(|e| format!("{e}; or `auto` or `off`")),
+    }
+}
+
 /// `--session-max-procs`: N, or `off` (no limit: 0 inside); 0 is refused.
 fn parse_procs(text: &str) -> Result<u64, String> {
     match text.trim() {
@@ -186,10 +197,16 @@ fn parse_procs(text: &str) -> Result<u64, String> {
 fn parse_cpus(text: &str) -> Result<f64, String> {
     match text.trim() {
         "off" | "none" => Ok(0.0),
-        "0" => Err("0 cores would run nothing: pass cores (0.5, 1, 2), or `off` for no limit".into()),
+        "0" => {
+            Err("0 cores would run nothing: pass cores (0.5, 1, 2), or `off` for no limit".into())
+        }
         t => ipybox::confine::limits::parse_cpus(t)
             .map(|c| c.unwrap_or(0.0))
-            .map_err(|_| format!("`{text}` is not a number of cores: pass 0.5, 1, 2, ..., or `off` for no limit")),
+            .map_err(|_| {
+                format!(
+                    "`{text}` is not a number of cores: pass 0.5, 1, 2, ..., or `off` for no limit"
+                )
+            }),
     }
 }
 

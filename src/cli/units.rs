@@ -17,7 +17,12 @@ const LONGEST: Duration = Duration::from_secs(86_400 * 365);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Size(pub u64);
 
-const SIZE_UNITS: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)];
+const SIZE_UNITS: [(&str, u64); 4] = [
+    ("T", 1 << 40),
+    ("G", 1 << 30),
+    ("M", 1 << 20),
+    ("K", 1 << 10),
+];
 
 impl FromStr for Size {
     type Err = String;
@@ -82,7 +87,12 @@ impl Size {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Secs(pub Duration);
 
-const DURATION_UNITS: [(&str, u64); 4] = [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)];
+const DURATION_UNITS: [(&str, u64); 4] = [
+    ("d", 86_400_000),
+    ("h", 3_600_000),
+    ("m", 60_000),
+    ("s", 1000),
+];
 
 impl FromStr for Secs {
     type Err = String;
@@ -186,10 +196,7 @@ pub(crate) fn nonzero_size(value: OrOff<Size>, flag: &str) -> Result<Option<u64>
 
 /// Like [`nonzero_size`], for a duration.
 pub(crate) fn nonzero_secs(value: OrOff<Secs>, flag: &str) -> Result<Option<Duration>, String> {
-    value
-        .0
-        .map(|s| s.positive(flag, ", or `off`"))
-        .transpose()
+    value.0.map(|s| s.positive(flag, ", or `off`")).transpose()
 }
 
 #[cfg(test)]
@@ -286,7 +293,10 @@ mod tests {
         );
         assert_eq!(
             nonzero_size(OrOff(Some(Size(0))), "--snapshot-quota"),
-            Err("invalid --snapshot-quota 0\n  help: pass a size (512M, 2G), or `off` for no limit".into())
+            Err(
+                "invalid --snapshot-quota 0\n  help: pass a size (512M, 2G), or `off` for no limit"
+                    .into()
+            )
         );
         assert_eq!(nonzero_size(OrOff(None), "--x"), Ok(None));
         assert_eq!(

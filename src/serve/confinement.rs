@@ -98,10 +98,7 @@ struct OperatorFiles<'a> {
 /// names the install command and `--unconfined-sessions`); the workspace's `.env`, the
 /// sessions' images and notebooks, the saved sessions (`--snapshot-dir`), the token files and
 /// the session-secret file are hidden from every kernel.
-async fn confinement(
-    workspace: &Path,
-    files: OperatorFiles<'_>,
-) -> anyhow::Result<Confinement> {
+async fn confinement(workspace: &Path, files: OperatorFiles<'_>) -> anyhow::Result<Confinement> {
     let shown = session_show(&files)?;
     let refuse = |e: ipybox::confine::ConfineError| {
         anyhow::anyhow!(

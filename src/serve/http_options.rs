@@ -23,11 +23,14 @@ pub(crate) async fn bind_address(spec: &str) -> anyhow::Result<SocketAddr> {
         })
 }
 
-
 /// `--session-network` and the egress proxy's flags (`--session-allow-net`, `-domain`,
 /// `-port`) apply only to sessions ipybox confines itself: given where they cannot apply, they
 /// are an error at start-up rather than silently ignored (issue 51).
-pub(crate) fn check_session_network(http: &HttpArgs, gateway: bool, sandbox: bool) -> anyhow::Result<()> {
+pub(crate) fn check_session_network(
+    http: &HttpArgs,
+    gateway: bool,
+    sandbox: bool,
+) -> anyhow::Result<()> {
     use ipybox::confine::network::SessionNetwork;
     let proxy_flag = [
         (!http.session_allow_net.is_empty()).then_some("--session-allow-net"),
@@ -84,7 +87,7 @@ pub(crate) struct Service {
 }
 
 pub(crate) fn http_options(
-    args: HttpArgs,
+    args: &HttpArgs,
     secrets: own_secrets::OwnSecrets,
     service: Service,
 ) -> anyhow::Result<http::HttpOptions> {
@@ -96,14 +99,19 @@ pub(crate) fn http_options(
         checkpoint_after,
     } = service;
     let tokens = http::auth::Tokens::load(&args.token, secrets.token.as_deref(), &args.token_file)?;
-    if tokens.count() == 0 && addr.ip().is_loopback() {
-        tracing::warn!(
-            "no token: any local user who can reach {addr} can run code as this user\n  help: pass --token-file FILE (or IPYBOX_TOKEN) so that only clients with a token are served"
-        );
+    let positive = |value: crate::cli::units::Secs, flag: &str| {
+        value.positive(flag, "").map_err(anyhow::Error::msg)
+    };
+    for (value, flag) in [
+        (args.session_memory, "--session-memory"),
+        (args.session_work_size, "--session-work-size"),
+    ] {
+        nonzero_size(value, flag).map_err(anyhow::Error::msg)?;
     }
-    let positive = |value: crate::cli::units::Secs, flag: &str| value.positive(flag, "").map_err(anyhow::Error::msg);
-    let hibernate_after = nonzero_secs(args.hibernate_after, "--hibernate-after").map_err(anyhow::Error::msg)?;
-    let snapshot_quota = nonzero_size(args.snapshot_quota, "--snapshot-quota").map_err(anyhow::Error::msg)?;
+    let hibernate_after =
+        nonzero_secs(args.hibernate_after, "--hibernate-after").map_err(anyhow::Error::msg)?;
+    let snapshot_quota =
+        nonzero_size(args.snapshot_quota, "--snapshot-quota").map_err(anyhow::Error::msg)?;
     let default_idle = if hibernate_after.is_some() && !gateway {
         Duration::from_secs(86_400 * 7)
     } else {
@@ -131,7 +139,7 @@ pub(crate) fn http_options(
         }
     }
     let data_dir = HostEnv::from_process().data_dir();
-    let replica = match args.replica_id {
+    let replica = match args.replica_id.clone() {
         Some(name) if http::handle::valid_replica(&name) => name,
         Some(name) => anyhow::bail!(
             "invalid --replica-id `{name}`\n  help: use 1-32 letters, digits, `-` or `_` (not `gw`)"
@@ -143,6 +151,12 @@ pub(crate) fn http_options(
         secrets.session_secret,
         data_dir.as_deref(),
     )?;
+    // (Said after every flag is checked: a refusal comes first.)
+    if !tokens.any() && addr.ip().is_loopback() {
+        tracing::warn!(
+            "no token: any local user who can reach {addr} can run code as ipybox's user; pass --token-file FILE (or IPYBOX_TOKEN) so that only clients with a token are served"
+        );
+    }
     let per_token = http::admission::per_token(
         &args.max_sessions_per_token,
         args.max_sessions,
@@ -152,8 +166,8 @@ pub(crate) fn http_options(
     Ok(http::HttpOptions {
         addr,
         tokens,
-        allowed_hosts: args.allowed_host,
-        allowed_origins: args.allowed_origin,
+        allowed_hosts: args.allowed_host.clone(),
+        allowed_origins: args.allowed_origin.clone(),
         max_body_bytes: args.max_body_bytes.bytes(),
         shutdown_grace,
         session_header: args.session_header,

@@ -64,7 +64,9 @@ pub(crate) async fn serve(
         config.workspace.display(),
         notebooks
             .as_ref()
-            .map_or("not recorded (--no-notebook)".to_string(), |d| d.display().to_string())
+            .map_or("not recorded (--no-notebook)".to_string(), |d| d
+                .display()
+                .to_string())
     );
     let (Some(http), Some(addr)) = (http, addr) else {
         if let Some(dir) = notebooks {
@@ -119,7 +121,10 @@ fn server_config(
         approve: args.approve,
         approval_timeout,
         // 0: every cell becomes a task at once.
-        task_after: args.task_after.0.map(|t| t.0.min(Duration::from_secs(86_400))),
+        task_after: args
+            .task_after
+            .0
+            .map(|t| t.0.min(Duration::from_secs(86_400))),
         task_ttl,
         max_images: args.max_images,
         max_image_bytes: args.max_image_bytes.bytes(),
@@ -140,13 +145,15 @@ fn notebook_dir(args: &ServeArgs, workspace: &Path, http: bool) -> anyhow::Resul
             )
             .map(|data| data.join(dir))
     };
-    Ok(match (&args.notebook.notebook_dir, args.notebook.no_notebook) {
-        (_, true) => None,
-        (Some(dir), false) if http && dir.is_relative() => Some(in_data_dir(dir)?),
-        (Some(dir), false) => Some(workspace.join(dir)),
-        (None, false) if http => Some(in_data_dir("notebooks".as_ref())?),
-        (None, false) => Some(workspace.join("notebooks")),
-    })
+    Ok(
+        match (&args.notebook.notebook_dir, args.notebook.no_notebook) {
+            (_, true) => None,
+            (Some(dir), false) if http && dir.is_relative() => Some(in_data_dir(dir)?),
+            (Some(dir), false) => Some(workspace.join(dir)),
+            (None, false) if http => Some(in_data_dir("notebooks".as_ref())?),
+            (None, false) => Some(workspace.join("notebooks")),
+        },
+    )
 }
 
 /// The executor every session is built from (without notebooks: stdio and the HTTP service
@@ -241,7 +248,8 @@ async fn serve_stdio(
         let reason = format!(
             "ipybox cannot run code: {e}; then restart this MCP server (Claude Code: /mcp, then Reconnect)"
         );
-        tracing::error!("{reason}");
+        // One line in the log (a record shows a line break as `\n`).
+        tracing::error!("{}", reason.replace("\n  help: ", "; help: "));
         mcp_server::refuse_stdio(&reason).await?;
         return Ok(FAILURE);
     }
@@ -276,6 +284,19 @@ impl HttpService {
         } else {
             None
         };
+        let memory_total = memory.as_ref().map(|b| b.total);
+        let notebook_quota =
+            crate::cli::units::nonzero_size(http.notebook_quota, "--notebook-quota")
+                .map_err(anyhow::Error::msg)?;
+        // Every flag is checked before anything is set up (the confinement probes bwrap).
+        let service = http_options::Service {
+            addr: self.addr,
+            gateway,
+            confined,
+            memory,
+            checkpoint_after: self.checkpoint_after,
+        };
+        let mut options = http_options::http_options(&http, secrets, service)?;
         let mut tenant_gap = confinement::unconfined_gap(gateway, sandbox);
         if !gateway {
             // Made now, so that kernels hide it from the start (other sessions' images).
@@ -288,7 +309,7 @@ impl HttpService {
                 &http,
                 &config.workspace,
                 notebooks.as_deref(),
-                memory.as_ref().map(|b| b.total),
+                memory_total,
             )
             .await?;
             tenant_gap = gap;
@@ -305,16 +326,6 @@ impl HttpService {
         }
         let per_session_servers = http.per_session_mcp_servers;
         let trust_tenants = http.trust_tenants;
-        let notebook_quota = crate::cli::units::nonzero_size(http.notebook_quota, "--notebook-quota")
-            .map_err(anyhow::Error::msg)?;
-        let service = http_options::Service {
-            addr: self.addr,
-            gateway,
-            confined,
-            memory,
-            checkpoint_after: self.checkpoint_after,
-        };
-        let mut options = http_options::http_options(http, secrets, service)?;
         options.tenant_gap = tenant_gap;
         // Tenants that do not trust each other share no MCP server process (a server's state,
         // e.g. server-memory's graph, would be every tenant's).
@@ -344,25 +355,12 @@ impl HttpService {
     }
 }
 
-/// What all confined sessions may use together (reserved in full at admission):
-/// `--service-memory` read as every size flag is.
+/// What all confined sessions may use together (reserved in full at admission).
 fn session_memory_budget(
     http: &HttpArgs,
 ) -> anyhow::Result<Option<ipybox::confine::service::MemoryBudget>> {
-    let value = match http.service_memory.trim() {
-        v @ ("auto" | "off") => v.to_string(),
-        v => v
-            .parse::<crate::cli::units::Size>()
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "invalid --service-memory: {e}\n  help: pass a size (16G, 512M), `auto` or `off`"
-                )
-            })?
-            .0
-            .to_string(),
-    };
     http::admission::memory_budget(
-        &value,
+        &http.service_memory,
         http.session_memory.0.map_or(0, |s| s.0),
         http.max_sessions,
         http.warm_sessions,
