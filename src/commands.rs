@@ -15,9 +15,9 @@ use ipybox::executor::{CodeExecutorBuilder, ExecutorError};
 use ipybox::host_env::HostEnv;
 use ipybox::pyenv::{Progress, PyEnvError};
 
-use crate::cli::units::Secs;
-use crate::cli::{Command, GatewayArgs, ShellArgs};
-use crate::{FAILURE, SUCCESS, dotenv, replay, terminal_approval, trust_command};
+use super::flags::units::Secs;
+use super::flags::{Command, GatewayArgs, ShellArgs};
+use super::{FAILURE, SUCCESS, dotenv, replay, terminal_approval, trust_command};
 
 /// Runs a subcommand other than `serve`.
 pub(crate) async fn run(command: Command) -> anyhow::Result<u8> {

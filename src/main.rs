@@ -1,5 +1,5 @@
 //! The `ipybox` binary: the MCP server (default, on stdio) and human-facing subcommands. This
-//! file parses the command line and dispatches: the flags' types are in `cli`, the server in
+//! file parses the command line and dispatches: the flags' types are in `flags`, the server in
 //! `serve`, the other subcommands in `commands`.
 //!
 //! stdout carries program output only (for the MCP server: the protocol); logs go to stderr.
@@ -7,9 +7,9 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-mod cli;
 mod commands;
 mod dotenv;
+mod flags;
 mod http;
 mod logging;
 mod mcp_server;
@@ -21,7 +21,7 @@ mod terminal_approval;
 mod trust_command;
 
 use clap::Parser;
-use cli::{Cli, Command};
+use flags::{Cli, Command};
 
 /// Logs to stderr at `level` for ipybox (`IPYBOX_LOG`, an env-filter directive, overrides),
 /// never code, output or handles (see [`logging`]); once per process, later calls do nothing.
@@ -33,7 +33,7 @@ pub(crate) fn init_logging(level: &str) {
 
 pub(crate) const SUCCESS: u8 = 0;
 pub(crate) const FAILURE: u8 = 1;
-/// A command line clap or [`cli::flags_before_subcommand`] refuses (clap's own status for it).
+/// A command line clap or [`flags::flags_before_subcommand`] refuses (clap's own status for it).
 const USAGE: u8 = 2;
 
 fn main() -> ExitCode {
@@ -49,7 +49,7 @@ where
     T: Into<std::ffi::OsString> + Clone,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
-    let args = match cli::flags_before_subcommand(args) {
+    let args = match flags::flags_before_subcommand(args) {
         Ok(args) => args,
         Err(message) => {
             eprintln!("error: {message}");

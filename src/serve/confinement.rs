@@ -11,7 +11,7 @@ use ipybox::confine::Confinement;
 use ipybox::confine::network::{NetworkPolicy, SessionNetwork};
 use ipybox::host_env::HostEnv;
 
-use crate::cli::HttpArgs;
+use super::super::flags::HttpArgs;
 
 /// The confinement of every local session of the service: built from `http`'s flags;
 /// `memory_total` bounds the service's cgroup (--service-memory). Also returns what tenants

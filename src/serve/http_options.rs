@@ -7,10 +7,10 @@ use std::time::Duration;
 use anyhow::Context;
 use ipybox::host_env::HostEnv;
 
-use crate::cli::HttpArgs;
-use crate::cli::units::{nonzero_secs, nonzero_size};
-use crate::http;
-use crate::own_secrets;
+use super::super::flags::HttpArgs;
+use super::super::flags::units::{nonzero_secs, nonzero_size};
+use super::super::http;
+use super::super::own_secrets;
 
 /// `--http HOST:PORT`, resolved; refused with an example of what to pass.
 pub(crate) async fn bind_address(spec: &str) -> anyhow::Result<SocketAddr> {
@@ -99,7 +99,7 @@ pub(crate) fn http_options(
         checkpoint_after,
     } = service;
     let tokens = http::auth::Tokens::load(&args.token, secrets.token.as_deref(), &args.token_file)?;
-    let positive = |value: crate::cli::units::Secs, flag: &str| {
+    let positive = |value: super::super::flags::units::Secs, flag: &str| {
         value.positive(flag, "").map_err(anyhow::Error::msg)
     };
     for (value, flag) in [

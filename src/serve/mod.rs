@@ -3,7 +3,7 @@
 //! steps: the `--http` address, the workspace and its `.env`, the server's settings, the
 //! executor, the notebooks, the start-up line, and the transport.
 //!
-//! Not here: the flags' types (`cli`), the servers themselves (`mcp_server`, `http`).
+//! Not here: the flags' types (`flags`), the servers themselves (`mcp_server`, `http`).
 
 mod confinement;
 mod http_options;
@@ -18,9 +18,9 @@ use ipybox::CodeExecutor;
 use ipybox::executor::CodeExecutorBuilder;
 use ipybox::host_env::HostEnv;
 
-use crate::cli::units::nonzero_secs;
-use crate::cli::{HttpArgs, ServeArgs};
-use crate::{FAILURE, SUCCESS, dotenv, http, mcp_server, own_secrets};
+use super::flags::units::{OrOff, Secs, nonzero_secs, nonzero_size};
+use super::flags::{HttpArgs, ServeArgs};
+use super::{FAILURE, SUCCESS, dotenv, http, mcp_server, own_secrets};
 
 /// Runs the MCP server: on stdio, or with `http` (and its `--http`) as the HTTP service.
 pub(crate) async fn serve(
@@ -112,9 +112,9 @@ fn server_config(
         .positive("--task-ttl", "")
         .map_err(anyhow::Error::msg)?;
     let checkpoint = args.checkpoint_after.unwrap_or(if http {
-        crate::cli::units::OrOff(Some(crate::cli::units::Secs(Duration::from_secs(60))))
+        OrOff(Some(Secs(Duration::from_secs(60))))
     } else {
-        crate::cli::units::OrOff(None)
+        OrOff(None)
     });
     Ok(mcp_server::ServerConfig {
         workspace,
@@ -286,8 +286,7 @@ impl HttpService {
         };
         let memory_total = memory.as_ref().map(|b| b.total);
         let notebook_quota =
-            crate::cli::units::nonzero_size(http.notebook_quota, "--notebook-quota")
-                .map_err(anyhow::Error::msg)?;
+            nonzero_size(http.notebook_quota, "--notebook-quota").map_err(anyhow::Error::msg)?;
         // Every flag is checked before anything is set up (the confinement probes bwrap).
         let service = http_options::Service {
             addr: self.addr,

@@ -68,7 +68,7 @@ impl fmt::Display for Size {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match SIZE_UNITS
             .iter()
-            .find(|(_, scale)| self.0 >= *scale && self.0 % scale == 0)
+            .find(|(_, scale)| self.0 >= *scale && self.0.is_multiple_of(*scale))
         {
             Some((name, scale)) => write!(f, "{}{name}", self.0 / scale),
             None => write!(f, "{}", self.0),
@@ -136,7 +136,7 @@ impl fmt::Display for Secs {
         }
         match DURATION_UNITS
             .iter()
-            .find(|(_, unit)| ms % u128::from(*unit) == 0)
+            .find(|(_, unit)| ms.is_multiple_of(u128::from(*unit)))
         {
             Some((name, unit)) => write!(f, "{}{name}", ms / u128::from(*unit)),
             None => write!(f, "{ms}ms"),

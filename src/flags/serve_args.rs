@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
+use super::super::mcp_server;
 use super::headings::{HIBERNATION, NOTEBOOKS, SERVER};
 use super::units::{OrOff, Secs, Size};
-use crate::mcp_server;
 
 /// Without a subcommand ipybox serves MCP on stdio (what Claude Code and other clients start).
 #[derive(clap::Args, Debug)]
