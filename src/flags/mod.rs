@@ -31,7 +31,7 @@ pub(crate) mod headings {
     name = "ipybox",
     version,
     about = "Code-execution sandbox for agents that act by writing Python",
-    long_about = "Code-execution sandbox for agents that act by writing Python.\n\nWithout a subcommand ipybox is an MCP server on stdio: an MCP client (Claude Code, ...) starts it and talks to it over stdin/stdout. To try it by hand: `ipybox exec -c 'print(1)'`."
+    after_help = "Without a subcommand ipybox is an MCP server on stdio: an MCP client (Claude Code, ...) starts it and talks to it over stdin/stdout. To try code by hand: `ipybox exec -c 'print(1)'`."
 )]
 pub(crate) struct Cli {
     /// Log level on stderr: error, warn, info, debug, trace [default: info for the server, warn
