@@ -626,7 +626,7 @@ fn box_limit(
                 crate::confine::limits::format_bytes(size),
                 path.display()
             ),
-            help: "pass --session-box-size 0 for no limit on it".into(),
+            help: "pass --session-box-size off for no limit on it".into(),
         }
         .into()
     })
@@ -656,7 +656,7 @@ fn session_limits(
                 crate::confine::limits::format_bytes(limiter.limits.work_size),
                 work.display()
             ),
-            help: "pass --session-work-size 0 for no limit on the work directory".into(),
+            help: "pass --session-work-size off for no limit on the work directory".into(),
         },
     )?;
     Ok((limits, mount))

@@ -23,29 +23,6 @@ use std::sync::{Arc, Mutex};
 
 use super::super::mcp_server::notebook::NotebookFate;
 
-/// Default `--notebook-quota`: 256 MiB per token.
-pub(crate) const DEFAULT_QUOTA: &str = "256M";
-
-/// `BYTES` as the flag takes it: a number, optionally with `K`, `M` or `G` (powers of 1024,
-/// `KiB`/`MiB`/`GiB` and `KB`/`MB`/`GB` read the same); `None` if it is not one.
-pub(crate) fn parse_bytes(text: &str) -> Option<u64> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let number: u64 = number.parse().ok()?;
-    let shift = match unit.trim().to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        _ => return None,
-    };
-    number.checked_mul(1u64 << shift)
-}
-
 /// The notebook bytes of every token (see the module docs).
 pub(crate) struct NotebookQuota {
     dir: PathBuf,
@@ -231,18 +208,6 @@ impl ipybox::notebook::NotebookBudget for NotebookQuota {
 mod tests {
     use super::*;
     use ipybox::notebook::NotebookBudget;
-
-    #[test]
-    fn sizes_read_as_people_write_them() {
-        assert_eq!(parse_bytes("2M"), Some(2 << 20));
-        assert_eq!(parse_bytes("64MiB"), Some(64 << 20));
-        assert_eq!(parse_bytes("256m"), Some(256 << 20));
-        assert_eq!(parse_bytes("1G"), Some(1 << 30));
-        assert_eq!(parse_bytes("1500"), Some(1500));
-        assert_eq!(parse_bytes("1.5M"), None);
-        assert_eq!(parse_bytes("M"), None);
-        assert_eq!(parse_bytes("99999999999999T"), None);
-    }
 
     #[test]
     fn oldest_first_never_the_one_written_and_tokens_apart() {

@@ -832,6 +832,35 @@ fn session_span(session: &KernelSession) -> tracing::Span {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for IpyboxServer {
+    /// rmcp's router, with an unknown tool's name and the tools there are in its error.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: rmcp::service::RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let name = request.name.clone();
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await.map_err(|e| {
+            if e.message == "tool not found" && !self.tool_router.has_route(&name) {
+                let tools: Vec<String> = self
+                    .tool_router
+                    .list_all()
+                    .into_iter()
+                    .map(|t| t.name.to_string())
+                    .collect();
+                ErrorData::invalid_params(
+                    format!(
+                        "tool not found: `{name}` (this server's tools: {})",
+                        tools.join(", ")
+                    ),
+                    None,
+                )
+            } else {
+                e
+            }
+        })
+    }
+
     fn get_info(&self) -> rmcp::model::ServerConfig {
         let instructions = match &self.shared.scope {
             Scope::Single(_) if self.shared.resume.is_some() => {

@@ -53,7 +53,7 @@ pub enum ToolsError {
 
     /// A `${NAME}` placeholder names a variable that is not set.
     #[error(
-        "environment variable `{name}` is not set (referenced as `${{{name}}}` at `{at}` in the server params)\n  help: set `{name}` in the environment or in the `.env` file, or remove the reference"
+        "environment variable `{name}` is not set (referenced as `${{{name}}}` at `{at}` in the server params)\n  help: set `{name}` in the environment or in the workspace's `.env`, or remove the reference"
     )]
     MissingVariable { name: String, at: String },
 

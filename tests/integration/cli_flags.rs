@@ -43,7 +43,7 @@ const SHARED: &[(&str, &[&str])] = &[
             "kernel-gateway",
         ],
     ),
-    ("apigen", &[]),
+    ("apigen", &["workspace"]),
     ("setup", &["python"]),
     ("trust", &[]),
 ];

@@ -46,8 +46,11 @@ mod apigen;
 mod apigen_corpus;
 mod apigen_snapshots;
 mod approval_prompts;
+mod cli_env;
 mod cli_exec;
 mod cli_flags;
+mod cli_newcomer;
+mod cli_units;
 mod codeact_example;
 mod hardening;
 #[cfg(target_os = "linux")]

@@ -271,7 +271,7 @@ const BOX_NOTE: &str =
 
 /// A confined session's `box/` (its sockets; on the host's disk before `--session-box-size`)
 /// holds at most its size: a filler meets ENOSPC and the result names the flag; with
-/// `--session-box-size 0` (the control) the same cell writes all 50 MiB. With its box full, the
+/// `--session-box-size off` (the control) the same cell writes all 50 MiB. With its box full, the
 /// session still hibernates and comes back holding 30 MiB (snapshots do not pass through it).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_box_filler_meets_its_limit_and_bigger_sessions_still_hibernate() {
@@ -307,7 +307,7 @@ async fn a_box_filler_meets_its_limit_and_bigger_sessions_still_hibernate() {
     };
     // The control: no limit on box/.
     {
-        let open = service("0", "3600");
+        let open = service("off", "3600");
         let client = connect(&open.url(), Some(TOKEN_A), Era::Handshake).await;
         let (is_error, text) = cell(&client, BOX_FILLER, None).await;
         assert!(!is_error, "{text}");
