@@ -95,6 +95,7 @@ fn every_serve_size_and_duration_flag_takes_every_unit() {
             "service-memory",
             "session-memory",
             "session-work-size",
+            "session-box-size",
         ],
         "the size and duration flags of `serve --help` (in its order)"
     );
@@ -114,6 +115,7 @@ fn every_serve_size_and_duration_flag_takes_every_unit() {
         ("keep-alive-timeout", Some("2m")),
         ("session-memory", Some("2G")),
         ("session-work-size", Some("1G")),
+        ("session-box-size", Some("16M")),
         ("hibernate-after", Some("10m")),
         ("snapshot-quota", Some("4G")),
         ("notebook-quota", Some("256M")),
@@ -278,6 +280,10 @@ fn units_mean_what_they_say_and_zero_is_never_off() {
         ),
         (
             "--session-work-size",
+            "pass a size (512M, 2G), or `off` for no limit",
+        ),
+        (
+            "--session-box-size",
             "pass a size (512M, 2G), or `off` for no limit",
         ),
     ] {
