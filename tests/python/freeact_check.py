@@ -152,6 +152,19 @@ async def main() -> None:
         check(ptc == [("fx_add", {"a": 2, "b": 3})], "the tool call was an approval request", ptc)
         check([o.text for o in outputs(ev)] == ["5 [2, 3]"], "approved tool call returned the server's result", [o.text for o in outputs(ev)])
 
+        if MODE == "rs":
+            # The endpoint behind TOOL_SERVER_HOST/PORT takes no call without the kernel's
+            # credential (the approved call above is the control: it carried it).
+            code = (
+                "import os, urllib.request, urllib.error\n"
+                "req = urllib.request.Request(f\"http://127.0.0.1:{os.environ['TOOL_SERVER_PORT']}/run\", "
+                "data=b'{\"server_name\": \"fx\", \"server_params\": {}, \"tool_name\": \"add\", \"tool_args\": {\"a\": 1, \"b\": 1}}', method='POST')\n"
+                "try:\n    urllib.request.urlopen(req)\nexcept urllib.error.HTTPError as e:\n    print(e.code, os.environ['TOOL_SERVER_HOST'].startswith('ipybox:'))"
+            )
+            ptc.clear()
+            ev = await turn(agent, [("code", code), ("text", "done")], decide=approve_all)
+            check([o.text for o in outputs(ev)] == ["401 True"] and ptc == [], "a call without the credential is refused, unasked", ([o.text for o in outputs(ev)], ptc))
+
         # ... rejected: freeact recognises the rejection and ends the turn.
         before = asked
         code = "from mcptools.fx.greet import Params, run\nprint(run(Params(name='nobody')))"
