@@ -109,7 +109,7 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     assert!(!failed, "{out}");
     assert_eq!(
         out,
-        "ApprovalRejected Approval request for fx.add rejected: tool call fx.add was rejected: cancelled by the user"
+        "ApprovalRejectedError Approval request for fx.add rejected: tool call fx.add was rejected: cancelled by the user"
     );
     // Accept for the session: asked once, then never again for this tool, but still for others.
     for _ in 0..3 {
