@@ -90,7 +90,30 @@ def responses(events: list) -> list[str]:
     return [e.content for e in events if isinstance(e, Response)]
 
 
+def module_paths() -> None:
+    """0.9.2's public module paths import; in ipybox-rs their names say what replaces them."""
+    import importlib
+
+    for module, name, instead in (
+        ("ipybox.kernel_mgr.client", "KernelClient", "use ipybox.CodeExecutor"),
+        ("ipybox.kernel_mgr.server", "KernelGateway", "ipybox.CodeExecutor starts its kernel itself"),
+        ("ipybox.mcp_server", "MCPServer", "run the `ipybox` command"),
+    ):
+        mod = importlib.import_module(module)
+        if MODE == "reference":
+            check(isinstance(getattr(mod, name), type), f"{module}.{name} is 0.9.2's class")
+            continue
+        try:
+            exec(f"from {module} import {name}")
+        except ImportError as e:
+            check(instead in str(e), f"{module}.{name} names its replacement", str(e))
+        else:
+            raise AssertionError(f"{module}.{name} imported")
+    check(callable(importlib.import_module("ipybox.mcp_server").cli), "ipybox.mcp_server.cli exists")
+
+
 async def main() -> None:
+    module_paths()
     work = Path.cwd()
     fixture = {"command": FIXTURE[0], "args": FIXTURE[1:]}
     config = Config(
