@@ -2,7 +2,7 @@
 # freeact 0.9.1 (gradion-ai's code-action agent, built on Python ipybox) run unmodified on the
 # ipybox-rs wheel, installed by the documented command (docs/python.md, "Applications that depend
 # on ipybox"): tests/python/freeact_check.py drives its Agent with a scripted model.
-#   bash scripts/freeact-check.sh [WHEEL]       ipybox-rs (default: the newest target/wheels/ipybox_rs-*.whl)
+#   bash scripts/freeact-check.sh [WHEEL]       ipybox-rs (default: the target/wheels/ipybox_rs-*.whl build-wheel.sh left)
 #   bash scripts/freeact-check.sh --reference   the same check against Python ipybox 0.9.2 (the control)
 # Versions are pinned as freeact 0.9.1's lock pins them (pydantic-ai 1.59.0); mcpygen 0.1.4
 # breaks on `mcp` 2.x, so mcp is the last 1.x. The venvs live under target/freeact/ and are kept
@@ -19,7 +19,7 @@ mode=rs
 wheel=""
 case "${1:-}" in
   --reference) mode=reference ;;
-  "") wheel=$(ls -t target/wheels/ipybox_rs-*.whl 2>/dev/null | head -1) ;;
+  "") wheels=(target/wheels/ipybox_rs-*.whl); wheel=${wheels[0]} ;;  # build-wheel.sh leaves one
   *) wheel="$1" ;;
 esac
 if [ "$mode" = rs ] && [ ! -f "$wheel" ]; then
