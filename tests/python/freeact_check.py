@@ -188,6 +188,30 @@ async def main() -> None:
             ev = await turn(agent, [("code", code), ("text", "done")], decide=approve_all)
             check([o.text for o in outputs(ev)] == ["401 True"] and ptc == [], "a call without the credential is refused, unasked", ([o.text for o in outputs(ev)], ptc))
 
+        # Server params written by kernel code are never used on ipybox-rs: a ToolRunner of its own
+        # for a server nobody registered starts nothing. 0.9.2 is the control: there the same
+        # call makes the host run the kernel's command.
+        rogue = work / "rogue.txt"
+        code = (
+            "import os\nfrom mcpygen.tool_exec.client import ToolRunner\n"
+            f"r = ToolRunner('rogue', {{'command': 'sh', 'args': ['-c', 'touch {rogue}']}}, "
+            "host=os.environ.get('TOOL_SERVER_HOST', 'localhost'), port=int(os.environ.get('TOOL_SERVER_PORT', '8900')))\n"
+            "try:\n    r.run_sync('x', {})\nexcept Exception as e:\n    print(type(e).__name__, str(e).splitlines()[0])"
+        )
+        ptc.clear()
+        ev = await turn(agent, [("code", code), ("text", "done")], decide=approve_all)
+        texts = [o.text or "" for o in outputs(ev)]
+        if MODE == "rs":
+            check(
+                texts == ["ToolRunnerError MCP server `rogue` is not registered for any directory this kernel imports from: "
+                          "kernel code can only call servers the host registered, with the params recorded then"]
+                and ptc == [] and not rogue.exists(),
+                "a server the kernel names itself is not started (not registered), nobody asked",
+                (texts, ptc),
+            )
+        else:
+            check(rogue.exists() and ptc == [("rogue_x", {})], "0.9.2 ran the command the kernel named (the control)", (texts, ptc))
+
         # ... rejected: freeact recognises the rejection and ends the turn.
         before = asked
         code = "from mcptools.fx.greet import Params, run\nprint(run(Params(name='nobody')))"
