@@ -29,11 +29,17 @@ import json
 import os
 import socket
 import threading
+import time
 
 __all__ = ["install"]
 
 _USER = "ipybox"
 _MAX_HEADER = 64 * 1024
+# A caller without the credential (any local user) must not be able to tie up the kernel: at most
+# this many connections at once (more are closed unanswered), and a request must arrive whole
+# within _READ_TIMEOUT seconds. A call, once authenticated, may wait for its approval unbounded.
+_MAX_CONNECTIONS = 64
+_READ_TIMEOUT = 30.0
 _installed = False
 
 # ipybox's error kinds -> mcpygen's error types (what selects its exception class).
@@ -65,29 +71,42 @@ def install() -> None:
 
 
 def _accept(listener: socket.socket, expected: bytes) -> None:
+    slots = threading.BoundedSemaphore(_MAX_CONNECTIONS)
     while True:
         try:
             conn, _ = listener.accept()
-        except OSError:
+        except OSError:  # out of file descriptors, say: do not spin
+            time.sleep(0.1)
             continue
-        threading.Thread(target=_serve, args=(conn, expected), name="ipybox-mcpygen-call", daemon=True).start()
+        if not slots.acquire(blocking=False):
+            conn.close()
+            continue
+        threading.Thread(target=_serve, args=(conn, expected, slots), name="ipybox-mcpygen-call", daemon=True).start()
 
 
-def _serve(conn: socket.socket, expected: bytes) -> None:
+def _serve(conn: socket.socket, expected: bytes, slots: threading.BoundedSemaphore) -> None:
     with conn:
         try:
-            status, reply = _handle(conn, expected)
-        except Exception as e:  # a broken request: say so, never kill the thread silently
-            status, reply = 400, {"error": f"ipybox: bad request to the mcpygen endpoint: {e}"}
-        body = json.dumps(reply).encode()
-        head = (
-            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        )
-        try:
-            conn.sendall(head.encode() + body)
-        except OSError:
-            pass
+            _answer(conn, expected)
+        finally:
+            slots.release()
+
+
+def _answer(conn: socket.socket, expected: bytes) -> None:
+    conn.settimeout(_READ_TIMEOUT)
+    try:
+        status, reply = _handle(conn, expected)
+    except Exception as e:  # a broken request: say so, never kill the thread silently
+        status, reply = 400, {"error": f"ipybox: bad request to the mcpygen endpoint: {e}"}
+    body = json.dumps(reply).encode()
+    head = (
+        f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    try:
+        conn.sendall(head.encode() + body)
+    except OSError:
+        pass
 
 
 def _read_request(conn: socket.socket) -> tuple[str, str, dict[str, str], bytes]:
@@ -127,6 +146,7 @@ def _handle(conn: socket.socket, expected: bytes) -> tuple[int, dict]:
     method, target, headers, body = _read_request(conn)
     if not hmac.compare_digest(headers.get("authorization", "").encode("latin-1"), expected):
         return 401, {"error": "ipybox: this endpoint takes only calls from code in its own kernel (TOOL_SERVER_HOST carries the credential)"}
+    conn.settimeout(None)  # the call may wait for an approval as long as the host lets it
     import ipybox_runtime as rt
 
     path = target.split("?", 1)[0]
