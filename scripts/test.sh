@@ -8,7 +8,7 @@
 #   scripts/build-wheel.sh   the ipybox-rs wheel, manylinux2014 (glibc 2.17, zig)
 #   scripts/build-release.sh the portable release binary (glibc 2.17, zig): release_artifacts, image
 #   scripts/docker-check.sh  the ipybox image (Docker, else podman) built and driven by an MCP client
-#   scripts/wheel-check.sh   the ipybox-rs wheel: the Python SDK suite, `uvx --from <wheel> ipybox`
+#   scripts/wheel-check.sh   the ipybox-rs wheel: the Python SDK suite, `uvx --from <wheel> ipybox`, freeact 0.9.1 on it
 #   scripts/plugin-check.sh  the Claude Code marketplace and its four plugins, ✔ Connected
 #   scripts/smoke-clients.sh the ipybox MCP server under MCP Inspector and Claude Code
 #   tests/python/mcp_approval_check.py  --approve ask and progress with the Python `mcp` client

@@ -5,7 +5,9 @@
 #      ipybox's docs, against a real kernel and the fixture MCP server);
 #   3. `uvx --from <wheel> ipybox` as an MCP server, driven by a real MCP client (the Python `mcp`
 #      SDK, tests/python/mcp_server_check.py): tool list, state, registering the fixture over
-#      streamable HTTP, a tool call from kernel code, reset.
+#      streamable HTTP, a tool call from kernel code, reset;
+#   4. freeact 0.9.1 installed with the wheel in place of ipybox by the documented command, driven
+#      through its Agent (scripts/freeact-check.sh; its control: --reference, on ipybox 0.9.2).
 # Needs scripts/test-env.sh (the client and the fixture run from its venv).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -16,6 +18,7 @@ wheel=${IPYBOX_WHEEL:-$(bash scripts/build-wheel.sh | tail -1)}
 echo "wheel-check: $wheel ($(du -k "$wheel" | cut -f1) KiB)"
 
 bash scripts/python-sdk-check.sh "$wheel"
+bash scripts/freeact-check.sh "$wheel"
 
 py="$root/target/test-env/venv/bin/python"
 port=$("$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')

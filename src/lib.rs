@@ -32,4 +32,4 @@ pub use executor::CodeExecutor;
 /// plugin marketplace installs.
 pub static SKILLS: include_dir::Dir<'static> =
     include_dir::include_dir!("$CARGO_MANIFEST_DIR/skills");
-pub use register::{generate_mcp_sources, generate_mcp_sources_with};
+pub use register::{generate_mcp_sources, generate_mcp_sources_with, register_generated};

@@ -170,6 +170,22 @@ pub async fn generate_mcp_sources_with(
     Ok(modules)
 }
 
+/// Records the registration of a package another generator wrote into `root_dir/<server_name>/`
+/// (mcpygen, which Python ipybox 0.9 and freeact use; the Python package calls this after it),
+/// without connecting to the server: kernels that import from `root_dir` or its parent may then
+/// call it with these params, as after [`generate_mcp_sources_with`]. `env` finds the data
+/// directory (`IPYBOX_HOME`, ...). The params must parse as server params.
+pub fn register_generated(
+    server_name: &str,
+    server_params: &Value,
+    root_dir: &Path,
+    env: &HashMap<String, String>,
+) -> Result<(), RegisterError> {
+    ServerParams::parse(server_params)?;
+    let data_dir = crate::host_env::HostEnv::from_vars(env.clone()).data_dir();
+    record(server_name, server_params, root_dir, data_dir.as_deref())
+}
+
 /// Records the registration for `root_dir`: kernels that import from `root_dir` or its parent
 /// reach it (`crate::tools::registry`).
 fn record(

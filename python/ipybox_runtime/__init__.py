@@ -39,6 +39,8 @@ __all__ = [
     "ToolError",
     "ApprovalRejected",
     "ApprovalTimeout",
+    "ApprovalRejectedError",
+    "ApprovalTimeoutError",
 ]
 
 
@@ -50,12 +52,18 @@ class ToolError(ToolRunnerError):
     """The MCP server reported an error for the call (or could not be reached)."""
 
 
-class ApprovalRejected(ToolRunnerError):
-    """The application rejected the tool call."""
+class ApprovalRejectedError(ToolRunnerError):
+    """The application rejected the tool call (Python ipybox 0.9's and mcpygen's name, which
+    applications find in the output: ``ApprovalRejectedError: Approval request for ...``)."""
 
 
-class ApprovalTimeout(ToolRunnerError):
-    """No approval decision arrived in time; the call was not made."""
+class ApprovalTimeoutError(ToolRunnerError):
+    """No approval decision arrived in time; the call was not made (0.9's name)."""
+
+
+# The names ipybox-rs used before (generated packages re-export them).
+ApprovalRejected = ApprovalRejectedError
+ApprovalTimeout = ApprovalTimeoutError
 
 
 _short_tracebacks = False
@@ -210,6 +218,11 @@ _channel: Any = None
 
 def _request(method: str, url: str, body: dict | None = None) -> dict:
     install_short_tracebacks()
+    return _send(method, url, body)
+
+
+def _send(method: str, url: str, body: dict | None = None) -> dict:
+    """One request to the host, from any thread (``mcpygen_endpoint`` calls it from its own)."""
     if _channel is not None:
         return _channel(method, url, body)
     path = _socket_path()
@@ -329,7 +342,7 @@ def _signals_wake_the_loop():
 
 def _approve(tool_name: str, arguments: dict[str, Any]) -> None:
     """Waits for the application's approval of a shell command (``shell`` or ``shell_magic``);
-    raises ``ApprovalRejected`` / ``ApprovalTimeout`` when it does not come."""
+    raises ``ApprovalRejectedError`` / ``ApprovalTimeoutError`` when it does not come."""
     __tracebackhide__ = True
     _result(_request("POST", "/approve", {"tool_name": tool_name, "arguments": arguments}))
 

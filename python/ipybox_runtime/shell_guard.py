@@ -20,7 +20,7 @@ see ``src/tools/server.rs``) and runs only when the application accepts:
   ``%%script <program>`` whatever reached it unasked (a re-registered ``ScriptMagics``, a saved
   reference).
 
-A rejected command raises ``ApprovalRejected`` (no decision in time: ``ApprovalTimeout``) and
+A rejected command raises ``ApprovalRejectedError`` (no decision in time: ``ApprovalTimeoutError``) and
 nothing runs.
 
 With ``require_escape`` direct process creation from Python raises :class:`ShellEscapeRequired`

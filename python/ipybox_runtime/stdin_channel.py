@@ -44,6 +44,9 @@ def install(shell: Any) -> None:
     import ipybox_runtime
 
     ipybox_runtime._channel = call
+    from ipybox_runtime.import_path import _mcpygen_endpoint
+
+    _mcpygen_endpoint()
 
 
 def call(method: str, path: str, body: dict | None) -> dict:

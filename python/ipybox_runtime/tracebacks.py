@@ -17,7 +17,7 @@ What is shown::
         print(total(1, 2))
       Cell In[1], line 3, in total
         return add.run(add.Params(a=a, b=b)).sum
-    ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user
+    ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user
       help: the call was not made, and the cell stopped there (what ran before it stands); do not make it again unless the user asks for it
 
 Hidden frames: this package (the tool runner, the shell guard), the ``run``/``run_async`` of
@@ -82,8 +82,8 @@ def _where(shell: Any, frame: types.FrameType, lineno: int) -> str:
 
 
 _HELP = {
-    "ApprovalRejected": "the call was not made, and the cell stopped there (what ran before it stands); do not make it again unless the user asks for it",
-    "ApprovalTimeout": "the call was not made: nobody answered in time, and the cell stopped there (what ran before it stands); make it again only when the user is there to answer",
+    "ApprovalRejectedError": "the call was not made, and the cell stopped there (what ran before it stands); do not make it again unless the user asks for it",
+    "ApprovalTimeoutError": "the call was not made: nobody answered in time, and the cell stopped there (what ran before it stands); make it again only when the user is there to answer",
 }
 
 

@@ -15,7 +15,7 @@
 //! Before anyone is asked, a request must be showable whole (see [`super::shown`]: nothing in a
 //! prompt is ever cut): names longer than [`shown::MAX_NAME_CHARS`], or a rendering longer than
 //! the executor's text limit (set for people: the MCP server and `ipybox exec`), are refused
-//! with `ApprovalRejected`. At most [`MAX_OUTSTANDING_PROMPTS`] requests of one execution are in
+//! with `ApprovalRejectedError`. At most [`MAX_OUTSTANDING_PROMPTS`] requests of one execution are in
 //! front of the decider at once; later calls wait in a queue (their wait counts against the
 //! approval timeout), and identical calls waiting in the queue are merged into one request that
 //! says how many calls it decides ([`ApprovalRequest::calls`]). Identical means identical as sent:
@@ -122,7 +122,7 @@ impl ApprovalRequest {
         self.send(Answer::AutoAccepted, None);
     }
 
-    /// Fails the call in the kernel with `ApprovalRejected`.
+    /// Fails the call in the kernel with `ApprovalRejectedError`.
     pub fn reject(self) {
         self.send(Answer::Declined, None);
     }

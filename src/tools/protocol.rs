@@ -2,7 +2,7 @@
 //! Python) and the tool server ([`super::server`]): JSON bodies over HTTP/1.1 on a Unix socket.
 //!
 //! - `POST /run` [`RunRequest`] -> [`RunReply`]: a result, or an error whose [`ErrorKind`]
-//!   selects the exception the kernel raises (`ToolError`, `ApprovalRejected`,
+//!   selects the exception the kernel raises (`ToolError`, `ApprovalRejectedError`,
 //!   `ApprovalTimeout`, the base `ToolRunnerError` for a malformed request);
 //! - `POST /approve` [`ApproveRequest`] -> [`RunReply`]: approval of a shell command
 //!   (`approve_shell_cmds`); `Done` (empty) means run it, errors are the same kinds as `/run`'s;
@@ -78,7 +78,7 @@ pub(crate) struct WireError {
 pub(crate) enum ErrorKind {
     /// The MCP server reported an error, or could not be reached -> `ToolError`.
     ToolError,
-    /// The application rejected the call -> `ApprovalRejected`.
+    /// The application rejected the call -> `ApprovalRejectedError`.
     Rejected,
     /// No decision within the approval timeout; the call was not made -> `ApprovalTimeout`.
     ApprovalTimeout,
@@ -158,8 +158,8 @@ mod tests {
         "value {\"result\": 5}",
         "value \"Hello\"",
         "ToolError fx.fail failed: it broke",
-        "ApprovalRejected rejected by the application",
-        "ApprovalTimeout not approved within 1 s",
+        "ApprovalRejectedError rejected by the application",
+        "ApprovalTimeoutError not approved within 1 s",
         "ToolRunnerError invalid /run request",
     ];
 
@@ -309,8 +309,8 @@ print(json.dumps(runner._request_body("add", {"a": 2, "b": [3]})))
         // A kind the runtime does not map would surface as the base class: list them all.
         let kinds = [
             (ErrorKind::ToolError, "ToolError"),
-            (ErrorKind::Rejected, "ApprovalRejected"),
-            (ErrorKind::ApprovalTimeout, "ApprovalTimeout"),
+            (ErrorKind::Rejected, "ApprovalRejectedError"),
+            (ErrorKind::ApprovalTimeout, "ApprovalTimeoutError"),
             (ErrorKind::BadRequest, "ToolRunnerError"),
         ];
         let script = r#"

@@ -67,7 +67,7 @@ async fn a_zero_width_argument_name_cannot_push_the_real_one_out_of_view() {
     assert!(asked.is_empty(), "{asked:?}");
     let err = out.unwrap_err();
     assert!(
-        err.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: not shown to anyone: its argument name is 1501 characters long, over the limit of 128 for names in an approval prompt (nothing in an approval prompt is ever cut, so a request that cannot be shown whole is refused before anyone is asked)"),
+        err.contains("ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: not shown to anyone: its argument name is 1501 characters long, over the limit of 128 for names in an approval prompt (nothing in an approval prompt is ever cut, so a request that cannot be shown whole is refused before anyone is asked)"),
         "{err}"
     );
     // A few of them: shown, each one visible.
@@ -153,7 +153,7 @@ async fn a_value_too_long_to_show_is_refused_and_a_long_one_is_shown_whole() {
     assert!(asked.is_empty());
     let err = out.unwrap_err();
     assert!(
-        err.contains("ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected: not shown to anyone: it is 20017 characters long when shown, over the limit of 16384 for an approval prompt"),
+        err.contains("ApprovalRejectedError: Approval request for fx.greet rejected: tool call fx.greet was rejected: not shown to anyone: it is 20017 characters long when shown, over the limit of 16384 for an approval prompt"),
         "{err}"
     );
     still_usable(&ex).await;

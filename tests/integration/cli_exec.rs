@@ -294,7 +294,7 @@ fn exec_approve_shell_asks_and_yes_accepts() {
     );
     assert!(
         stderr.contains(
-            "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch made.txt` was rejected by the application"
+            "ApprovalRejectedError: Approval request for ipybox.shell rejected: shell command `touch made.txt` was rejected by the application"
         ),
         "{stderr}"
     );
@@ -378,7 +378,7 @@ fn exec_prompt_on_a_terminal_shows_the_request_escaped() {
         "a raw escape reached the terminal: {out:?}"
     );
     assert!(
-        out.contains(r#"ApprovalRejected: Approval request for fx."\u001b[2Jadd" rejected"#),
+        out.contains(r#"ApprovalRejectedError: Approval request for fx."\u001b[2Jadd" rejected"#),
         "{out:?}"
     );
     // The registered server's command line comes first: what the call reaches.

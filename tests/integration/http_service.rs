@@ -908,7 +908,7 @@ async fn approvals_are_per_session(era: Era) {
     let (is_error, text) = cell(&b, CALL_ADD, None).await;
     assert!(
         is_error
-            && text.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user"),
+            && text.contains("ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user"),
         "{text}"
     );
     assert_eq!(second.questions(), vec![ask_add()]);

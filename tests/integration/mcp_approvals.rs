@@ -95,7 +95,7 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     let (failed, out) = cell(&c, CALL_ADD).await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user"),
+        out.contains("ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user"),
         "{out}"
     );
     let (failed, out) = cell(
@@ -109,7 +109,7 @@ async fn ask_accept_once_for_session_decline_and_cancel(era: Era) {
     assert!(!failed, "{out}");
     assert_eq!(
         out,
-        "ApprovalRejected Approval request for fx.add rejected: tool call fx.add was rejected: cancelled by the user"
+        "ApprovalRejectedError Approval request for fx.add rejected: tool call fx.add was rejected: cancelled by the user"
     );
     // Accept for the session: asked once, then never again for this tool, but still for others.
     for _ in 0..3 {
@@ -153,7 +153,7 @@ async fn ask_without_an_answer_times_out_and_the_server_keeps_working(era: Era) 
     assert!(failed, "{out}");
     assert!(
         out.contains(
-            "ApprovalTimeout: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made"
+            "ApprovalTimeoutError: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made"
         ),
         "{out}"
     );
@@ -171,7 +171,7 @@ async fn ask_with_a_client_without_elicitation_fails_clearly(era: Era) {
     let (failed, out) = cell(&c, CALL_ADD).await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with --approve ask, but this MCP client did not declare the elicitation capability"),
+        out.contains("ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with --approve ask, but this MCP client did not declare the elicitation capability"),
         "{out}"
     );
     let (failed, out) = cell(&c, "!echo never-runs").await;
@@ -179,7 +179,7 @@ async fn ask_with_a_client_without_elicitation_fails_clearly(era: Era) {
     assert!(!has_line(&out, "never-runs"), "{out}");
     assert!(
         out.contains(
-            "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `echo never-runs` was rejected: nobody could be asked"
+            "ApprovalRejectedError: Approval request for ipybox.shell rejected: shell command `echo never-runs` was rejected: nobody could be asked"
         ),
         "{out}"
     );
@@ -229,7 +229,7 @@ async fn ask_about_shell_commands_and_magics(era: Era) {
     let (failed, out) = cell(&c, "!touch declined.txt").await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch declined.txt` was rejected: declined by the user"),
+        out.contains("ApprovalRejectedError: Approval request for ipybox.shell rejected: shell command `touch declined.txt` was rejected: declined by the user"),
         "{out}"
     );
     assert!(!ws.path().join("declined.txt").exists());
@@ -444,7 +444,7 @@ async fn rejected_calls_reach_the_model_short(era: Era) {
     assert_eq!(
         cell_numbers_as_n(&out),
         format!(
-            "before\n\n{frames}\nApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
+            "before\n\n{frames}\nApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
         )
     );
     let (failed, out) = cell(&c, total).await;
@@ -464,7 +464,7 @@ async fn rejected_calls_reach_the_model_short(era: Era) {
     assert_eq!(
         cell_numbers_as_n(&out),
         format!(
-            "before\n\n{frames}\nApprovalTimeout: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made\n  help: {TIMEOUT_HELP}"
+            "before\n\n{frames}\nApprovalTimeoutError: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made\n  help: {TIMEOUT_HELP}"
         )
     );
     // Awaited (the async runner): the cell's line, then the error.
@@ -477,7 +477,7 @@ async fn rejected_calls_reach_the_model_short(era: Era) {
     assert_eq!(
         cell_numbers_as_n(&out),
         format!(
-            "Traceback (most recent call last):\n  Cell In[N], line 2\n    await runner.run_async('add', {{'a': 1, 'b': 2}})\nApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
+            "Traceback (most recent call last):\n  Cell In[N], line 2\n    await runner.run_async('add', {{'a': 1, 'b': 2}})\nApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: declined by the user\n  help: {REJECTED_HELP}"
         )
     );
     // The tool's own error (the call accepted).
@@ -520,7 +520,7 @@ async fn the_question_shows_exactly_what_runs(era: Era) {
     .await;
     assert!(failed, "{out}");
     assert!(
-        out.contains("ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: not shown to anyone: its argument name is 1501 characters long, over the limit of 128"),
+        out.contains("ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: not shown to anyone: its argument name is 1501 characters long, over the limit of 128"),
         "{out}"
     );
     assert!(user.questions().is_empty());

@@ -219,10 +219,10 @@ async fn the_sdk_records_every_kind_of_cell_and_the_notebook_validates() {
     assert_eq!(call(5)["answer"], "accepted");
     assert_eq!(call(6)["answer"], "declined");
     assert_eq!(meta(6)["status"], "error");
-    assert_eq!(outputs(6)[0]["ename"], "ApprovalRejected");
+    assert_eq!(outputs(6)[0]["ename"], "ApprovalRejectedError");
     assert_eq!(call(7)["answer"], "timed out");
     assert!(call(7)["waited"].as_f64().unwrap() >= 1.0);
-    assert_eq!(outputs(7)[0]["ename"], "ApprovalTimeout");
+    assert_eq!(outputs(7)[0]["ename"], "ApprovalTimeoutError");
     // The timeout and the cancel.
     assert_eq!(meta(8)["status"], "timed out");
     assert_eq!(meta(8)["timeout"], 1.0);

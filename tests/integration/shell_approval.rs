@@ -87,7 +87,7 @@ async fn shell_commands_are_approval_requests() {
     let err = out.unwrap_err();
     assert!(
         err.contains(
-            "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch nope.txt` was rejected by the application"
+            "ApprovalRejectedError: Approval request for ipybox.shell rejected: shell command `touch nope.txt` was rejected by the application"
         ),
         "{err}"
     );

@@ -584,7 +584,7 @@ for name in ["ok", "no"]:
             "    hello('no')",
             "  Cell In[N], line 3, in hello",
             "    return greet.run(greet.Params(name=name))",
-            "ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application",
+            "ApprovalRejectedError: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application",
             &format!("  help: {REJECTED_HELP}"),
         ]
         .join("\n"),

@@ -483,7 +483,7 @@ fn cli_exec_asks_for_approval_or_needs_yes() {
     );
     assert!(
         stderr.trim_end().ends_with(&format!(
-            "ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application\n  help: {REJECTED_HELP}"
+            "ApprovalRejectedError: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application\n  help: {REJECTED_HELP}"
         )),
         "{stderr}"
     );

@@ -144,7 +144,7 @@ except ApprovalRejected as e:
     let (_, out) = stream_with(&ex, code, None, |_| Some((false, Duration::ZERO))).await;
     match out.unwrap_err() {
         ExecutorError::Kernel(KernelError::Failed { ename, evalue, .. }) => {
-            assert_eq!(ename, "ApprovalRejected");
+            assert_eq!(ename, "ApprovalRejectedError");
             assert_eq!(
                 evalue,
                 "Approval request for fx.greet rejected: tool call fx.greet was rejected by the application"
@@ -209,7 +209,7 @@ print([r if isinstance(r, str) else f"{type(r).__name__}: {r}" for r in results]
     }
     assert_eq!(
         out.unwrap(),
-        "['Hello, a!', 'ApprovalRejected: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application', 'Hello, c!']"
+        "['Hello, a!', 'ApprovalRejectedError: Approval request for fx.greet rejected: tool call fx.greet was rejected by the application', 'Hello, c!']"
     );
     ex.stop().await;
 }

@@ -47,15 +47,15 @@ ASK_ADD = (
     f"Server: {sys.executable} {FIXTURE} stdio\n"
     "Arguments: a=1, b=2"
 )
-REJECTED = "ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: "
+REJECTED = "ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: "
 NOBODY = (
-    "ApprovalRejected: Approval request for fx.add rejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with "
+    "ApprovalRejectedError: Approval request for fx.add rejected: tool call fx.add was rejected: nobody could be asked: ipybox runs with "
     "--approve ask, but this MCP client did not declare the elicitation capability"
 )
-TIMEOUT = "ApprovalTimeout: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made"
+TIMEOUT = "ApprovalTimeoutError: Approval request for fx.add expired: tool call fx.add was not approved within 1 s, so it was not made"
 ASK_SHELL = "ipybox: Run this shell command from executed code?\n\n"
 SHELL_REJECTED = (
-    "ApprovalRejected: Approval request for ipybox.shell rejected: shell command `touch declined.txt` was rejected: declined by the user"
+    "ApprovalRejectedError: Approval request for ipybox.shell rejected: shell command `touch declined.txt` was rejected: declined by the user"
 )
 PROGRESS_CELL = (
     "import time\n"

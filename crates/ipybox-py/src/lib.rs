@@ -292,7 +292,7 @@ impl Approval {
         self.take().map(ApprovalRequest::accept).is_some()
     }
 
-    /// Fails the call in the kernel with `ApprovalRejected`; False if it was already decided.
+    /// Fails the call in the kernel with `ApprovalRejectedError`; False if it was already decided.
     fn reject(&self) -> bool {
         self.take().map(ApprovalRequest::reject).is_some()
     }
@@ -370,6 +370,15 @@ fn generate_mcp_sources<'py>(
     })
 }
 
+/// Records the server for `root_dir`, whose package another generator (mcpygen) wrote.
+#[pyfunction]
+fn register_generated(server_name: &str, params: &str, root_dir: PathBuf) -> PyResult<()> {
+    let params: serde_json::Value = serde_json::from_str(params)
+        .map_err(|e| PyValueError::new_err(format!("server_params is not JSON: {e}")))?;
+    let env = ipybox::host_env::HostEnv::from_process().vars().clone();
+    ipybox::register_generated(server_name, &params, &root_dir, &env).map_err(runtime_error)
+}
+
 /// Logs of the library to stderr at `level` (error, warn, info, debug, trace), once per process;
 /// `IPYBOX_LOG` (an env-filter directive) overrides. The CLI's own setup.
 #[pyfunction]
@@ -390,6 +399,7 @@ fn _ipybox(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Approval>()?;
     m.add_function(wrap_pyfunction!(generate_mcp_sources, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
+    m.add_function(wrap_pyfunction!(register_generated, m)?)?;
     m.add_function(wrap_pyfunction!(init_logging, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -5,10 +5,13 @@ Python code runs in a stateful IPython kernel; the tools of MCP servers become a
 API (`generate_mcp_sources`), and every tool call goes through the application for approval.
 """
 
+from ipybox import _mcpygen
 from ipybox._approval import ApprovalRequest
 from ipybox._ipybox import __version__
 from ipybox.apigen import generate_mcp_sources
 from ipybox.code_exec import CodeExecutionChunk, CodeExecutionError, CodeExecutionResult, CodeExecutor
+
+_mcpygen.install()
 
 __all__ = [
     "ApprovalRequest",

@@ -75,7 +75,7 @@ class ApprovalRequest:
         return await self._respond(True)
 
     async def reject(self) -> None:
-        """Reject the approval request: the call fails in the kernel (`ApprovalRejected`), and
+        """Reject the approval request: the call fails in the kernel (`ApprovalRejectedError`), and
         the execution with it unless the code catches it."""
         self._set_decision(False)
         return await self._respond(False)

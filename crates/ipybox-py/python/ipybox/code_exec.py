@@ -148,7 +148,7 @@ class CodeExecutor:
                 `ApprovalRequest` before it runs: `server_name` "ipybox", `tool_name` "shell"
                 (line commands) or "shell_magic" (cell magics), `tool_args` `{"cmd": <the
                 command after variable expansion, or the cell>}` (plus "magic" for cell
-                magics). Rejected: the cell fails with `ApprovalRejected` and nothing runs.
+                magics). Rejected: the cell fails with `ApprovalRejectedError` and nothing runs.
                 Asked also with `approve_tool_calls=False`; `execute()` accepts them.
             require_shell_escape: Block direct process creation from Python (`subprocess`,
                 `os.system`, `os.popen`, `os.exec*`, `os.spawn*`, `os.posix_spawn*`,
