@@ -49,6 +49,7 @@ pub(crate) async fn serve(
     let mut builder = executor_builder(
         &args,
         &config.workspace,
+        config.approval_timeout,
         env,
         host,
         http.as_ref(),
@@ -161,6 +162,7 @@ fn notebook_dir(args: &ServeArgs, workspace: &Path, http: bool) -> anyhow::Resul
 fn executor_builder(
     args: &ServeArgs,
     workspace: &Path,
+    approval_timeout: Duration,
     env: dotenv::WorkspaceEnv,
     host: HostEnv,
     http_service: Option<&HttpArgs>,
@@ -189,6 +191,7 @@ fn executor_builder(
             } else {
                 ipybox::executor::DEFAULT_SPARE_KERNELS
             }))
+            .approval_timeout(approval_timeout)
             // A person reads the prompts (--approve ask): nothing is cut, too long is refused.
             .approval_text_limit(ipybox::tools::shown::HUMAN_TEXT_LIMIT)
             .max_output_bytes(args.max_output_bytes.bytes())
