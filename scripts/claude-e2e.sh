@@ -375,11 +375,11 @@ want = [
     ("register_mcp_server fx", (False, "record")),
     ("register_mcp_server notes", (False, "record")),
     ("--approve ask, hook accepts fx.record: the call ran, its result reached the model", (False, "recorded from fx (1 in all)")),
-    ("--approve ask, hook declines notes.record: ApprovalRejected, short, reached the model as an error", (True,
+    ("--approve ask, hook declines notes.record: ApprovalRejectedError, short, reached the model as an error", (True,
         "Traceback (most recent call last):\n"
         "  Cell In[4], line 2\n"
         "    print(notes_record.run(notes_record.Params(note='from notes')))\n"
-        "ApprovalRejected: Approval request for notes.record rejected: tool call notes.record was rejected: declined by the user\n"
+        "ApprovalRejectedError: Approval request for notes.record rejected: tool call notes.record was rejected: declined by the user\n"
         "  help: the call was not made, and the cell stopped there (what ran before it stands); do not make it again unless the user asks for it")),
 ]
 for i, (name, expect) in enumerate(want):

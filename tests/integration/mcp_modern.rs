@@ -183,7 +183,7 @@ async fn a_late_answer_is_told_what_happened() {
     let prefix = "[ipybox: this answer came too late. The cell had stopped waiting for it, so the call it asked about was not made: fx.add(a=1, b=2). The cell went on to its end ";
     assert!(said.starts_with(prefix), "{said}");
     assert!(
-        said.ends_with(" s ago; it ran once, and nothing ran now. Its result:]\n\nbefore\nApprovalTimeout\nafter"),
+        said.ends_with(" s ago; it ran once, and nothing ran now. Its result:]\n\nbefore\nApprovalTimeoutError\nafter"),
         "{said}"
     );
     // Nothing ran again.
@@ -210,7 +210,7 @@ async fn concurrent_calls_share_one_round() {
 }
 
 /// No retry within the approval timeout: the waiting call fails in the kernel with
-/// ApprovalTimeout, the cell runs on to its end, and the next cell is not held up.
+/// ApprovalTimeoutError, the cell runs on to its end, and the next cell is not held up.
 #[tokio::test(flavor = "multi_thread")]
 async fn no_retry_times_the_call_out_in_the_kernel() {
     require!(TestEnv);
@@ -227,7 +227,7 @@ async fn no_retry_times_the_call_out_in_the_kernel() {
     let (failed, out) = cell(&c, "print(err)").await;
     assert!(!failed, "{out}");
     assert!(
-        out.starts_with("ApprovalTimeout('Approval request for fx.add expired"),
+        out.starts_with("ApprovalTimeoutError('Approval request for fx.add expired"),
         "{out}"
     );
     assert!(
