@@ -606,7 +606,11 @@ async fn sandboxed_sessions_cannot_reach_each_other() {
     // Not under /tmp (which srt shows a kernel empty): the workspace in the kernel's view is the
     // host's, so a refused write there is the workspace refusing it.
     let ws = probe_dir_or_skip!("sandboxed-ws");
-    let runtime = Probe::new("srt-rt");
+    // The runtime base holds a sandboxed executor's sockets, the longest of them srt's proxy
+    // bridges in a sandboxed install's scratch directory, with a seven-digit pid: a probe
+    // directory short enough for them whatever the checkout's path.
+    let longest = "/ipybox-4194304-000000/i000000/srt/claude-socks-0123456789abcdef.sock";
+    let runtime = Probe::within("srt", ipybox::kernel::SOCKET_PATH_MAX - longest.len());
     let base = runtime.path().display().to_string();
     let srt = root().join("target/sandbox-deps/node_modules/.bin/srt");
     let srt = srt.display().to_string();

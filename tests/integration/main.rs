@@ -21,7 +21,7 @@
 //! - **Hidden paths are probed where an operator's files would be**: outside `/tmp`, `$HOME`,
 //!   `$TMPDIR`, `/run` and the data directory, which every confined or sandboxed kernel sees
 //!   empty anyway (a probe there passes whatever ipybox hides). Use [`support::probe_dir`]
-//!   (`target/probe-*`, or under `/var/lib/ipybox-test-probes` or `$IPYBOX_TEST_PROBE_DIR`) and
+//!   (`target/p-*`, or under `/var/lib/ipyprobe` or `$IPYBOX_TEST_PROBE_DIR`) and
 //!   [`http_support::read_probe`], with a visible file next to the hidden ones.
 //! - **Processes are counted among all descendants.** A forked kernel is the kernel factory
 //!   template's child, not ipybox's: count kernels with [`proc_tree::kernels`] over

@@ -121,12 +121,18 @@ pub(crate) fn private_to_kernels(path: &Path) -> bool {
 
 /// A fresh directory where an operator's files would be (their `/etc`, `/srv`), which kernels
 /// see (read-only), unlike `/tmp` and `$HOME`: under `$IPYBOX_TEST_PROBE_DIR` if set, else this
-/// checkout's `target/`, else (a checkout under `/tmp` or `$HOME`) `/var/lib/ipybox-test-probes`
+/// checkout's `target/`, else (a checkout under `/tmp` or `$HOME`) `/var/lib/ipyprobe`
 /// (not `/var/tmp`, which srt hides). Probes of
 /// what ipybox hides put their files here, next to a file that is not hidden (the control: the
 /// kernel reads that one, so the place is in its view). `None` (after [`skip`]) when there is no
 /// such place.
 pub(crate) fn probe_dir(name: &str) -> Option<tempfile::TempDir> {
+    probe_dir_within(name, usize::MAX)
+}
+
+/// A [`probe_dir`] whose path has at most `max` bytes (a runtime base for sockets): the first
+/// place that is short enough (`/var/lib/ipyprobe` when the checkout's `target/` is not).
+pub(crate) fn probe_dir_within(name: &str, max: usize) -> Option<tempfile::TempDir> {
     let mut candidates: Vec<PathBuf> = std::env::var_os("IPYBOX_TEST_PROBE_DIR")
         .map(PathBuf::from)
         .into_iter()
@@ -134,20 +140,23 @@ pub(crate) fn probe_dir(name: &str) -> Option<tempfile::TempDir> {
     if candidates.is_empty() {
         candidates = vec![
             root().join("target"),
-            PathBuf::from("/var/lib/ipybox-test-probes"),
+            PathBuf::from("/var/lib/ipyprobe"),
         ];
     }
+    let prefix = format!("p-{name}-");
+    // The directory's own name: the prefix and six random characters.
+    let fits = |c: &Path| c.as_os_str().len() + 1 + prefix.len() + 6 <= max;
     let Some(base) = candidates
         .iter()
-        .find(|c| std::fs::create_dir_all(c).is_ok() && !private_to_kernels(c))
+        .find(|c| fits(c) && std::fs::create_dir_all(c).is_ok() && !private_to_kernels(c))
     else {
         skip(&format!(
-            "none of {candidates:?} is outside what every kernel sees empty (/tmp, $HOME, $TMPDIR, /run, the data directory): a probe of a hidden path there proves nothing; set IPYBOX_TEST_PROBE_DIR to a writable directory elsewhere"
+            "none of {candidates:?} is outside what every kernel sees empty (/tmp, $HOME, $TMPDIR, /run, the data directory) and short enough ({max} bytes with the probe's name): a probe of a hidden path there proves nothing; set IPYBOX_TEST_PROBE_DIR to a short writable directory elsewhere"
         ));
         return None;
     };
     let dir = tempfile::Builder::new()
-        .prefix(&format!("probe-{name}-"))
+        .prefix(&prefix)
         .tempdir_in(base)
         .unwrap();
     Some(dir)
@@ -160,7 +169,12 @@ pub(crate) struct Probe(PathBuf);
 
 impl Probe {
     pub(crate) fn new(name: &str) -> Self {
-        let dir = probe_dir(name)
+        Self::within(name, usize::MAX)
+    }
+
+    /// A probe directory of at most `max` bytes ([`probe_dir_within`]).
+    pub(crate) fn within(name: &str, max: usize) -> Self {
+        let dir = probe_dir_within(name, max)
             .expect("a probe directory (see support::probe_dir)")
             .keep();
         Self(dir.canonicalize().unwrap())

@@ -203,7 +203,7 @@ async fn a_confined_session_sees_only_the_allowlist() {
                 .into_iter()
                 // The probe directory's and the runtime base's top directories are mount
                 // points of shown paths (`/var` when probes go to
-                // /var/lib/ipybox-test-probes).
+                // /var/lib/ipyprobe).
                 .filter(|d| *d != probe_top && *d != runtime_top && Path::new("/").join(d).is_dir())
                 .collect();
             assert!(
