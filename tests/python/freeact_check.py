@@ -243,8 +243,9 @@ async def main() -> None:
 
         # Reset: the kernel's state is gone, and the kernel works.
         await turn(agent, [("reset", ""), ("text", "done")])
-        ev = await turn(agent, [("code", "print('x' in globals())"), ("text", "done")])
-        check([o.text for o in outputs(ev)] == ["False"], "reset cleared the state", [o.text for o in outputs(ev)])
+        code = "print('x' in globals())\nfrom mcptools.fx.add import Params, run\nprint(run(Params(a=1, b=1)).sum)"
+        ev = await turn(agent, [("code", code), ("text", "done")], decide=approve_all)
+        check([o.text for o in outputs(ev)] == ["False\n2"], "reset cleared the state; the new kernel calls tools", [o.text for o in outputs(ev)])
     finally:
         await agent.stop()
     print(f"freeact-check [{MODE}]: all passed", flush=True)
