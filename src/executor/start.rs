@@ -25,6 +25,11 @@ use crate::tools::registry::{ImportRoots, Reach};
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SessionCache};
 
+/// What a runtime directory runs on its mount points before it is removed (its own, a dead
+/// ipybox's): a confined session's mounts come off, never through a link. Handed over here,
+/// where kernels and confinement meet, so `kernel` needs nothing of `confine` for it.
+const UNMOUNT: crate::kernel::runtime_dir::MountCleanUp = crate::confine::limits::unmount_work;
+
 impl CodeExecutor {
     /// Tells the notebook, if any, how this executor's kernels are confined, and where the host
     /// keeps its own record of the notebook's files (ipybox's data directory).
@@ -124,8 +129,8 @@ impl CodeExecutor {
             Sockets::Own
         };
         let runtime = match &shared {
-            Some(shared) => RuntimeDir::create_in(shared.dir(), self.host_env()),
-            None => RuntimeDir::create(self.host_env(), sockets),
+            Some(shared) => RuntimeDir::create_in(shared.dir(), self.host_env(), UNMOUNT),
+            None => RuntimeDir::create(self.host_env(), sockets, UNMOUNT),
         }
         .map_err(|e| match e {
             CreateError::TooLong(e) => ExecutorError::SocketPath(e),
@@ -476,7 +481,7 @@ impl CodeExecutor {
             }
             Ok(config)
         };
-        handle.get_or_start(host, template).map_err(|e| match e {
+        handle.get_or_start(host, UNMOUNT, template).map_err(|e| match e {
             SharedFactoryError::Io { path, source } => ExecutorError::Io { path, source },
             SharedFactoryError::SocketPath(e) => ExecutorError::SocketPath(e),
             SharedFactoryError::Shut => KernelError::Start {
