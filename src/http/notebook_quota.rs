@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::super::mcp_server::notebook::NotebookFate;
+use super::super::mcp_server::notebook_fate::NotebookFate;
 
 /// Default `--notebook-quota`: 256 MiB per token.
 pub(crate) const DEFAULT_QUOTA: &str = "256M";
