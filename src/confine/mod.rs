@@ -31,6 +31,7 @@ use std::time::Duration;
 
 pub mod cgroup;
 pub mod limits;
+pub(crate) mod plan;
 mod session_limits;
 
 use crate::child_process::{ChildCommand, CommandWrapper};

@@ -484,7 +484,6 @@ fn kill_stragglers(dir: &Path) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

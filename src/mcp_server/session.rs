@@ -89,7 +89,10 @@ impl KernelSession {
     }
 
     /// Its notebook's fate is `fate` (shared with the budget that writes it).
-    pub(crate) fn with_notebook_fate(mut self, fate: Arc<super::notebook_fate::NotebookFate>) -> Self {
+    pub(crate) fn with_notebook_fate(
+        mut self,
+        fate: Arc<super::notebook_fate::NotebookFate>,
+    ) -> Self {
         self.notebook_fate = fate;
         self
     }

@@ -246,7 +246,8 @@ mod tests {
             &host,
             crate::kernel::runtime_dir::Sockets::Own,
             crate::confine::limits::unmount_work,
-        ).unwrap();
+        )
+        .unwrap();
         let outside = t.path().join("host-file");
         std::fs::write(&outside, "host data").unwrap();
         let payload = b"snapshot bytes".to_vec();
