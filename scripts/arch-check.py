@@ -15,6 +15,8 @@ apart), and builds two graphs:
   types, errors, names its files use): its files may use it; a `mod.rs` using one of its own
   files (beyond declaring and re-exporting it with `pub use`) is an arrow like any other.
 
+Also: every integration test module (tests/integration/main.rs) is named in the map.
+
 Prints every offending arrow with the files and the names that make it, and exits 1; prints a
 one-line summary and exits 0 when the map holds. `--graph` prints the package arrows (for the
 docs), `--files` the file arrows too.
@@ -282,6 +284,13 @@ def main():
             detail = "; ".join(f"{label(a)} -> {label(b)}: {describe(edges[(a, b)])}" for a, b in arrows)
             excused = any(arrow in debt for arrow in arrows)
             (warnings if excused else problems).append(f"{name} circle {text}\n    {detail}")
+    # The map names every integration test module (`mod x;` in tests/integration/main.rs).
+    doc = open(DOC, encoding="utf-8").read()
+    main_rs = os.path.join(ROOT, "tests", "integration", "main.rs")
+    if os.path.exists(main_rs):
+        for name in re.findall(r"^\s*mod (\w+);", open(main_rs, encoding="utf-8").read(), re.M):
+            if f"`{name}`" not in doc and f"{name}.rs" not in doc:
+                problems.append(f"integration test module `{name}` is not in docs/architecture.md's test list")
     if "--graph" in sys.argv or "--files" in sys.argv:
         for (a, b) in sorted(pkg_edges):
             print(f"{a} -> {b}")
