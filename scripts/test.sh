@@ -2,6 +2,7 @@
 # The test command (README): provisions what the tests need, then runs every test against real
 # components — a real ipykernel, real MCP servers, real MCP clients, real srt + bubblewrap.
 #   scripts/arch-check.py    the module map (docs/architecture.md): no import circle, no arrow up
+#   scripts/long-fns.py      no function in src/ over 150 lines
 #   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
 #   scripts/sandbox-deps.sh  bubblewrap, socat, ripgrep (apt-get) and a pinned srt
 #   scripts/build-wheel.sh   the ipybox-rs wheel, manylinux2014 (glibc 2.17, zig)
@@ -23,6 +24,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 python3 scripts/arch-check.py        # seconds: the module map holds before anything is built
+python3 scripts/long-fns.py --except src/main.rs   # no function over 150 lines (main.rs: issue 54's CLI part)
 export PATH="$HOME/.local/bin:$PATH"   # where `pip install --user uv` puts uv
 bash scripts/test-env.sh
 bash scripts/sandbox-deps.sh
