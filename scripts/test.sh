@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README): provisions what the tests need, then runs every test against real
 # components — a real ipykernel, real MCP servers, real MCP clients, real srt + bubblewrap.
+#   scripts/arch-check.py    the module map (docs/architecture.md): no import circle, no arrow up
+#   scripts/long-fns.py      no function in src/ over 150 lines
 #   scripts/docs-check.py    README.md + docs/*.md: relative links and #anchors resolve, every
 #                            --flag the docs name is in the binary's --help
 #   scripts/test-env.sh      Python fixture servers + server-everything + schema-testing tools
@@ -23,6 +25,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+python3 scripts/arch-check.py        # seconds: the module map holds before anything is built
+python3 scripts/long-fns.py                          # no function in src/ over 150 lines
 export PATH="$HOME/.local/bin:$PATH"   # where `pip install --user uv` puts uv
 bash scripts/test-env.sh
 bash scripts/sandbox-deps.sh

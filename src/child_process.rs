@@ -353,6 +353,48 @@ impl StderrTail {
     }
 }
 
+/// Whether a process `pid` exists (signal 0; a process of another user counts).
+pub(crate) fn process_alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence/permission.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// A child's exit status in words.
+pub(crate) fn describe_exit(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(sig)) => format!("killed by signal {sig}{}", signal_name(sig)),
+        _ => "unknown exit status".to_string(),
+    }
+}
+
+/// An exit status as Python's `os.waitstatus_to_exitcode` gives it (the kernel factory's
+/// template reports its children's this way): `n >= 0` is an exit code, `-n` death by signal `n`.
+pub(crate) fn describe_code(code: i32) -> String {
+    if code >= 0 {
+        format!("exit code {code}")
+    } else {
+        let sig = code.unsigned_abs();
+        format!(
+            "killed by signal {sig}{}",
+            i32::try_from(sig).map_or("", signal_name)
+        )
+    }
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGKILL => " (SIGKILL)",
+        libc::SIGSEGV => " (SIGSEGV)",
+        libc::SIGABRT => " (SIGABRT)",
+        libc::SIGTERM => " (SIGTERM)",
+        libc::SIGBUS => " (SIGBUS)",
+        _ => "",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,7 @@ pub(crate) mod pause;
 pub mod pyenv;
 pub mod redact;
 pub mod register;
+pub(crate) mod runtime_layout;
 pub(crate) mod safe_fs;
 pub mod sandbox;
 pub mod snapshot;

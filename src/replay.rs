@@ -370,6 +370,18 @@ pub(crate) async fn run(replay: Replay, builder: CodeExecutorBuilder) -> anyhow:
         );
     }
     executor.start().await?;
+    replay_cells(&executor, entries, total, &replay).await
+}
+
+/// Runs the notebooks' entries in order on the started `executor` (a reset where the recording
+/// has one), each cell's output printed and compared with the recorded one; stops the executor
+/// and returns the exit status (1 with `--check` when an output differs).
+async fn replay_cells(
+    executor: &ipybox::CodeExecutor,
+    entries: Vec<Entry>,
+    total: usize,
+    replay: &Replay,
+) -> anyhow::Result<u8> {
     let mut approver = TerminalApprover::new(replay.yes);
     let mut differing = Vec::new();
     let mut ran_since_reset = false;

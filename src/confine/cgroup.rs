@@ -22,7 +22,7 @@ use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use super::limits::{LimitHit, SessionLimits};
+use super::session_limits::{LimitHit, SessionLimits};
 
 /// The controllers ipybox uses.
 const CONTROLLERS: [&str; 3] = ["pids", "memory", "cpu"];
@@ -259,7 +259,7 @@ fn sweep(parent: &Path) {
         else {
             continue;
         };
-        if !crate::kernel::runtime_dir::process_alive(pid) {
+        if !crate::child_process::process_alive(pid) {
             tracing::info!(
                 "removing the cgroup {} of an ipybox that is gone",
                 entry.path().display()

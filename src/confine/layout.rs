@@ -148,8 +148,8 @@ impl Layout {
 
     fn common(host: &HostEnv, workspace: &Path, python: &Path, confinement: &Confinement) -> Self {
         let mut emptied = vec![
-            crate::kernel::runtime_dir::RuntimeDir::base_dir(host),
-            crate::kernel::runtime_dir::temp_dir(host),
+            crate::runtime_layout::base_dir(host),
+            crate::runtime_layout::temp_dir(host),
             PathBuf::from("/tmp"),
             PathBuf::from("/run"),
         ];

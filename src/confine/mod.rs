@@ -31,6 +31,8 @@ use std::time::Duration;
 
 pub mod cgroup;
 pub mod limits;
+pub(crate) mod plan;
+mod session_limits;
 
 use crate::child_process::{ChildCommand, CommandWrapper};
 use crate::host_env::HostEnv;
@@ -58,7 +60,7 @@ pub(crate) use layout::Layout;
 pub use layout::{ETC_SHOWN, SYSTEM_DIRS};
 
 /// The name of a confined kernel's working directory in its runtime directory.
-pub(crate) const WORK_DIR: &str = "work";
+pub(crate) use crate::runtime_layout::WORK_DIR;
 
 /// What to confine a local kernel with (see the module comment).
 #[derive(Debug, Clone, Default)]
@@ -202,7 +204,7 @@ pub async fn probe(bwrap: &Path) -> Result<(), ConfineError> {
     Err(ConfineError::Unavailable {
         reason: format!(
             "bubblewrap cannot create the namespaces a confined kernel needs ({}): {}",
-            crate::kernel::status::describe_exit(output.status),
+            crate::child_process::describe_exit(output.status),
             crate::child_process::tail(&output.stderr)
         ),
         help: "bubblewrap needs user namespaces when ipybox does not run as root (sysctl kernel.unprivileged_userns_clone=1; in a container: a seccomp profile that allows unshare/clone, e.g. `--security-opt seccomp=unconfined`, or run ipybox as root in it)".into(),

@@ -346,7 +346,7 @@ pub(crate) fn hand_over(runtime: &Path, ids: Ids, sockets: &[&Path]) -> std::io:
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
     };
     chown(runtime, 0, ids.gid, 0o750)?;
-    for dir in [crate::kernel::runtime_dir::KERNEL_WRITABLE, super::WORK_DIR] {
+    for dir in [crate::runtime_layout::KERNEL_WRITABLE, super::WORK_DIR] {
         let path = runtime.join(dir);
         if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
             // `work/` is also searchable by others (0711, not listable): bubblewrap, as root

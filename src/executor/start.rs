@@ -11,6 +11,7 @@ use include_dir::Dir;
 
 use super::{CodeExecutor, DEFAULT_SPARE_KERNELS, ExecutorError, Live, Running};
 use crate::confine::ConfineError;
+use crate::confine::plan::{PlanError, SessionPlace, SessionPlan};
 use crate::kernel::gateway::Gateway;
 use crate::kernel::gateway::ledger::Ledger;
 use crate::kernel::runtime_dir::{CreateError, RuntimeDir, Sockets};
@@ -24,6 +25,11 @@ use crate::snapshot::KernelConfinement;
 use crate::tools::registry::{ImportRoots, Reach};
 use crate::tools::server::{ToolServer, ToolServerState};
 use crate::tools::{DEFAULT_APPROVAL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, SessionCache};
+
+/// What a runtime directory runs on its mount points before it is removed (its own, a dead
+/// ipybox's): a confined session's mounts come off, never through a link. Handed over here,
+/// where kernels and confinement meet, so `kernel` needs nothing of `confine` for it.
+const UNMOUNT: crate::kernel::runtime_dir::MountCleanUp = crate::confine::limits::unmount_work;
 
 impl CodeExecutor {
     /// Tells the notebook, if any, how this executor's kernels are confined, and where the host
@@ -60,51 +66,9 @@ impl CodeExecutor {
         };
         // Before anything runs on the host: nothing it will run may lie where a sandboxed
         // kernel can write.
-        let sandbox_policy = match &b.sandbox {
-            Some(options) => {
-                let loaded = crate::sandbox::load_policy(options, &workspace).await?;
-                let explicit = b
-                    .python
-                    .clone()
-                    .or_else(|| self.host_env().get("IPYBOX_PYTHON").map(PathBuf::from));
-                crate::sandbox::check_layout(
-                    &loaded,
-                    options,
-                    self.host_env(),
-                    &workspace,
-                    explicit.as_deref(),
-                    self.inner
-                        .builder
-                        .kernel_env
-                        .get("PYTHONPATH")
-                        .map(String::as_str),
-                )?;
-                Some(loaded)
-            }
-            None => None,
-        };
+        let sandbox_policy = self.sandbox_policy(&workspace).await?;
         self.record_confinement(sandbox_policy.as_ref(), gateway.is_some());
-        let bwrap = match &b.confinement {
-            Some(_) if gateway.is_some() || b.sandbox.is_some() => {
-                return Err(ConfineError::Unavailable {
-                    reason: format!(
-                        "confinement applies to plain local kernels, not to {}",
-                        if gateway.is_some() {
-                            "kernels on a Jupyter server"
-                        } else {
-                            "sandboxed ones (srt confines them its own way)"
-                        }
-                    ),
-                    help: "ask for one of the two".into(),
-                }
-                .into());
-            }
-            Some(c) => Some(crate::confine::find_bwrap(
-                c.bwrap.as_deref(),
-                self.host_env(),
-            )?),
-            None => None,
-        };
+        let bwrap = self.confinement_bwrap(gateway.is_some())?;
         // Kernels on a Jupyter server use the server's Python: nothing to provision here.
         let python = match &gateway {
             Some(_) => PathBuf::new(),
@@ -118,14 +82,138 @@ impl CodeExecutor {
             }
             _ => None,
         };
-        let sockets = if b.sandbox.is_some() {
+        let runtime = self.new_runtime_dir(shared.as_ref())?;
+        if gateway.is_none() {
+            let _ = self.inner.python.set(python.clone());
+        }
+        let mut config = KernelConfig::new(python, workspace.clone(), self.host_env().clone());
+        config.images_dir = self.images_dir()?;
+        config.output = b.output;
+        let (tools, socket) = self.tool_server(
+            &runtime,
+            &workspace,
+            sandbox_policy.as_ref(),
+            gateway.is_some(),
+        )?;
+        config.env = self.kernel_env_base();
+        let confinement = kernel_confinement(
+            gateway.as_ref(),
+            sandbox_policy.as_ref(),
+            bwrap.is_some(),
+            b,
+        );
+        let trust_window = self.workspace_trust(
+            &confinement,
+            &workspace,
+            sandbox_policy.as_ref().map(|(policy, _)| policy),
+            &mut config.env,
+        )?;
+        let snapshot_channel =
+            self.kernel_transport(&mut config, gateway, &runtime, &socket, &tools, &workspace)?;
+        self.kernel_options(&mut config);
+        if let (Some(options), Some(loaded)) = (&b.sandbox, sandbox_policy) {
+            self.sandbox_kernel(&mut config, options, loaded, &runtime, &workspace, &socket)
+                .await?;
+        }
+        let place = (&runtime, &*workspace, &*socket, shared.as_ref());
+        let confined = self.confine_kernel(&mut config, bwrap.as_deref(), place)?;
+        let spares = b.spare_kernels.unwrap_or(DEFAULT_SPARE_KERNELS);
+        let pool = KernelPool::start(
+            Arc::new(config),
+            runtime.clone(),
+            spares,
+            b.attach_kernel.as_deref(),
+        )
+        .await?;
+        *self.inner.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(Live {
+            runtime: runtime.path().to_path_buf(),
+            kernel_pid: pool.current_pid(),
+            kernel_id: pool.current_id(),
+            tools: tools.state().clone(),
+        });
+        let (session, egress, uid) = confined.map_or((None, None, None), |c| c.into_parts());
+        *state = Some(Running {
+            pool,
+            tools,
+            runtime,
+            pristine: true,
+            snapshot_channel,
+            confinement,
+            session,
+            _egress: egress,
+            _uid: uid,
+            _trust_window: trust_window,
+        });
+        // Started again after a stop: a new kernel for the cells that follow.
+        if let Some(notebook) = &self.inner.notebook {
+            notebook.section(Section::Restarted);
+        }
+        Ok(())
+    }
+
+    /// The sandbox's policy, loaded, and the host's layout checked against it: nothing the host
+    /// will run may lie where a sandboxed kernel can write. `None` without a sandbox.
+    async fn sandbox_policy(
+        &self,
+        workspace: &Path,
+    ) -> Result<Option<crate::sandbox::LoadedPolicy>, ExecutorError> {
+        let b = &self.inner.builder;
+        let Some(options) = &b.sandbox else {
+            return Ok(None);
+        };
+        let loaded = crate::sandbox::load_policy(options, workspace).await?;
+        let explicit = b
+            .python
+            .clone()
+            .or_else(|| self.host_env().get("IPYBOX_PYTHON").map(PathBuf::from));
+        crate::sandbox::check_layout(
+            &loaded,
+            options,
+            self.host_env(),
+            workspace,
+            explicit.as_deref(),
+            b.kernel_env.get("PYTHONPATH").map(String::as_str),
+        )?;
+        Ok(Some(loaded))
+    }
+
+    /// bubblewrap, found, when the kernels are confined (plain local kernels only).
+    fn confinement_bwrap(&self, remote: bool) -> Result<Option<PathBuf>, ExecutorError> {
+        let b = &self.inner.builder;
+        match &b.confinement {
+            Some(_) if remote || b.sandbox.is_some() => Err(ConfineError::Unavailable {
+                reason: format!(
+                    "confinement applies to plain local kernels, not to {}",
+                    if remote {
+                        "kernels on a Jupyter server"
+                    } else {
+                        "sandboxed ones (srt confines them its own way)"
+                    }
+                ),
+                help: "ask for one of the two".into(),
+            }
+            .into()),
+            Some(c) => Ok(Some(crate::confine::find_bwrap(
+                c.bwrap.as_deref(),
+                self.host_env(),
+            )?)),
+            None => Ok(None),
+        }
+    }
+
+    /// This executor's runtime directory: its own, or one inside the shared factory's.
+    fn new_runtime_dir(
+        &self,
+        shared: Option<&Arc<crate::kernel::StartedFactory>>,
+    ) -> Result<Arc<RuntimeDir>, ExecutorError> {
+        let sockets = if self.inner.builder.sandbox.is_some() {
             Sockets::Sandboxed
         } else {
             Sockets::Own
         };
-        let runtime = match &shared {
-            Some(shared) => RuntimeDir::create_in(shared.dir(), self.host_env()),
-            None => RuntimeDir::create(self.host_env(), sockets),
+        let runtime = match shared {
+            Some(shared) => RuntimeDir::create_in(shared.dir(), self.host_env(), UNMOUNT),
+            None => RuntimeDir::create(self.host_env(), sockets, UNMOUNT),
         }
         .map_err(|e| match e {
             CreateError::TooLong(e) => ExecutorError::SocketPath(e),
@@ -134,20 +222,25 @@ impl CodeExecutor {
                 source,
             },
         })?;
-        let runtime = Arc::new(runtime);
-        if gateway.is_none() {
-            let _ = self.inner.python.set(python.clone());
-        }
-        let mut config = KernelConfig::new(python, workspace.clone(), self.host_env().clone());
-        config.images_dir = self.images_dir()?;
-        config.output = b.output;
+        Ok(Arc::new(runtime))
+    }
+
+    /// The tool server on `<runtime>/tools.sock`, and its socket's path.
+    fn tool_server(
+        &self,
+        runtime: &RuntimeDir,
+        workspace: &Path,
+        sandbox: Option<&crate::sandbox::LoadedPolicy>,
+        remote: bool,
+    ) -> Result<(ToolServer, PathBuf), ExecutorError> {
+        let b = &self.inner.builder;
         let sessions = SessionCache::new(
             self.tool_env(),
             b.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         );
         // No kernel is trusted with server params: it reaches the servers registered for the
         // directories this executor imports from, with their recorded params (tools::registry).
-        let roots = self.import_roots(&workspace, sandbox_policy.as_ref(), gateway.is_some());
+        let roots = self.import_roots(workspace, sandbox, remote);
         let tool_state = ToolServerState::new(
             sessions,
             b.approval_timeout.unwrap_or(DEFAULT_APPROVAL_TIMEOUT),
@@ -167,69 +260,74 @@ impl CodeExecutor {
                 source,
             }
         })?;
-        config.env = b.kernel_env.clone();
-        // Only the sandbox sets it (below): no other kernel imports a sandboxed install.
-        config.env.remove(pyenv::install::SITE_LAYER_ENV);
-        // Only ipybox gives a trusted kernel the trust ledger (`workspace_trust` below).
-        config.env.remove(crate::workspace_trust::LEDGER_ENV);
-        let mut snapshot_channel = None;
-        let confinement = match (&gateway, &sandbox_policy, &b.sandbox, &bwrap) {
-            (Some(gateway), ..) => KernelConfinement::Remote {
-                server: gateway.base().to_string(),
-            },
-            (None, Some((policy, _)), Some(options), _) => {
-                KernelConfinement::sandbox(policy, options.isolate_workspace)
-            }
-            (None, _, _, Some(_)) => KernelConfinement::Confined,
-            _ => KernelConfinement::Unconfined,
+        Ok((tools, socket))
+    }
+
+    /// How the kernels are reached: local ones get ipybox's kernel-side Python and the tool
+    /// socket; a Jupyter server's get their tool calls and snapshots over the stdin channel
+    /// (the channel returned).
+    fn kernel_transport(
+        &self,
+        config: &mut KernelConfig,
+        gateway: Option<Gateway>,
+        runtime: &RuntimeDir,
+        socket: &Path,
+        tools: &ToolServer,
+        workspace: &Path,
+    ) -> Result<Option<Arc<crate::snapshot::remote::SnapshotChannel>>, ExecutorError> {
+        let Some(gateway) = gateway else {
+            // Remote kernels get the runtime in their bootstrap cell instead.
+            let python_dir = runtime.path().join("python");
+            extract(&crate::kernel::RUNTIME, &python_dir).map_err(|source| ExecutorError::Io {
+                path: python_dir.clone(),
+                source,
+            })?;
+            config.python_path = vec![python_dir];
+            config
+                .env
+                .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
+            return Ok(None);
         };
-        let trust_window = self.workspace_trust(
-            &confinement,
-            &workspace,
-            sandbox_policy.as_ref().map(|(policy, _)| policy),
-            &mut config.env,
-        )?;
-        match gateway {
-            None => {
-                // Remote kernels get the runtime in their bootstrap cell instead.
-                let python_dir = runtime.path().join("python");
-                extract(&crate::kernel::RUNTIME, &python_dir).map_err(|source| {
-                    ExecutorError::Io {
-                        path: python_dir.clone(),
-                        source,
-                    }
-                })?;
-                config.python_path = vec![python_dir];
-                config
-                    .env
-                    .insert("IPYBOX_TOOL_SOCKET".into(), socket.display().to_string());
-            }
-            Some(gateway) => {
-                // Tool calls come over the kernel's stdin channel (no route to the socket), and
-                // so do snapshots.
-                let state = tools.state().clone();
-                let ws = workspace.clone();
-                let channel = crate::snapshot::remote::SnapshotChannel::new();
-                snapshot_channel = Some(channel.clone());
-                config.input_handler = Some(Arc::new(move |payload: String| {
-                    let state = state.clone();
-                    let ws = ws.clone();
-                    let channel = channel.clone();
-                    Box::pin(async move {
-                        if let Some(reply) = channel.answer(&payload) {
-                            return reply;
-                        }
-                        crate::tools::stdin_channel::answer(&state, &ws, &payload).await
-                    })
-                }));
-                config.ledger = self.host_env().data_dir().map(|d| Ledger::new(&d));
-                if let Some(ledger) = config.ledger.clone() {
-                    let gateway = gateway.clone();
-                    tokio::spawn(async move { ledger.clean_up(&gateway).await });
+        // Tool calls come over the kernel's stdin channel (no route to the socket), and so do
+        // snapshots.
+        let state = tools.state().clone();
+        let ws = workspace.to_path_buf();
+        let channel = crate::snapshot::remote::SnapshotChannel::new();
+        let answers = channel.clone();
+        config.input_handler = Some(Arc::new(move |payload: String| {
+            let state = state.clone();
+            let ws = ws.clone();
+            let channel = answers.clone();
+            Box::pin(async move {
+                if let Some(reply) = channel.answer(&payload) {
+                    return reply;
                 }
-                config.backend = Backend::Gateway(gateway);
-            }
+                crate::tools::stdin_channel::answer(&state, &ws, &payload).await
+            })
+        }));
+        config.ledger = self.host_env().data_dir().map(|d| Ledger::new(&d));
+        if let Some(ledger) = config.ledger.clone() {
+            let gateway = gateway.clone();
+            tokio::spawn(async move { ledger.clean_up(&gateway).await });
         }
+        config.backend = Backend::Gateway(gateway);
+        Ok(Some(channel))
+    }
+
+    /// The builder's kernel environment, less what only ipybox sets: the sandbox's site layer
+    /// (no other kernel imports a sandboxed install) and the trust ledger (only a trusted
+    /// kernel gets it, `workspace_trust`).
+    fn kernel_env_base(&self) -> std::collections::BTreeMap<String, String> {
+        let mut env = self.inner.builder.kernel_env.clone();
+        env.remove(pyenv::install::SITE_LAYER_ENV);
+        env.remove(crate::workspace_trust::LEDGER_ENV);
+        env
+    }
+
+    /// The builder's kernel options: working directory restored, shell approval, start
+    /// timeout, the kernel factory.
+    fn kernel_options(&self, config: &mut KernelConfig) {
+        let b = &self.inner.builder;
         config.restore_cwd = b.restore_working_dir;
         config.shell_approval = if b.approve_shell_cmds || b.require_shell_escape {
             ShellApproval::On {
@@ -242,201 +340,144 @@ impl CodeExecutor {
             config.start_timeout = timeout;
         }
         config.factory = config.factory && self.factory_wanted();
-        if let (Some(options), Some(loaded)) = (&b.sandbox, sandbox_policy) {
-            // The notebook's directory is the host's record: not the kernel's to write.
-            let mut options = options.clone();
-            if let Some(dir) = self.inner.notebook.as_ref().and_then(|n| n.dir()) {
-                options.record_dirs.push(dir.to_path_buf());
-            }
-            // The generated API is the host's too: a trusted kernel imports it later.
-            if !options.isolate_workspace {
-                options
-                    .record_dirs
-                    .push(workspace.join(crate::workspace_trust::GENERATED_DIR));
-            }
-            let options = &options;
-            let python = config.python.clone();
-            // What this workspace's sandboxed installs added: readable (not writable) for the
-            // kernel, imported from only by sandboxed kernels.
-            let layer = self.site_layer(runtime.path())?;
-            layer.create()?;
-            config.env.insert(
-                pyenv::install::SITE_LAYER_ENV.into(),
-                layer.site.display().to_string(),
-            );
-            let writable = runtime
-                .kernel_writable()
+    }
+
+    /// A sandboxed kernel: srt's wrapper, the workspace's site layer, and with an isolated
+    /// workspace its working directory inside the kernel-writable part.
+    async fn sandbox_kernel(
+        &self,
+        config: &mut KernelConfig,
+        options: &crate::sandbox::SandboxOptions,
+        loaded: crate::sandbox::LoadedPolicy,
+        runtime: &RuntimeDir,
+        workspace: &Path,
+        socket: &Path,
+    ) -> Result<(), ExecutorError> {
+        // The notebook's directory is the host's record: not the kernel's to write.
+        let mut options = options.clone();
+        if let Some(dir) = self.inner.notebook.as_ref().and_then(|n| n.dir()) {
+            options.record_dirs.push(dir.to_path_buf());
+        }
+        // The generated API is the host's too: a trusted kernel imports it later.
+        if !options.isolate_workspace {
+            options
+                .record_dirs
+                .push(workspace.join(crate::workspace_trust::GENERATED_DIR));
+        }
+        let options = &options;
+        let python = config.python.clone();
+        // What this workspace's sandboxed installs added: readable (not writable) for the
+        // kernel, imported from only by sandboxed kernels.
+        let layer = self.site_layer(runtime.path())?;
+        layer.create()?;
+        config.env.insert(
+            pyenv::install::SITE_LAYER_ENV.into(),
+            layer.site.display().to_string(),
+        );
+        let io = |source| ExecutorError::Io {
+            path: runtime.path().to_path_buf(),
+            source,
+        };
+        let writable = runtime.kernel_writable().map_err(io)?;
+        config.wrapper = Some(
+            crate::sandbox::prepare(
+                options,
+                loaded,
+                self.host_env(),
+                workspace,
+                runtime.path(),
+                &[
+                    runtime.path().join("python"),
+                    runtime.host_kernels(),
+                    runtime.factory_dir().map_err(io)?,
+                    socket.to_path_buf(),
+                    layer.site.clone(),
+                ],
+                writable.path(),
+                &python,
+                &config.env,
+            )
+            .await?,
+        );
+        if options.isolate_workspace {
+            // Inside the kernel-writable part: the kernel writes there already, and the host
+            // never reads back from it.
+            let work = writable
+                .subdir(crate::confine::WORK_DIR, Some(0o700))
                 .map_err(|source| ExecutorError::Io {
-                    path: runtime.path().to_path_buf(),
+                    path: writable.path().join(crate::confine::WORK_DIR),
                     source,
                 })?;
-            config.wrapper = Some(
-                crate::sandbox::prepare(
-                    options,
-                    loaded,
-                    self.host_env(),
-                    &workspace,
-                    runtime.path(),
-                    &[
-                        runtime.path().join("python"),
-                        runtime.host_kernels(),
-                        runtime.factory_dir().map_err(|source| ExecutorError::Io {
-                            path: runtime.path().to_path_buf(),
-                            source,
-                        })?,
-                        socket.clone(),
-                        layer.site.clone(),
-                    ],
-                    writable.path(),
-                    &python,
-                    &config.env,
-                )
-                .await?,
-            );
-            if options.isolate_workspace {
-                // Inside the kernel-writable part: the kernel writes there already, and the
-                // host never reads back from it.
-                let work = writable
-                    .subdir(crate::confine::WORK_DIR, Some(0o700))
-                    .map_err(|source| ExecutorError::Io {
-                        path: writable.path().join(crate::confine::WORK_DIR),
-                        source,
-                    })?;
-                config.cwd = Some(work.path().to_path_buf());
-            }
-        }
-        let mut session = None;
-        let mut egress = None;
-        let mut uid = None;
-        if let (Some(confinement), Some(bwrap)) = (&b.confinement, &bwrap) {
-            let io = |source| ExecutorError::Io {
-                path: runtime.path().to_path_buf(),
-                source,
-            };
-            let writable = runtime.kernel_writable().map_err(io)?;
-            let work = runtime.path().join(crate::confine::WORK_DIR);
-            crate::safe_fs::create_private_dir(&work).map_err(io)?;
-            // The session's own uid (leased until its kernels stop: `Running::uid`), handed
-            // what it needs of the runtime directory before anything is mounted on `work/`.
-            if let Some(pool) = &confinement.uids {
-                let lease = pool.lease().map_err(|e| KernelError::Start {
-                    reason: e.to_string(),
-                    help: "close sessions, or give a larger --session-uids range".into(),
-                })?;
-                let ids = lease.ids;
-                crate::confine::uids::hand_over(runtime.path(), ids, &[&socket]).map_err(io)?;
-                runtime.set_kernel_owner(ids.uid, ids.gid);
-                uid = Some(lease);
-            }
-            if let Some(limiter) = &confinement.limiter {
-                let (limits, mount) = session_limits(limiter, &work)?;
-                let boxed = box_limit(limiter, writable.path())?;
-                config.limits = Some(limits.clone());
-                session = Some(SessionUse {
-                    limits,
-                    work: mount,
-                    boxed,
-                });
-            }
-            let mut layout = crate::confine::Layout::new(
-                self.host_env(),
-                runtime.path(),
-                writable.path(),
-                &workspace,
-                &config.python,
-                confinement,
-            );
-            if let Some(lease) = &uid {
-                layout = layout
-                    .with_session_user(
-                        self.host_env(),
-                        runtime.path(),
-                        lease.ids.uid,
-                        lease.ids.gid,
-                    )
-                    .map_err(io)?;
-            }
-            let identity = crate::confine::identity::KernelIdentity {
-                ids: uid.as_ref().map(|lease| lease.ids),
-                seccomp: crate::confine::seccomp::write(runtime.path()).map_err(io)?,
-            };
-            if let Some(shared) = &shared {
-                // A forked kernel binds ipybox's kernel-side Python back from the template's
-                // copy: its preloaded modules came from there.
-                let mut plan = layout
-                    .clone()
-                    .show_read_only(shared.dir().join("python"))
-                    .fork_plan();
-                identity.add_to_plan(&mut plan);
-                config.shared = Some(SharedFork::new(shared, Some(plan)));
-            }
-            config.wrapper = Some(crate::confine::wrapper(bwrap, layout, &identity));
-            config.cwd = Some(work);
-            if confinement.network.mode == crate::confine::network::SessionNetwork::Proxy {
-                let socket = runtime.path().join(crate::confine::network::EGRESS_SOCKET);
-                let tag = b.session_tag.clone().unwrap_or_else(|| {
-                    runtime
-                        .path()
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default()
-                });
-                egress = Some(
-                    crate::confine::egress_proxy::EgressProxy::start(
-                        &socket,
-                        Arc::new(confinement.network.clone()),
-                        tag,
-                    )
-                    .map_err(|source| ExecutorError::Io {
-                        path: socket.clone(),
-                        source,
-                    })?,
-                );
-                if let Some(lease) = &uid {
-                    crate::confine::uids::hand_over(runtime.path(), lease.ids, &[&socket])
-                        .map_err(|source| ExecutorError::Io {
-                            path: socket.clone(),
-                            source,
-                        })?;
-                }
-                config
-                    .env
-                    .extend(crate::confine::network::proxy_env(&socket));
-            }
-        } else if let Some(shared) = &shared {
-            config.shared = Some(SharedFork::new(shared, None));
-        }
-        let spares = b.spare_kernels.unwrap_or(DEFAULT_SPARE_KERNELS);
-        let pool = KernelPool::start(
-            Arc::new(config),
-            runtime.clone(),
-            spares,
-            b.attach_kernel.as_deref(),
-        )
-        .await?;
-        *self.inner.live.lock().unwrap_or_else(|p| p.into_inner()) = Some(Live {
-            runtime: runtime.path().to_path_buf(),
-            kernel_pid: pool.current_pid(),
-            kernel_id: pool.current_id(),
-            tools: tools.state().clone(),
-        });
-        *state = Some(Running {
-            pool,
-            tools,
-            runtime,
-            pristine: true,
-            snapshot_channel,
-            confinement,
-            session,
-            _egress: egress,
-            _uid: uid,
-            _trust_window: trust_window,
-        });
-        // Started again after a stop: a new kernel for the cells that follow.
-        if let Some(notebook) = &self.inner.notebook {
-            notebook.section(Section::Restarted);
+            config.cwd = Some(work.path().to_path_buf());
         }
         Ok(())
+    }
+
+    /// A confined kernel: the session's plan (`confine::plan`, composed there top to bottom)
+    /// applied to the kernel's config, for a launched kernel (the wrapper) and a forked one
+    /// (the fork plan); what the session holds while it runs is returned. Unconfined (no
+    /// `bwrap`), a forked kernel is the template's child as it is.
+    fn confine_kernel(
+        &self,
+        config: &mut KernelConfig,
+        bwrap: Option<&Path>,
+        (runtime, workspace, socket, shared): ConfinedPlace<'_>,
+    ) -> Result<Option<Confined>, ExecutorError> {
+        let (Some(confinement), Some(bwrap)) = (&self.inner.builder.confinement, bwrap) else {
+            if let Some(shared) = shared {
+                config.shared = Some(SharedFork::new(shared, None));
+            }
+            return Ok(None);
+        };
+        let io = |source| ExecutorError::Io {
+            path: runtime.path().to_path_buf(),
+            source,
+        };
+        let writable = runtime.kernel_writable().map_err(io)?;
+        let tag = self.inner.builder.session_tag.clone().unwrap_or_else(|| {
+            runtime
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        });
+        let place = SessionPlace {
+            host: self.host_env(),
+            runtime: runtime.path(),
+            writable: writable.path(),
+            workspace,
+            python: &config.python,
+            tool_socket: socket,
+            tag,
+            shared_dir: shared.map(|s| s.dir()),
+        };
+        let plan = SessionPlan::build(confinement, bwrap, place).map_err(|e| match e {
+            PlanError::Io { path, source } => ExecutorError::Io { path, source },
+            PlanError::Start { reason, help } => KernelError::Start { reason, help }.into(),
+        })?;
+        // The session's kernels run as its uid: their directories, made from now on, are its.
+        if let Some(lease) = &plan.uid {
+            runtime.set_kernel_owner(lease.ids.uid, lease.ids.gid);
+        }
+        let session = plan.limits.map(|(limits, work, boxed)| {
+            config.limits = Some(limits.clone());
+            SessionUse {
+                limits,
+                work,
+                boxed,
+            }
+        });
+        if let Some(shared) = shared {
+            config.shared = Some(SharedFork::new(shared, plan.fork_plan));
+        }
+        config.wrapper = Some(plan.wrapper);
+        config.cwd = Some(plan.cwd);
+        config.env.extend(plan.env);
+        Ok(Some(Confined {
+            session,
+            egress: plan.egress,
+            uid: plan.uid,
+        }))
     }
 
     /// The shared kernel factory `handle`, started now by this executor if it is the first:
@@ -463,30 +504,28 @@ impl CodeExecutor {
                 config.start_timeout = timeout;
             }
             if let (Some(confinement), Some(bwrap)) = (&b.confinement, bwrap) {
-                if confinement
-                    .limiter
-                    .as_ref()
-                    .is_some_and(|l| l.limits.work_size > 0 || l.limits.box_size > 0)
-                {
-                    // Work directories' tmpfs mounts, made later on the host, must reach the
-                    // template's view (and so its forks).
-                    crate::confine::limits::share_mounts_below(dir)?;
-                }
-                let layout =
-                    crate::confine::Layout::for_template(host, dir, workspace, python, confinement);
-                config.wrapper = Some(crate::confine::template_wrapper(bwrap, layout));
+                config.wrapper = Some(SessionPlan::template_wrapper(
+                    confinement,
+                    bwrap,
+                    host,
+                    dir,
+                    workspace,
+                    python,
+                )?);
             }
             Ok(config)
         };
-        handle.get_or_start(host, template).map_err(|e| match e {
-            SharedFactoryError::Io { path, source } => ExecutorError::Io { path, source },
-            SharedFactoryError::SocketPath(e) => ExecutorError::SocketPath(e),
-            SharedFactoryError::Shut => KernelError::Start {
-                reason: "the shared kernel factory was shut down".into(),
-                help: "start executors before shutting down the factory they share".into(),
-            }
-            .into(),
-        })
+        handle
+            .get_or_start(host, UNMOUNT, template)
+            .map_err(|e| match e {
+                SharedFactoryError::Io { path, source } => ExecutorError::Io { path, source },
+                SharedFactoryError::SocketPath(e) => ExecutorError::SocketPath(e),
+                SharedFactoryError::Shut => KernelError::Start {
+                    reason: "the shared kernel factory was shut down".into(),
+                    help: "start executors before shutting down the factory they share".into(),
+                }
+                .into(),
+            })
     }
 
     /// Whether kernels come from the kernel factory: the builder's choice, else
@@ -587,6 +626,53 @@ fn extract(dir: &Dir<'_>, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How the kernels are confined, as a snapshot records it.
+fn kernel_confinement(
+    gateway: Option<&Gateway>,
+    sandbox: Option<&crate::sandbox::LoadedPolicy>,
+    confined: bool,
+    b: &super::CodeExecutorBuilder,
+) -> KernelConfinement {
+    match (gateway, sandbox, &b.sandbox) {
+        (Some(gateway), ..) => KernelConfinement::Remote {
+            server: gateway.base().to_string(),
+        },
+        (None, Some((policy, _)), Some(options)) => {
+            KernelConfinement::sandbox(policy, options.isolate_workspace)
+        }
+        _ if confined => KernelConfinement::Confined,
+        _ => KernelConfinement::Unconfined,
+    }
+}
+
+/// Where a confined session's kernels run: its runtime directory, workspace, tool socket and
+/// shared factory.
+type ConfinedPlace<'a> = (
+    &'a Arc<RuntimeDir>,
+    &'a Path,
+    &'a Path,
+    Option<&'a Arc<crate::kernel::StartedFactory>>,
+);
+
+/// What a confined session holds while its kernels run: its limits, egress proxy and uid.
+struct Confined {
+    session: Option<SessionUse>,
+    egress: Option<crate::confine::egress_proxy::EgressProxy>,
+    uid: Option<crate::confine::uids::UidLease>,
+}
+
+impl Confined {
+    fn into_parts(
+        self,
+    ) -> (
+        Option<SessionUse>,
+        Option<crate::confine::egress_proxy::EgressProxy>,
+        Option<crate::confine::uids::UidLease>,
+    ) {
+        (self.session, self.egress, self.uid)
+    }
+}
+
 /// What a confined session uses of its limits: its cgroup (or resource limits) and its work
 /// directory's tmpfs.
 #[derive(Debug)]
@@ -610,54 +696,4 @@ impl SessionUse {
         hits.extend(self.boxed.as_ref().and_then(|b| b.full()));
         hits
     }
-}
-
-/// The tmpfs of `--session-box-size` on a new session's `box/` (before its kernels bind their
-/// sockets there): what its kernels write outside `work/` is bounded too.
-fn box_limit(
-    limiter: &crate::confine::limits::Limiter,
-    path: &Path,
-) -> Result<Option<crate::confine::limits::WorkMount>, ExecutorError> {
-    let size = limiter.limits.box_size;
-    crate::confine::limits::WorkMount::mount_box(path, size).map_err(|e| {
-        KernelError::Start {
-            reason: format!(
-                "cannot mount the session's kernel directory ({} of tmpfs, --session-box-size) on {}: {e}",
-                crate::confine::limits::format_bytes(size),
-                path.display()
-            ),
-            help: "pass --session-box-size off for no limit on it".into(),
-        }
-        .into()
-    })
-}
-
-/// A new session's cgroup (or resource limits) and its work directory's tmpfs on `work`.
-fn session_limits(
-    limiter: &crate::confine::limits::Limiter,
-    work: &Path,
-) -> Result<
-    (
-        crate::confine::limits::KernelLimits,
-        Option<crate::confine::limits::WorkMount>,
-    ),
-    ExecutorError,
-> {
-    let limits = limiter.for_session().map_err(|e| KernelError::Start {
-        reason: e.to_string(),
-        help:
-            "check that ipybox may create cgroups (the `session limits` line of its log at start)"
-                .into(),
-    })?;
-    let mount = crate::confine::limits::WorkMount::mount(work, limiter.limits.work_size).map_err(
-        |e| KernelError::Start {
-            reason: format!(
-                "cannot mount the session's work directory ({} of tmpfs, --session-work-size) on {}: {e}",
-                crate::confine::limits::format_bytes(limiter.limits.work_size),
-                work.display()
-            ),
-            help: "pass --session-work-size off for no limit on the work directory".into(),
-        },
-    )?;
-    Ok((limits, mount))
 }

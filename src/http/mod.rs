@@ -320,26 +320,7 @@ pub(crate) async fn serve_http(
     factory: ExecutorFactory,
 ) -> Result<(), std::io::Error> {
     use tokio::signal::unix::{SignalKind, signal};
-    if !loopback(&options.addr) && !options.tokens.any() {
-        return Err(std::io::Error::other(format!(
-            "refusing to serve on {} without a bearer token: anyone who reaches it could run code\n  help: pass --token-file FILE (or --token, or IPYBOX_TOKEN) with a long random token, or bind 127.0.0.1",
-            options.addr
-        )));
-    }
-    if options.tokens.count() > 1
-        && !options.trust_tenants
-        && let Some(shared) = &options.tenant_gap
-    {
-        let fix = if options.sessions.confined {
-            "confine sessions fully (as root, without --session-uids none, --session-network host, --allow-register and --allow-install), "
-        } else {
-            "confine sessions (drop --unconfined-sessions and --sandbox), "
-        };
-        return Err(std::io::Error::other(format!(
-            "{} tokens (tenants) would share local kernels: {shared}\n  help: {fix}run kernels on a gateway (--kernel-gateway: kernels never touch this host's files), or pass --trust-tenants if these tenants trust each other",
-            options.tokens.count()
-        )));
-    }
+    refuse_exposure(&options)?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let listener = tokio::net::TcpListener::bind(options.addr)
@@ -397,28 +378,7 @@ pub(crate) async fn serve_http(
         options.sessions.max_sessions,
         session_store::secs_text(options.sessions.idle_timeout)
     );
-    // The reaper looks often enough for the shortest of the idle times it acts on.
-    let shortest = [
-        Some(options.sessions.idle_timeout),
-        options.sessions.hibernate_after,
-        options.sessions.checkpoint_after,
-    ]
-    .into_iter()
-    .flatten()
-    .min()
-    .unwrap_or(options.sessions.idle_timeout);
-    let tick = (shortest / 10).clamp(Duration::from_millis(100), Duration::from_secs(5));
-    let reaper = {
-        let (registry, state) = (registry.clone(), state.clone());
-        tokio::spawn(async move {
-            let mut interval = tokio::time::interval(tick);
-            loop {
-                interval.tick().await;
-                registry.reap();
-                state.prune_owners().await;
-            }
-        })
-    };
+    let reaper = spawn_reaper(&options.sessions, registry.clone(), state.clone());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut limits = options.connections;
     limits.max_connections = fit_connections(limits.max_connections, options.sessions.max_sessions);
@@ -451,64 +411,11 @@ pub(crate) async fn serve_http(
         let connection = match connections.admit(peer.ip()) {
             Ok(connection) => Arc::new(connection),
             Err(connections::Refused::Busy) => {
-                let now = tokio::time::Instant::now();
-                match &mut refused_logged {
-                    Some((at, n)) if now.duration_since(*at) < Duration::from_secs(10) => *n += 1,
-                    _ => {
-                        let before = refused_logged.map_or(0, |(_, n)| n);
-                        tracing::warn!(
-                            "refused a connection: all {} connections are busy with requests (--max-connections){}",
-                            limits.max_connections,
-                            if before > 0 {
-                                format!("; {before} more refused in the last 10 s")
-                            } else {
-                                String::new()
-                            }
-                        );
-                        refused_logged = Some((now, 0));
-                    }
-                }
+                log_refused(&mut refused_logged, limits.max_connections);
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
-        let closing = connection.closing();
-        let service = {
-            let (state, connection) = (state.clone(), connection.clone());
-            service_fn(move |req: Request<Incoming>| {
-                let (state, connection) = (state.clone(), connection.clone());
-                async move {
-                    let in_flight = connection.request();
-                    let response = state.route(req, &connection).await;
-                    super::metrics::http_response(response.status().as_u16());
-                    Ok::<_, Infallible>(response.map(|body| {
-                        Tracked {
-                            body,
-                            _in_flight: in_flight,
-                        }
-                        .boxed()
-                    }))
-                }
-            })
-        };
-        // Timeouts are the connection table's (a silent connection, an idle keep-alive one);
-        // hyper's own header timeout is a backstop above both.
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(limits.keep_alive + limits.first_request + Duration::from_secs(5))
-            .serve_connection(TokioIo::new(stream), service);
-        let watched = graceful.watch(conn);
-        tokio::spawn(async move {
-            tokio::select! {
-                ended = watched => {
-                    if let Err(e) = ended {
-                        tracing::debug!("connection ended: {e}");
-                    }
-                }
-                () = closing.cancelled() => {}
-            }
-            drop(connection);
-        });
+        serve_connection(stream, connection, &state, &limits, &graceful);
     };
     sweeper.abort();
     tracing::info!(
@@ -538,4 +445,128 @@ pub(crate) async fn serve_http(
         tracing::debug!("some connections were still open at exit");
     }
     Ok(())
+}
+
+/// Refuses a service that anyone who reaches it could use to run code (no token off
+/// loopback), or whose tenants would share local kernels they could reach each other through.
+fn refuse_exposure(options: &HttpOptions) -> Result<(), std::io::Error> {
+    if !loopback(&options.addr) && !options.tokens.any() {
+        return Err(std::io::Error::other(format!(
+            "refusing to serve on {} without a bearer token: anyone who reaches it could run code\n  help: pass --token-file FILE (or --token, or IPYBOX_TOKEN) with a long random token, or bind 127.0.0.1",
+            options.addr
+        )));
+    }
+    if options.tokens.count() > 1
+        && !options.trust_tenants
+        && let Some(shared) = &options.tenant_gap
+    {
+        let fix = if options.sessions.confined {
+            "confine sessions fully (as root, without --session-uids none, --session-network host, --allow-register and --allow-install), "
+        } else {
+            "confine sessions (drop --unconfined-sessions and --sandbox), "
+        };
+        return Err(std::io::Error::other(format!(
+            "{} tokens (tenants) would share local kernels: {shared}\n  help: {fix}run kernels on a gateway (--kernel-gateway: kernels never touch this host's files), or pass --trust-tenants if these tenants trust each other",
+            options.tokens.count()
+        )));
+    }
+    Ok(())
+}
+
+/// The reaper: idle sessions expired, hibernated and checkpointed, and gone owners pruned,
+/// looking often enough for the shortest of the idle times it acts on.
+fn spawn_reaper(
+    sessions: &SessionConfig,
+    registry: Arc<Registry>,
+    state: Arc<State>,
+) -> tokio::task::JoinHandle<()> {
+    let shortest = [
+        Some(sessions.idle_timeout),
+        sessions.hibernate_after,
+        sessions.checkpoint_after,
+    ]
+    .into_iter()
+    .flatten()
+    .min()
+    .unwrap_or(sessions.idle_timeout);
+    let tick = (shortest / 10).clamp(Duration::from_millis(100), Duration::from_secs(5));
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(tick);
+        loop {
+            interval.tick().await;
+            registry.reap();
+            state.prune_owners().await;
+        }
+    })
+}
+
+/// Logs a connection refused because every connection is busy, at most every 10 s (a flood
+/// would fill the log), with how many more were refused meanwhile.
+fn log_refused(logged: &mut Option<(tokio::time::Instant, u64)>, max_connections: usize) {
+    let now = tokio::time::Instant::now();
+    match logged {
+        Some((at, n)) if now.duration_since(*at) < Duration::from_secs(10) => *n += 1,
+        _ => {
+            let before = logged.map_or(0, |(_, n)| n);
+            tracing::warn!(
+                "refused a connection: all {} connections are busy with requests (--max-connections){}",
+                max_connections,
+                if before > 0 {
+                    format!("; {before} more refused in the last 10 s")
+                } else {
+                    String::new()
+                }
+            );
+            *logged = Some((now, 0));
+        }
+    }
+}
+
+/// Serves one admitted connection (HTTP/1.1) until it ends, the table closes it or the
+/// service shuts down.
+fn serve_connection(
+    stream: tokio::net::TcpStream,
+    connection: Arc<Connection>,
+    state: &Arc<State>,
+    limits: &connections::Limits,
+    graceful: &hyper_util::server::graceful::GracefulShutdown,
+) {
+    let _ = stream.set_nodelay(true);
+    let closing = connection.closing();
+    let service = {
+        let (state, connection) = (state.clone(), connection.clone());
+        service_fn(move |req: Request<Incoming>| {
+            let (state, connection) = (state.clone(), connection.clone());
+            async move {
+                let in_flight = connection.request();
+                let response = state.route(req, &connection).await;
+                super::metrics::http_response(response.status().as_u16());
+                Ok::<_, Infallible>(response.map(|body| {
+                    Tracked {
+                        body,
+                        _in_flight: in_flight,
+                    }
+                    .boxed()
+                }))
+            }
+        })
+    };
+    // Timeouts are the connection table's (a silent connection, an idle keep-alive one);
+    // hyper's own header timeout is a backstop above both.
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.keep_alive + limits.first_request + Duration::from_secs(5))
+        .serve_connection(TokioIo::new(stream), service);
+    let watched = graceful.watch(conn);
+    tokio::spawn(async move {
+        tokio::select! {
+            ended = watched => {
+                if let Err(e) = ended {
+                    tracing::debug!("connection ended: {e}");
+                }
+            }
+            () = closing.cancelled() => {}
+        }
+        drop(connection);
+    });
 }

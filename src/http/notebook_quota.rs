@@ -21,7 +21,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use super::super::mcp_server::notebook::NotebookFate;
+use super::super::mcp_server::notebook_fate::NotebookFate;
 
 /// The notebook bytes of every token (see the module docs).
 pub(crate) struct NotebookQuota {

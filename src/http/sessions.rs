@@ -129,7 +129,7 @@ impl ExecutorFactory {
         &self,
         id: &[u8; 16],
         owner: &Caller,
-    ) -> Option<Arc<super::super::mcp_server::notebook::NotebookFate>> {
+    ) -> Option<Arc<super::super::mcp_server::notebook_fate::NotebookFate>> {
         let quota = self.notebook_quota.as_ref()?;
         let tag: String = id[..4].iter().map(|b| format!("{b:02x}")).collect();
         Some(quota.open(&tag, super::session_store::owner_digest(owner)))

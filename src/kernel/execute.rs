@@ -290,8 +290,21 @@ async fn run_request(
     }
 
     guard.msg_id = None;
+    outcome(out, &done, error, interrupted_at.is_some(), timeout, limits)
+}
+
+/// What an execution that completed (or was interrupted in time) returns: its output, the
+/// kernel's error (from iopub, else its reply), or a timeout with the kernel's state kept.
+fn outcome(
+    out: OutputCollector,
+    done: &Completion,
+    error: Option<ErrorParts>,
+    interrupted: bool,
+    timeout: Option<Duration>,
+    limits: super::output::OutputLimits,
+) -> Outcome {
     let (text, images, image_data, images_dropped) = out.finish();
-    if interrupted_at.is_some() {
+    if interrupted {
         return Outcome {
             result: Err(KernelError::Timeout {
                 seconds: secs(timeout),

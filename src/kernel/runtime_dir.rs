@@ -155,7 +155,7 @@ fn check_fits(path: &Path, sockets: Sockets, host: &HostEnv) -> Result<(), Socke
 }
 
 /// The subdirectory of the runtime directory a kernel may write (see the module comment).
-pub(crate) const KERNEL_WRITABLE: &str = "box";
+pub(crate) use crate::runtime_layout::{KERNEL_WRITABLE, temp_dir};
 
 /// The subdirectory holding the kernel factory's socket.
 pub(crate) const FACTORY: &str = "factory";
@@ -231,10 +231,20 @@ impl KernelDirs {
     }
 }
 
+/// Unmounts what a session's confinement may have mounted at a path (its work directory's
+/// tmpfs, a shared factory directory's bind of itself), never through a link, and does nothing
+/// where nothing is mounted: called before a runtime directory is removed, its own on drop and a
+/// dead ipybox's in the sweep. Whoever composes kernels and confinement hands it over
+/// (`executor::start`: `confine::limits::unmount_work`), so this module needs nothing of
+/// `confine`.
+pub(crate) type MountCleanUp = fn(&Path);
+
 /// A private directory removed (with everything in it) on drop.
 #[derive(Debug)]
 pub(crate) struct RuntimeDir {
     path: PathBuf,
+    /// Run on the mount points before the directory is removed.
+    clean_up: MountCleanUp,
     /// The uid and gid of the session's kernels when they are not ipybox's
     /// ([`Self::set_kernel_owner`]).
     kernel_owner: std::sync::OnceLock<(u32, u32)>,
@@ -244,38 +254,43 @@ impl RuntimeDir {
     /// Where runtime directories go: `$XDG_RUNTIME_DIR` when it is a directory, else `$TMPDIR`,
     /// else `/tmp`.
     pub(crate) fn base_dir(host: &HostEnv) -> PathBuf {
-        host.get("XDG_RUNTIME_DIR")
-            .map(PathBuf::from)
-            .filter(|p| p.is_dir())
-            .unwrap_or_else(|| temp_dir(host))
+        crate::runtime_layout::base_dir(host)
     }
 
     /// Creates a fresh private directory (`ipybox-<pid>-<6 hex>`) under
     /// [`RuntimeDir::base_dir`] for `sockets`, sweeping stale ones first.
-    pub(crate) fn create(host: &HostEnv, sockets: Sockets) -> Result<Self, CreateError> {
+    pub(crate) fn create(
+        host: &HostEnv,
+        sockets: Sockets,
+        clean_up: MountCleanUp,
+    ) -> Result<Self, CreateError> {
         let base = Self::base_dir(host);
         let prefix = format!("{PREFIX}{}-", std::process::id());
         check_fits(&base.join(format!("{prefix}000000")), sockets, host)
             .map_err(CreateError::TooLong)?;
-        sweep_stale(&base);
-        Ok(Self::make(&base, &prefix)?)
+        sweep_stale(&base, clean_up);
+        Ok(Self::make(&base, &prefix, clean_up)?)
     }
 
     /// Creates a fresh private directory (`s-<6 hex>`) in `parent`, a shared kernel factory's
     /// directory (made by [`Self::create`] from `host` with [`Sockets::Shared`]), which its
     /// executors' runtime directories live in: removed with it when ipybox dies.
-    pub(crate) fn create_in(parent: &Path, host: &HostEnv) -> Result<Self, CreateError> {
+    pub(crate) fn create_in(
+        parent: &Path,
+        host: &HostEnv,
+        clean_up: MountCleanUp,
+    ) -> Result<Self, CreateError> {
         check_fits(
             &parent.join(format!("{SESSION_PREFIX}000000")),
             Sockets::Own,
             host,
         )
         .map_err(CreateError::TooLong)?;
-        Ok(Self::make(parent, SESSION_PREFIX)?)
+        Ok(Self::make(parent, SESSION_PREFIX, clean_up)?)
     }
 
     /// A fresh directory `<prefix><6 hex>` in `base`.
-    fn make(base: &Path, prefix: &str) -> std::io::Result<Self> {
+    fn make(base: &Path, prefix: &str, clean_up: MountCleanUp) -> std::io::Result<Self> {
         loop {
             let path = base.join(format!("{prefix}{:06x}", rand::random::<u32>() & 0xff_ffff));
             match std::fs::DirBuilder::new().mode(0o700).create(&path) {
@@ -285,6 +300,7 @@ impl RuntimeDir {
                     return Ok(Self {
                         path,
                         kernel_owner: std::sync::OnceLock::new(),
+                        clean_up,
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -374,16 +390,10 @@ impl RuntimeDir {
 
 impl Drop for RuntimeDir {
     fn drop(&mut self) {
-        unmount_in(&self.path);
+        unmount_in(&self.path, self.clean_up);
         // A kernel made what is in `box/` (and `work/`): any depth, any links.
         let _ = crate::safe_fs::remove_path_tree(&self.path);
     }
-}
-
-/// `$TMPDIR`, else `/tmp` (what `std::env::temp_dir` does, from the given environment).
-pub(crate) fn temp_dir(host: &HostEnv) -> PathBuf {
-    host.get("TMPDIR")
-        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
 }
 
 /// Removes `ipybox-<pid>-*` directories whose process no longer exists.
@@ -391,16 +401,15 @@ pub(crate) fn temp_dir(host: &HostEnv) -> PathBuf {
 /// behind): a confined session's work directory and kernel directory tmpfs (`<dir>/work`,
 /// `<dir>/box`), those of the sessions in a shared factory's directory (`<dir>/*/work`,
 /// `<dir>/*/box`), and the factory directory's bind of itself
-/// (`confine::limits::share_mounts_below`).
+/// (`confine::limits::share_mounts_below`), each through `unmount`.
 ///
 /// Only those paths: never anything inside what a kernel writes (`box/`, where a kernel could
 /// make `box/work` a link to any mount point of the host; `box` itself is the host's name in a
-/// directory only the host writes), and never through a link
-/// (`unmount_work` does not follow one).
-fn unmount_in(dir: &Path) {
-    use crate::confine::limits::unmount_work;
-    unmount_work(&dir.join(crate::confine::WORK_DIR));
-    unmount_work(&dir.join(KERNEL_WRITABLE));
+/// directory only the host writes), and never through a link (`unmount` must not follow one).
+fn unmount_in(dir: &Path, unmount: MountCleanUp) {
+    use crate::runtime_layout::WORK_DIR;
+    unmount(&dir.join(WORK_DIR));
+    unmount(&dir.join(KERNEL_WRITABLE));
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
             // The runtime directories of a shared factory's sessions (made by ipybox: `s-…`,
@@ -410,15 +419,15 @@ fn unmount_in(dir: &Path) {
                 .to_str()
                 .is_some_and(|n| n.starts_with(SESSION_PREFIX) || n.starts_with(PREFIX));
             if ours && entry.file_type().is_ok_and(|t| t.is_dir()) {
-                unmount_work(&entry.path().join(crate::confine::WORK_DIR));
-                unmount_work(&entry.path().join(KERNEL_WRITABLE));
+                unmount(&entry.path().join(WORK_DIR));
+                unmount(&entry.path().join(KERNEL_WRITABLE));
             }
         }
     }
-    unmount_work(dir);
+    unmount(dir);
 }
 
-fn sweep_stale(base: &Path) {
+fn sweep_stale(base: &Path, clean_up: MountCleanUp) {
     let Ok(entries) = std::fs::read_dir(base) else {
         return;
     };
@@ -442,9 +451,9 @@ fn sweep_stale(base: &Path) {
             // SAFETY: getuid has no preconditions.
             m.is_dir() && m.uid() == unsafe { libc::getuid() }
         });
-        if ours && pid > 0 && !process_alive(pid) {
+        if ours && pid > 0 && !crate::child_process::process_alive(pid) {
             kill_stragglers(&entry.path());
-            unmount_in(&entry.path());
+            unmount_in(&entry.path(), clean_up);
             let _ = crate::safe_fs::remove_path_tree(&entry.path());
         }
     }
@@ -486,15 +495,12 @@ fn kill_stragglers(dir: &Path) {
     }
 }
 
-pub(crate) fn process_alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence/permission.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `executor::start` hands over.
+    const UNMOUNT: MountCleanUp = crate::confine::limits::unmount_work;
 
     /// A runtime directory's name with the highest pid Linux gives (`pid_max` at most 4194304).
     const SEVEN_DIGIT_NAME: &str = "ipybox-4194304-abcdef";
@@ -584,12 +590,12 @@ mod tests {
         let host = host_with_runtime_base(&base);
         // Too long for a shared factory's directory, long enough for an executor's own.
         assert!(shared_max < own_max);
-        match RuntimeDir::create(&host, Sockets::Shared) {
+        match RuntimeDir::create(&host, Sockets::Shared, UNMOUNT) {
             Err(CreateError::TooLong(e)) => assert_eq!(e.base_max, shared_max),
             other => panic!("{other:?}"),
         }
         assert_eq!(std::fs::read_dir(&base).unwrap().count(), 0, "nothing made");
-        let own = RuntimeDir::create(&host, Sockets::Own).unwrap();
+        let own = RuntimeDir::create(&host, Sockets::Own, UNMOUNT).unwrap();
         assert!(
             own.path()
                 .file_name()
@@ -601,8 +607,8 @@ mod tests {
 
         let base = base_of_len(&t.path().join("b"), shared_max);
         let host = host_with_runtime_base(&base);
-        let shared = RuntimeDir::create(&host, Sockets::Shared).unwrap();
-        let session = RuntimeDir::create_in(shared.path(), &host).unwrap();
+        let shared = RuntimeDir::create(&host, Sockets::Shared, UNMOUNT).unwrap();
+        let session = RuntimeDir::create_in(shared.path(), &host, UNMOUNT).unwrap();
         let session_name = session.path().file_name().unwrap().to_str().unwrap();
         assert!(
             session_name.starts_with(SESSION_PREFIX) && session_name.len() == 8,
@@ -648,7 +654,7 @@ mod tests {
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(100));
-        sweep_stale(base.path());
+        sweep_stale(base.path(), crate::confine::limits::unmount_work);
         assert!(!stale.exists());
         let status = straggler.wait().unwrap();
         assert!(!status.success(), "killed: {status:?}");

@@ -9,45 +9,13 @@
 
 use super::KernelError;
 
+/// How a child ended, in words: a leaf below both `kernel` and `confine` (`child_process`).
+pub(crate) use crate::child_process::{describe_code, describe_exit};
+
 /// How a kernel ended, as shown to the user: `exit code 3`, `killed by signal 9 (SIGKILL)`, or
 /// what a Jupyter server said.
 #[derive(Debug, Clone)]
 pub(crate) struct ExitInfo(pub String);
-
-/// A child's exit status in words.
-pub(crate) fn describe_exit(status: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => format!("exit code {code}"),
-        (None, Some(sig)) => format!("killed by signal {sig}{}", signal_name(sig)),
-        _ => "unknown exit status".to_string(),
-    }
-}
-
-/// An exit status as Python's `os.waitstatus_to_exitcode` gives it (the kernel factory's
-/// template reports its children's this way): `n >= 0` is an exit code, `-n` death by signal `n`.
-pub(crate) fn describe_code(code: i32) -> String {
-    if code >= 0 {
-        format!("exit code {code}")
-    } else {
-        let sig = code.unsigned_abs();
-        format!(
-            "killed by signal {sig}{}",
-            i32::try_from(sig).map_or("", signal_name)
-        )
-    }
-}
-
-fn signal_name(sig: i32) -> &'static str {
-    match sig {
-        libc::SIGKILL => " (SIGKILL)",
-        libc::SIGSEGV => " (SIGSEGV)",
-        libc::SIGABRT => " (SIGABRT)",
-        libc::SIGTERM => " (SIGTERM)",
-        libc::SIGBUS => " (SIGBUS)",
-        _ => "",
-    }
-}
 
 /// A start failure whose fix is usually the kernel environment.
 pub(crate) fn start_err(reason: String) -> KernelError {

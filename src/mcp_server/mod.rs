@@ -24,6 +24,7 @@ mod cell;
 mod elicit;
 mod mrtr;
 pub(crate) mod notebook;
+pub(crate) mod notebook_fate;
 mod progress;
 mod request;
 mod results;

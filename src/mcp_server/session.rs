@@ -50,7 +50,7 @@ pub(crate) struct KernelSession {
     /// again, after a restart too; a handshake-era MCP session's own kernel session is not).
     named: std::sync::atomic::AtomicBool,
     /// What became of its notebook's file (a quota stopped it), see [`NotebookFate`].
-    pub(crate) notebook_fate: Arc<super::notebook::NotebookFate>,
+    pub(crate) notebook_fate: Arc<super::notebook_fate::NotebookFate>,
 }
 
 struct Activity {
@@ -89,7 +89,10 @@ impl KernelSession {
     }
 
     /// Its notebook's fate is `fate` (shared with the budget that writes it).
-    pub(crate) fn with_notebook_fate(mut self, fate: Arc<super::notebook::NotebookFate>) -> Self {
+    pub(crate) fn with_notebook_fate(
+        mut self,
+        fate: Arc<super::notebook_fate::NotebookFate>,
+    ) -> Self {
         self.notebook_fate = fate;
         self
     }

@@ -23,12 +23,13 @@ pub(crate) fn tail(metadata: &Value) -> Vec<u8> {
 /// The notebook-level metadata: a Python kernelspec (Jupyter opens the notebook with it) and
 /// what ipybox knows of the session.
 /// `confinement`: how the session's kernels were confined, when known (`ipybox replay` runs
-/// under it).
-pub(crate) fn notebook_metadata(
+/// under it; any serializable value: the ledger's `Confinement`, which reads this layout back
+/// and so sits above this module).
+pub(crate) fn notebook_metadata<C: serde::Serialize>(
     tag: &str,
     started: &str,
     part: u32,
-    confinement: Option<&super::ledger::Confinement>,
+    confinement: Option<&C>,
 ) -> Value {
     let mut ipybox = json!({
         "session": tag,
@@ -171,7 +172,7 @@ mod tests {
             "ab12cd34",
             "2026-05-01T09:30:05Z",
             1,
-            None,
+            None::<&Value>,
         )));
         let notebook: Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(notebook["nbformat"], 4);

@@ -368,7 +368,12 @@ mod tests {
         let host = crate::host_env::HostEnv::from_vars(
             [("TMPDIR".to_string(), t.path().display().to_string())].into(),
         );
-        let runtime = RuntimeDir::create(&host, crate::kernel::runtime_dir::Sockets::Own).unwrap();
+        let runtime = RuntimeDir::create(
+            &host,
+            crate::kernel::runtime_dir::Sockets::Own,
+            crate::confine::limits::unmount_work,
+        )
+        .unwrap();
         let outside = t.path().join("host-file");
         std::fs::write(&outside, "host data").unwrap();
         let payload = b"snapshot bytes".to_vec();

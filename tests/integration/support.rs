@@ -138,10 +138,7 @@ pub(crate) fn probe_dir_within(name: &str, max: usize) -> Option<tempfile::TempD
         .into_iter()
         .collect();
     if candidates.is_empty() {
-        candidates = vec![
-            root().join("target"),
-            PathBuf::from("/var/lib/ipyprobe"),
-        ];
+        candidates = vec![root().join("target"), PathBuf::from("/var/lib/ipyprobe")];
     }
     let prefix = format!("p-{name}-");
     // The directory's own name: the prefix and six random characters.

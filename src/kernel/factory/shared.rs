@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use super::Factory;
 use crate::host_env::HostEnv;
 use crate::kernel::KernelConfig;
-use crate::kernel::runtime_dir::{CreateError, RuntimeDir, Sockets};
+use crate::kernel::runtime_dir::{CreateError, MountCleanUp, RuntimeDir, Sockets};
 
 /// A kernel factory that several executors share: kernels of every executor built with a
 /// clone of it ([`crate::executor::CodeExecutorBuilder::shared_kernel_factory`]) are forked from
@@ -118,6 +118,7 @@ impl SharedKernelFactory {
     pub(crate) fn get_or_start(
         &self,
         host: &HostEnv,
+        clean_up: MountCleanUp,
         template: impl FnOnce(&Path) -> std::io::Result<KernelConfig>,
     ) -> Result<Arc<StartedFactory>, SharedFactoryError> {
         let mut slot = self.lock();
@@ -132,7 +133,7 @@ impl SharedKernelFactory {
             move |source| SharedFactoryError::Io { path, source }
         };
         let base = RuntimeDir::base_dir(host);
-        let dir = RuntimeDir::create(host, Sockets::Shared).map_err(|e| match e {
+        let dir = RuntimeDir::create(host, Sockets::Shared, clean_up).map_err(|e| match e {
             CreateError::TooLong(e) => SharedFactoryError::SocketPath(e),
             CreateError::Io(e) => io(&base)(e),
         })?;

@@ -484,57 +484,15 @@ impl Template {
             id: id.clone(),
             armed: false,
         };
-        let mut reply_rx = reply_rx;
-        let mut reply = tokio::time::timeout(REPLY_TIMEOUT, &mut reply_rx).await;
-        if reply.is_err() && self.preloading.load(Ordering::SeqCst) {
-            // Busy importing a preloaded library (seconds on a loaded machine): it forks when
-            // that import ends. Bounded like a kernel's start.
-            reply = tokio::time::timeout(config.start_timeout, &mut reply_rx).await;
-        }
-        match reply {
-            Ok(Ok(Reply::Forked)) => unclaimed.armed = true,
-            Ok(Ok(Reply::Refused(reason))) => {
-                return Err(fail(format!("the template refused to fork: {reason}")));
-            }
-            Ok(Err(_)) => {
-                return Err(fail(format!(
-                    "the template was lost while forking: {}",
-                    self.broken()
-                        .unwrap_or_else(|| "the connection closed".into())
-                )));
-            }
-            Err(_) => {
-                return Err(fail(format!(
-                    "the template did not answer a fork request within {} s",
-                    if self.preloading.load(Ordering::SeqCst) {
-                        REPLY_TIMEOUT + config.start_timeout
-                    } else {
-                        REPLY_TIMEOUT
-                    }
-                    .as_secs()
-                )));
-            }
-        }
+        self.fork_reply(reply_rx, config).await.map_err(fail)?;
+        unclaimed.armed = true;
         let hello = tokio::select! {
             hello = expected.hello() => hello,
             _ = status.changed() => None,
             _ = tokio::time::sleep(config.start_timeout) => None,
         };
         let Some(hello) = hello else {
-            let why = match *status.borrow() {
-                Some(code) => format!(
-                    "the forked kernel exited before it connected ({}){}",
-                    describe_code(code),
-                    suffix(&self.stderr)
-                ),
-                None => self.broken().unwrap_or_else(|| {
-                    format!(
-                        "the forked kernel did not connect within {} s",
-                        config.start_timeout.as_secs()
-                    )
-                }),
-            };
-            return Err(fail(why));
+            return Err(fail(self.not_connected(*status.borrow(), config)));
         };
         let Some(kernel_pid) = hello.pid.filter(|p| *p > 1) else {
             return Err(fail(
@@ -561,9 +519,87 @@ impl Template {
         pid.store(kernel_pid, Ordering::SeqCst);
 
         let (stderr_tail, reader) = StderrTail::capture(hello.reader);
+        let (exit_rx, watcher) = self.watch_exit(pidfd.clone(), status, id);
+        let lifeline: Box<dyn Send + Sync> = Box::new((writer, self.clone()));
+        Ok((
+            info,
+            Process::new(
+                kernel_pid,
+                local::Owner::Forked(self.kill_forked(pidfd)),
+                dir,
+                exit_rx,
+                stderr_tail,
+                vec![reader, watcher],
+                lifeline,
+            ),
+        ))
+    }
+
+    /// The template's answer to a fork request: forked, or why not (refused, lost, silent).
+    async fn fork_reply(
+        &self,
+        mut reply_rx: oneshot::Receiver<Reply>,
+        config: &KernelConfig,
+    ) -> Result<(), String> {
+        let mut reply = tokio::time::timeout(REPLY_TIMEOUT, &mut reply_rx).await;
+        if reply.is_err() && self.preloading.load(Ordering::SeqCst) {
+            // Busy importing a preloaded library (seconds on a loaded machine): it forks when
+            // that import ends. Bounded like a kernel's start.
+            reply = tokio::time::timeout(config.start_timeout, &mut reply_rx).await;
+        }
+        match reply {
+            Ok(Ok(Reply::Forked)) => Ok(()),
+            Ok(Ok(Reply::Refused(reason))) => {
+                Err(format!("the template refused to fork: {reason}"))
+            }
+            Ok(Err(_)) => Err(format!(
+                "the template was lost while forking: {}",
+                self.broken()
+                    .unwrap_or_else(|| "the connection closed".into())
+            )),
+            Err(_) => Err(format!(
+                "the template did not answer a fork request within {} s",
+                if self.preloading.load(Ordering::SeqCst) {
+                    REPLY_TIMEOUT + config.start_timeout
+                } else {
+                    REPLY_TIMEOUT
+                }
+                .as_secs()
+            )),
+        }
+    }
+
+    /// Why a forked kernel did not connect: it exited (`status`, as the template reported it),
+    /// the template broke, or time ran out.
+    fn not_connected(&self, status: Option<i32>, config: &KernelConfig) -> String {
+        match status {
+            Some(code) => format!(
+                "the forked kernel exited before it connected ({}){}",
+                describe_code(code),
+                suffix(&self.stderr)
+            ),
+            None => self.broken().unwrap_or_else(|| {
+                format!(
+                    "the forked kernel did not connect within {} s",
+                    config.start_timeout.as_secs()
+                )
+            }),
+        }
+    }
+
+    /// Watches a forked kernel's end (its pidfd) and words it from what the template reports
+    /// (`status`, waited for a grace period); its exit route `id` is forgotten then.
+    fn watch_exit(
+        &self,
+        watched: Arc<PidFd>,
+        mut status: watch::Receiver<Option<i32>>,
+        id: String,
+    ) -> (
+        watch::Receiver<Option<ExitInfo>>,
+        tokio::task::JoinHandle<()>,
+    ) {
         let (exit_tx, exit_rx) = watch::channel(None);
         let routes = self.routes.clone();
-        let watched = pidfd.clone();
         let watcher = tokio::spawn(async move {
             watched.exited().await;
             let reported = tokio::time::timeout(STATUS_GRACE, status.wait_for(Option::is_some))
@@ -579,19 +615,7 @@ impl Template {
             };
             let _ = exit_tx.send(Some(ExitInfo(desc)));
         });
-        let lifeline: Box<dyn Send + Sync> = Box::new((writer, self.clone()));
-        Ok((
-            info,
-            Process::new(
-                kernel_pid,
-                local::Owner::Forked(self.kill_forked(pidfd)),
-                dir,
-                exit_rx,
-                stderr_tail,
-                vec![reader, watcher],
-                lifeline,
-            ),
-        ))
+        (exit_rx, watcher)
     }
 
     /// What kills a kernel this template forked (`kernel`, its pidfd) with its process group,
