@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 pub use super::session_limits::{
-    DEFAULT_MAX_PROCS, DEFAULT_MEMORY, DEFAULT_WORK_SIZE, LimitHit, SessionLimits, SizeError,
-    format_bytes, parse_bytes, parse_cpus,
+    DEFAULT_BOX_SIZE, DEFAULT_MAX_PROCS, DEFAULT_MEMORY, DEFAULT_WORK_SIZE, LimitHit,
+    SessionLimits, SizeError, format_bytes, parse_bytes, parse_cpus,
 };
 
 /// The service's limits and how they are enforced: a cgroup per session where ipybox may create
