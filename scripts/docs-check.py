@@ -45,6 +45,9 @@ FOREIGN = {
     "--resume": "claude", "--continue": "claude", "--settings": "claude", "--mcp-config": "claude",
     "--permission-mode": "claude", "--dangerously-skip-permissions": "claude", "--debug": "claude",
     "--spec": "conformance runner",
+    # scripts of this repository
+    "--graph": "scripts/arch-check.py", "--pip": "scripts/freeact-check.sh",
+    "--overrides": "uv pip install",
     # docker / podman / kubernetes / helm
     "--rm": "docker", "--network": "docker", "--ulimit": "docker", "--runtime": "docker",
     "--pull": "docker", "--docker": "build script", "--base": "docker/build.sh",
