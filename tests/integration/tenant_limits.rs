@@ -45,11 +45,13 @@ for p in procs:
     p.wait()
 print(f"started={len(procs)} error={err}")"#;
 
-/// Writes up to 50 MiB into the working directory, a MiB at a time; prints `mib=N errno=E`.
-/// The file stays: the host sees a full work directory after the cell.
-const FILLER: &str = r#"import os
+/// Writes up to 50 MiB into `path` (a Python expression), a MiB at a time; prints
+/// `mib=N errno=E`. The file stays: the host sees a full directory after the cell.
+fn filler(path: &str) -> String {
+    format!(
+        r#"import os
 n, err = 0, None
-fd = os.open("fill.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+fd = os.open({path}, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 try:
     for i in range(50):
         os.write(fd, b"x" * (1 << 20))
@@ -58,7 +60,14 @@ except OSError as e:
     err = e.errno
 finally:
     os.close(fd)
-print(f"mib={n} errno={err}")"#;
+print(f"mib={{n}} errno={{err}}")"#
+    )
+}
+
+/// [`filler`] of the working directory.
+fn work_filler() -> String {
+    filler("\"fill.bin\"")
+}
 
 const HOG: &str = "x = b'x' * (400 << 20)\nprint(len(x))";
 
@@ -153,7 +162,7 @@ async fn fork_bomb_and_work_filler_meet_their_limits() {
     assert!(first.ends_with(" error=BlockingIOError:11"), "{out}");
     assert!(out.contains(PROCS_NOTE), "{out}");
     // The session goes on (its processes were ended by the cell): the note is not repeated.
-    let (is_error, text) = cell(&client, FILLER, None).await;
+    let (is_error, text) = cell(&client, &work_filler(), None).await;
     let out = split_note(&text).0;
     assert!(!is_error, "{text}");
     let mib: usize = out
@@ -185,7 +194,7 @@ async fn fork_bomb_and_work_filler_meet_their_limits() {
     assert!(!is_error, "{text}");
     assert_eq!(out, "started=200 error=None");
     let handle = handle.unwrap();
-    let (is_error, text) = cell(&client, FILLER, Some(&handle)).await;
+    let (is_error, text) = cell(&client, &work_filler(), Some(&handle)).await;
     assert!(!is_error, "{text}");
     assert_eq!(split_note(&text).0, "mib=50 errno=None");
 
@@ -251,20 +260,10 @@ async fn memory_hog_meets_the_memory_limit() {
     confined.terminate(Duration::from_secs(30));
 }
 
-/// Writes up to 50 MiB into the kernel's own directory (`box/`, beside its working directory),
-/// a MiB at a time; prints `mib=N errno=E`. The file stays.
-const BOX_FILLER: &str = r#"import os
-n, err = 0, None
-fd = os.open(os.path.join(os.getcwd(), "..", "box", "fill.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-try:
-    for i in range(50):
-        os.write(fd, b"x" * (1 << 20))
-        n += 1
-except OSError as e:
-    err = e.errno
-finally:
-    os.close(fd)
-print(f"mib={n} errno={err}")"#;
+/// [`filler`] of the kernel's own directory (`box/`, beside its working directory).
+fn box_filler() -> String {
+    filler("os.path.join(os.getcwd(), \"..\", \"box\", \"fill.bin\")")
+}
 
 const BOX_NOTE: &str =
     "[ipybox] this session's kernel directory is full (4 MiB, --session-box-size)";
@@ -309,7 +308,7 @@ async fn a_box_filler_meets_its_limit_and_bigger_sessions_still_hibernate() {
     {
         let open = service("off", "3600");
         let client = connect(&open.url(), Some(TOKEN_A), Era::Handshake).await;
-        let (is_error, text) = cell(&client, BOX_FILLER, None).await;
+        let (is_error, text) = cell(&client, &box_filler(), None).await;
         assert!(!is_error, "{text}");
         assert_eq!(text, "mib=50 errno=None");
         client.close().await;
@@ -324,7 +323,7 @@ async fn a_box_filler_meets_its_limit_and_bigger_sessions_still_hibernate() {
     );
     let client = connect(&bounded.url(), Some(TOKEN_A), Era::Stateless).await;
     let (_, h) = new_session(&client, "blob = bytearray(30 << 20)\nblob[-1] = 7").await;
-    let (is_error, text) = cell(&client, BOX_FILLER, Some(&h)).await;
+    let (is_error, text) = cell(&client, &box_filler(), Some(&h)).await;
     assert!(!is_error, "{text}");
     assert_eq!(
         text,
