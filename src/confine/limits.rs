@@ -55,7 +55,7 @@ impl Limiter {
             }
             Err(e) => {
                 tracing::warn!(
-                    "{e}; session limits fall back to resource limits in each kernel: RLIMIT_AS {} (--session-memory, per process), RLIMIT_NPROC {} (--session-max-procs, per uid: does not bind uid 0); no CPU limit\n  help: run ipybox as root or give it a delegated cgroup v2 subtree (systemd: Delegate=yes)",
+                    "{e}; session limits fall back to resource limits in each kernel: RLIMIT_AS {} (--session-memory, per process), RLIMIT_NPROC {} (--session-max-procs, per uid: does not bind uid 0); no CPU limit; help: run ipybox as root or give it a delegated cgroup v2 subtree (systemd: Delegate=yes)",
                     format_bytes(limits.memory),
                     limits.max_procs
                 );

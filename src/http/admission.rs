@@ -48,7 +48,7 @@ pub(crate) fn memory_budget(
             Some(total) => total,
             None => {
                 tracing::warn!(
-                    "cannot read this machine's memory (/proc/meminfo): the sessions' memory together is not bounded\n  help: pass --service-memory BYTES"
+                    "cannot read this machine's memory (/proc/meminfo): the sessions' memory together is not bounded; help: pass --service-memory BYTES"
                 );
                 return Ok(None);
             }

@@ -175,7 +175,7 @@ impl SessionStore {
             Ok(store) => store,
             Err(e) => {
                 tracing::warn!(
-                    "hibernated sessions will not outlive this process: {e}\n  help: give each ipybox serving this data directory its own --replica-id"
+                    "hibernated sessions will not outlive this process: {e}; help: give each ipybox serving this data directory its own --replica-id"
                 );
                 Self {
                     all_replicas: Some(data_dir.join("sessions")),

@@ -39,10 +39,12 @@ const STOP_BUDGET: Duration = Duration::from_millis(60);
 /// are deleted over REST within this (else the next start's ledger deletes them).
 const REMOTE_STOP_BUDGET: Duration = Duration::from_millis(1700);
 
-/// An [`AsyncRead`] that cancels `eof` when the inner reader reports end of file (or fails).
+/// An [`AsyncRead`] that cancels `eof` when the inner reader reports end of file (or fails),
+/// and `read` when it has given a first byte.
 struct EofSignal<R> {
     inner: R,
     eof: CancellationToken,
+    read: CancellationToken,
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for EofSignal<R> {
@@ -56,6 +58,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for EofSignal<R> {
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         match &polled {
             Poll::Ready(Ok(())) if asked && buf.filled().len() == before => self.eof.cancel(),
+            Poll::Ready(Ok(())) if buf.filled().len() > before => self.read.cancel(),
             Poll::Ready(Err(_)) => self.eof.cancel(),
             _ => {}
         }
@@ -186,9 +189,11 @@ pub(crate) async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Err
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let eof = CancellationToken::new();
+    let read = CancellationToken::new();
     let stdin = EofSignal {
         inner: Stdin::open(),
         eof: eof.clone(),
+        read: read.clone(),
     };
     let serving = server.serve((stdin, tokio::io::stdout()));
     let (service, end) = tokio::select! {
@@ -196,6 +201,13 @@ pub(crate) async fn serve_stdio(server: IpyboxServer) -> Result<(), std::io::Err
             Ok(service) => (Some(service), None),
             Err(e) => {
                 stop_now(&executor, Instant::now()).await;
+                // stdin closed (Ctrl-D or Ctrl-C on a terminal, `< /dev/null`) before any
+                // byte came: no client connected, nothing failed. A first message that came
+                // but was not an MCP one is an error.
+                if eof.is_cancelled() && !read.is_cancelled() {
+                    tracing::info!("stdin closed before an MCP client sent a message: stopped");
+                    return Ok(());
+                }
                 return Err(std::io::Error::other(format!("MCP initialization failed: {e}")));
             }
         },

@@ -158,6 +158,54 @@ fn a_bare_ipybox_on_a_terminal_says_what_it_is() {
     );
 }
 
+/// stdin closed before any byte came (no MCP client connected: Ctrl-D or Ctrl-C on a
+/// terminal, `< /dev/null`, a pipe closed at once) ends the stdio server with 0 and no
+/// "initialization failed"; the control: a first message that is not MCP is still an error.
+#[test]
+fn stdin_closed_before_any_message_ends_quietly() {
+    let probe = Probe::new("stdin-closed");
+    let run = |stdin: Stdio, input: &[u8]| {
+        let mut child = ipybox()
+            .arg("--workspace")
+            .arg(probe.path())
+            .arg("--no-notebook")
+            .stdin(stdin)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(input).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for (stdin, what) in [(Stdio::null(), "/dev/null"), (Stdio::piped(), "a pipe")] {
+        let (code, stderr) = run(stdin, b"");
+        assert_eq!(code, Some(0), "{what}: {stderr}");
+        assert!(
+            !stderr.contains("initialization failed"),
+            "{what}: {stderr}"
+        );
+        assert!(
+            records(&stderr).contains(
+                &"INFO ipybox::mcp_server::stdio: stdin closed before an MCP client sent a message: stopped".to_string()
+            ),
+            "{what}: {stderr}"
+        );
+    }
+    let (code, stderr) = run(Stdio::piped(), b"garbage\n");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr
+            .ends_with("error: MCP initialization failed: connection closed: initialize request\n"),
+        "{stderr}"
+    );
+}
+
 /// `exec --workspace` that does not exist is refused, and not created; a file in its place too
 /// (the control: an existing directory runs).
 #[test]

@@ -175,3 +175,78 @@ fn a_budget_that_holds_no_session_is_refused_at_start() {
     let err = serve_refused("127.0.0.1", ws.path(), &["--service-memory", "64T"], &[]);
     assert!(err.contains("is more than this machine has"), "{err}");
 }
+
+/// The log records of a service's stderr after the timestamp (`LEVEL target: message`).
+fn records(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|l| l.split_once("Z ").map(|(_, r)| r.trim_start().to_string()))
+        .collect()
+}
+
+/// A service started with `/proc/meminfo` hidden (`masked`: /dev/null bound over it in a mount
+/// namespace of its own) or not; its stderr once it answers `/healthz`.
+fn start_up_log(masked: bool) -> String {
+    let ws = tempfile::tempdir().unwrap();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let port = free_port();
+    let mask = if masked {
+        "mount --bind /dev/null /proc/meminfo && "
+    } else {
+        ""
+    };
+    let mut child = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{mask}exec \"$0\" \"$@\""))
+        .arg(BIN)
+        .args([
+            "serve",
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "--no-notebook",
+        ])
+        .args(["--warm-sessions", "0", "--workspace"])
+        .arg(ws.path())
+        .env_remove("IPYBOX_KERNEL_GATEWAY")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log.reopen().unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while healthz(port) != Some(200) && std::time::Instant::now() < deadline {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{}",
+            std::fs::read_to_string(log.path()).unwrap()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    std::fs::read_to_string(log.path()).unwrap()
+}
+
+/// `--service-memory auto` on a machine whose memory cannot be read warns on one log line
+/// (`; help:`, not a `\n` escaped into the record); the control: with /proc/meminfo readable
+/// there is no such warning.
+#[test]
+fn an_unreadable_machine_memory_is_one_warning_line() {
+    if !cfg!(target_os = "linux")
+        || unsafe { libc::geteuid() } != 0
+        || std::process::Command::new("unshare")
+            .arg("--version")
+            .output()
+            .is_err()
+    {
+        skip("needs root and unshare (to hide /proc/meminfo in a mount namespace)");
+        return;
+    }
+    const WARNING: &str = "WARN ipybox::http::admission: cannot read this machine's memory (/proc/meminfo): the sessions' memory together is not bounded; help: pass --service-memory BYTES";
+    let log = start_up_log(true);
+    assert!(records(&log).contains(&WARNING.to_string()), "{log}");
+    assert!(!log.contains("\\n"), "{log}");
+    let log = start_up_log(false);
+    assert!(log.contains("INFO ipybox::serve:"), "{log}");
+    assert!(!log.contains("cannot read this machine's memory"), "{log}");
+}
