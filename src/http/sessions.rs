@@ -225,6 +225,10 @@ pub(crate) struct Registry {
     warm_tx: mpsc::Sender<([u8; 16], CodeExecutor)>,
     /// The tasks starting warm executors (waited for, then aborted, at shutdown).
     refills: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The stops of sessions closed while the service runs (a client's DELETE, expiry): waited
+    /// for at shutdown, so that their runtime directories (and the shared factory's, which they
+    /// hold) are gone before ipybox exits.
+    stops: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Set at shutdown: no new sessions.
     closing: std::sync::atomic::AtomicBool,
     /// Saving idle sessions ([`hibernate`]); `None`: off (also on a kernel gateway).
@@ -264,6 +268,7 @@ impl Registry {
             warm: tokio::sync::Mutex::new(warm_rx),
             warm_tx,
             refills: Mutex::default(),
+            stops: Mutex::default(),
             closing: Default::default(),
             sleep,
             config,
@@ -557,21 +562,28 @@ impl Registry {
         if !self.config.gateway {
             self.closed().insert(session.id, message);
             let session = session.clone();
-            tokio::spawn(async move {
+            self.track_stop(tokio::spawn(async move {
                 session.executor.stop().await;
                 ExecutorFactory::remove_session_files(&session);
-            });
+            }));
             return;
         }
         // On a gateway the kernel may live on (another replica uses it): then a later call
         // here attaches to it again, so the session is not recorded as closed.
         let (registry, session) = (self.clone(), session.clone());
-        tokio::spawn(async move {
+        self.track_stop(tokio::spawn(async move {
             if !stop_kernel(&session).await {
                 ExecutorFactory::remove_session_files(&session);
                 registry.closed().insert(session.id, message);
             }
-        });
+        }));
+    }
+
+    /// Keeps `task` (a closed session's stop) for [`Self::close_all`], dropping those done.
+    fn track_stop(&self, task: tokio::task::JoinHandle<()>) {
+        let mut stops = self.stops.lock().unwrap_or_else(|p| p.into_inner());
+        stops.retain(|t| !t.is_finished());
+        stops.push(task);
     }
 
     /// The sessions idle for longer than the idle timeout are closed; run every `tick`.
@@ -645,6 +657,11 @@ impl Registry {
             }
         });
         futures::future::join_all(stops).await;
+        // Sessions closed before the shutdown whose stops are still under way.
+        let closed = std::mem::take(&mut *self.stops.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in closed {
+            let _ = task.await;
+        }
         // Warm executors: started, never used. One still starting finds the channel closed
         // and stops its kernel; one that takes too long is aborted (its kernel is stopped as
         // the executor is dropped).
